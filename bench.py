@@ -1,0 +1,160 @@
+"""Benchmark: ours vs eager reference vs torch.compile vs fla, same run, KernelBench timing.
+
+    python bench.py --out DIR [--shapes S0,S1,...] [--configs] [--compile] [--eager-max-s 1.0]
+
+Per-call time: CUDA events around one call, synchronize after it, 256 MB L2 flush before it,
+3 warm-ups, median of --trials calls (KernelBench's method). Writes DIR/bench.json and
+DIR/bench.md (the table for BENCHMARKS.md). fla runs when importable, with g = log(gate),
+k * beta and scale = 1.0 prepared outside the timed region.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+import reference
+from timing import kernelbench_time, rel_l2
+
+SHAPES = {  # name: (B, T, H, D, dtype)
+    "S0": (2, 128, 4, 24, torch.float32),
+    "S1": (4, 1024, 8, 64, torch.float32),
+    "S2": (8, 2048, 16, 128, torch.float32),
+    "S3": (1, 8192, 8, 128, torch.float32),
+    "S2-bf16": (8, 2048, 16, 128, torch.bfloat16),
+    "S3-bf16": (1, 8192, 8, 128, torch.bfloat16),
+}
+
+
+def fla_peers():
+    """fla's two simple-GLA kernels as callables on our inputs, or {} when fla is missing."""
+    if os.environ.get("BENCH_NO_FLA") == "1":
+        return {}
+    from importlib.util import find_spec
+    if find_spec("fla") is None:
+        print("fla not importable: fla peers skipped", file=sys.stderr)
+        return {}
+    from fla.ops.simple_gla import chunk_simple_gla, fused_recurrent_simple_gla
+
+    def prep(q, k, v, gate, beta):
+        return q, (k * beta.unsqueeze(-1)).contiguous(), v, gate.float().log().to(q.dtype)
+
+    return {
+        "fla_chunk": (prep, lambda q, kb, v, g: chunk_simple_gla(q, kb, v, g=g, scale=1.0)[0]),
+        "fla_fused_recurrent": (prep, lambda q, kb, v, g: fused_recurrent_simple_gla(q, kb, v, g=g, scale=1.0)[0]),
+    }
+
+
+def reference64(inputs):
+    with torch.no_grad():
+        return reference.Model()(*[x.double() for x in inputs])
+
+
+def bench_shape(name, shape, args, sol, peers):
+    B, T, H, D, dtype = shape
+    gen = torch.Generator().manual_seed(0)
+    inputs = reference.make_inputs(B, T, H, D, dtype=dtype, device="cuda", generator=gen)
+    row = {"shape": name, "B": B, "T": T, "H": H, "D": D, "dtype": str(dtype).replace("torch.", ""),
+           "plan": sol.plan(B, T, H, D, D)}
+    ref = reference64(inputs) if args.check else None
+    y = sol.gated_recurrence(*inputs)
+    if ref is not None:
+        row["ours_err"] = rel_l2(y, ref)
+    row["ours_ms"] = kernelbench_time(sol.gated_recurrence, inputs, trials=args.trials)["median"]
+    model = reference.Model().cuda()
+    est = T * 8 * 15e-6  # ~8 launches a step
+    if est < args.eager_max_s:
+        with torch.no_grad():
+            row["eager_ms"] = kernelbench_time(model, inputs, trials=max(3, min(args.trials, int(2 / est))))["median"]
+    if args.compile and est < args.eager_max_s:
+        t0 = time.time()
+        cmodel = torch.compile(model)
+        with torch.no_grad():
+            cmodel(*inputs)
+            row["compile_s"] = time.time() - t0
+            row["compile_ms"] = kernelbench_time(cmodel, inputs, trials=args.trials)["median"]
+    for pname, (prep, fn) in peers.items():
+        pin = prep(*inputs)
+        out = fn(*pin)
+        if ref is not None:
+            row[pname + "_err"] = rel_l2(out, ref)
+        row[pname + "_ms"] = kernelbench_time(fn, pin, trials=args.trials)["median"]
+    return row
+
+
+def config_sweep(sol, args):
+    """Time recurrent_v1 launch configurations (R, G, JB, TC) at the shapes given."""
+    rows = []
+    for name, cfgs in CONFIGS.items():
+        B, T, H, D, dtype = SHAPES[name]
+        inputs = reference.make_inputs(B, T, H, D, dtype=dtype, device="cuda")
+        ref = reference64(inputs)
+        for cfg in cfgs:
+            fn = lambda *x, c=cfg: sol._ext.forward_config(*x, *c)  # noqa: E731
+            err = rel_l2(fn(*inputs), ref)
+            ms = kernelbench_time(fn, inputs, trials=args.trials)["median"]
+            rows.append({"shape": name, "R,G,JB,TC": cfg, "err": err, "ms": ms})
+            print(f"  {name} cfg={cfg} err={err:.2e} {ms * 1e3:.1f} us", flush=True)
+    return rows
+
+
+CONFIGS = {
+    "S0": [(6, 4, 24, 128), (6, 4, 8, 128), (6, 4, 8, 32), (4, 8, 4, 128), (4, 8, 12, 128), (4, 8, 24, 128),
+           (2, 16, 2, 128), (2, 16, 8, 128), (1, 32, 1, 128), (1, 32, 8, 128), (6, 4, 24, 32)],
+    "S1": [(8, 8, 32, 64), (8, 8, 4, 64), (8, 8, 8, 64), (4, 16, 2, 64), (4, 16, 8, 64), (2, 32, 4, 64),
+           (8, 8, 16, 32), (8, 8, 16, 16)],
+    "S3": [(8, 16, 16, 44), (8, 16, 2, 64), (8, 16, 4, 64), (4, 32, 1, 64), (4, 32, 2, 64), (4, 32, 8, 32)],
+}
+
+
+def fmt_ms(x):
+    return "-" if x is None else (f"{x * 1e3:.1f} us" if x < 1 else f"{x:.2f} ms")
+
+
+def markdown(rows):
+    cols = ["ours", "eager", "compile", "fla_chunk", "fla_fused_recurrent"]
+    out = ["| shape | dtype | plan | " + " | ".join(cols) + " | ours err | fla_chunk err |",
+           "|---|---|---|" + "---|" * len(cols) + "---|---|"]
+    for r in rows:
+        shape = f"{r['shape']} ({r['B']},{r['T']},{r['H']},{r['D']})"
+        cells = [fmt_ms(r.get(c + "_ms")) for c in cols]
+        errs = [f"{r[k]:.1e}" if k in r else "-" for k in ("ours_err", "fla_chunk_err")]
+        out.append(f"| {shape} | {r['dtype']} | {r['plan']} | " + " | ".join(cells) + " | " + " | ".join(errs) + " |")
+    return "\n".join(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--trials", type=int, default=100)
+    ap.add_argument("--configs", action="store_true", help="also sweep recurrent_v1 launch configurations")
+    ap.add_argument("--compile", action="store_true", help="add torch.compile of the reference (compiles for minutes)")
+    ap.add_argument("--eager-max-s", type=float, default=1.0, help="skip eager where one call would take longer")
+    ap.add_argument("--no-check", dest="check", action="store_false")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench.py needs a CUDA device")
+    import solution as sol
+    peers = fla_peers()
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), "rows": []}
+    for name in args.shapes.split(","):
+        row = bench_shape(name, SHAPES[name], args, sol, peers)
+        print(json.dumps(row), flush=True)
+        result["rows"].append(row)
+    if args.configs:
+        result["configs"] = config_sweep(sol, args)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "bench.json"), "w") as f:
+        json.dump(result, f, indent=1, default=str)
+    md = markdown(result["rows"])
+    with open(os.path.join(args.out, "bench.md"), "w") as f:
+        f.write(md + "\n")
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

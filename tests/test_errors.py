@@ -1,0 +1,57 @@
+"""CPU: every bad input raises ValueError / TypeError naming the argument (checks run in C++,
+dtypes and shapes before devices, so CPU tensors reach every shape check)."""
+import pytest
+import torch
+
+from helpers import inputs
+
+NAMES = ["q", "k", "v", "gate", "beta"]
+
+
+def good():
+    return inputs(2, 5, 3, 4, 6, device="cpu", seed=0)
+
+
+def replaced(name, value):
+    xs = good()
+    xs[NAMES.index(name)] = value
+    return xs
+
+
+CASES = {
+    "q-rank": (replaced("q", torch.randn(2, 5, 3)), ValueError, r"q must have 4 dimensions"),
+    "k-rank": (replaced("k", torch.randn(2, 5, 3, 4, 1)), ValueError, r"k must have 4 dimensions"),
+    "v-rank": (replaced("v", torch.randn(10, 3, 6)), ValueError, r"v must have 4 dimensions"),
+    "gate-rank": (replaced("gate", torch.rand(2, 5, 3, 1)), ValueError, r"gate must have 3 dimensions"),
+    "beta-rank": (replaced("beta", torch.rand(2, 5)), ValueError, r"beta must have 3 dimensions"),
+    "k-shape": (replaced("k", torch.randn(2, 5, 3, 5)), ValueError, r"k must have the shape of q"),
+    "v-batch": (replaced("v", torch.randn(3, 5, 3, 6)), ValueError, r"v must be \(B, T, H, D_v\)"),
+    "v-time": (replaced("v", torch.randn(2, 4, 3, 6)), ValueError, r"v must be \(B, T, H, D_v\)"),
+    "v-heads": (replaced("v", torch.randn(2, 5, 2, 6)), ValueError, r"v must be \(B, T, H, D_v\)"),
+    "gate-shape": (replaced("gate", torch.rand(2, 5, 4)), ValueError, r"gate must be \(B, T, H\)"),
+    "beta-shape": (replaced("beta", torch.rand(1, 5, 3)), ValueError, r"beta must be \(B, T, H\)"),
+    "Dk-too-large": ([torch.randn(1, 2, 1, 257), torch.randn(1, 2, 1, 257), torch.randn(1, 2, 1, 3),
+                      torch.rand(1, 2, 1), torch.rand(1, 2, 1)], ValueError, r"D_k must be in 1\.\.256"),
+    "Dk-zero": ([torch.randn(1, 2, 1, 0), torch.randn(1, 2, 1, 0), torch.randn(1, 2, 1, 3),
+                 torch.rand(1, 2, 1), torch.rand(1, 2, 1)], ValueError, r"D_k must be in 1\.\.256"),
+    "Dv-too-large": (replaced("v", torch.randn(2, 5, 3, 300)), ValueError, r"D_v must be in 1\.\.256"),
+    "q-int": (replaced("q", torch.ones(2, 5, 3, 4, dtype=torch.int32)), TypeError, r"q must be float32, float16 or bfloat16"),
+    "gate-bool": (replaced("gate", torch.ones(2, 5, 3, dtype=torch.bool)), TypeError, r"gate must be float32"),
+    "q-float64": ([x.double() for x in good()], TypeError, r"q must be float32, float16 or bfloat16"),
+    "mixed-dtypes": (replaced("v", torch.randn(2, 5, 3, 6, dtype=torch.float16)), TypeError, r"v has dtype Half but q has Float"),
+    "beta-bf16": (replaced("beta", torch.rand(2, 5, 3, dtype=torch.bfloat16)), TypeError, r"beta has dtype BFloat16"),
+    "cpu-tensors": (good(), ValueError, r"q must be a CUDA tensor"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_raises_named_error(sol, case):
+    xs, exc, pattern = CASES[case]
+    with pytest.raises(exc, match=pattern):
+        sol.gated_recurrence(*xs)
+
+
+@pytest.mark.parametrize("value", [None, 3.0, [1.0]], ids=["None", "float", "list"])
+def test_non_tensor_argument_is_a_type_error(sol, value):
+    with pytest.raises(TypeError):
+        sol.gated_recurrence(*replaced("gate", value))

@@ -1,0 +1,141 @@
+"""GPU: correctness matrix (shapes, dtypes, gates, strides), outputs fully written, determinism,
+NaN propagation, every kernel configuration. Skipped without CUDA."""
+import pytest
+import torch
+
+import reference
+from conftest import cuda
+from helpers import inputs, ref64, rel_l2
+
+pytestmark = cuda
+
+TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+DTYPE_IDS = ["fp32", "fp16", "bf16"]
+
+
+def poison_allocator(nbytes=64 << 20):
+    """Fill freed allocator blocks with NaN so that an unwritten output element shows up."""
+    torch.empty(nbytes // 4, device="cuda").fill_(float("nan"))
+    torch.cuda.synchronize()
+
+
+def check(sol, xs, tol=None):
+    poison_allocator()
+    y = sol.gated_recurrence(*xs)
+    ref = ref64(xs)
+    assert y.shape == ref.shape and y.dtype == xs[0].dtype and y.device == xs[0].device
+    assert not torch.isnan(y).any(), "unwritten or NaN output"
+    err = rel_l2(y, ref)
+    assert err <= (tol or TOL[xs[0].dtype]), f"rel-L2 {err:.3e}"
+    return y
+
+
+SHAPES = [(2, 128, 4, 24, 24), (1, 1, 1, 1, 1), (3, 63, 5, 7, 7), (2, 63, 3, 33, 33), (1, 40, 2, 100, 100),
+          (1, 20, 2, 256, 256), (2, 50, 3, 24, 100), (1, 33, 2, 100, 7), (1, 17, 1, 256, 1), (1, 300, 2, 9, 13),
+          (5, 3, 7, 64, 64), (1, 1000, 1, 128, 128)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("shape", SHAPES, ids=["x".join(map(str, s)) for s in SHAPES])
+def test_shapes_and_dtypes(sol, shape, dtype):
+    check(sol, inputs(*shape, dtype=dtype))
+
+
+@pytest.mark.parametrize("gate", [0.0, -0.5, 1.0, 1.02, (-1.2, 1.2), (0.0, 0.05), (0.99, 1.0)],
+                         ids=["zero", "negative", "one", "above1", "mixed-sign", "near0", "near1"])
+@pytest.mark.parametrize("shape", [(2, 63, 3, 24, 24), (1, 100, 2, 100, 33)], ids=["63x24", "100x100x33"])
+def test_gate_strength_sweep(sol, shape, gate):
+    check(sol, inputs(*shape, gate=gate))
+
+
+def test_beta_zero_negative_large(sol):
+    xs = inputs(2, 63, 3, 24, 24)
+    xs[4] = torch.empty_like(xs[4]).uniform_(-3, 3)
+    xs[4][:, ::5] = 0
+    check(sol, xs)
+
+
+def _views(B, T, H, Dk, Dv, dtype):
+    """Non-contiguous layouts of the same shapes: head-major transposes, strided slices, expands."""
+    q, k, v, g, b = inputs(B, T, H, Dk, Dv, dtype=dtype)
+    bhtd = lambda x: x.transpose(1, 2).contiguous().transpose(1, 2)  # noqa: E731  (B,H,T,D) storage
+    return {
+        "transposed": [bhtd(q), bhtd(k), bhtd(v), g.transpose(1, 2).contiguous().transpose(1, 2), b],
+        "sliced": [torch.cat([q, q], -1)[..., ::2], torch.cat([k, k], 1)[:, ::2], v.repeat(1, 1, 2, 1)[:, :, ::2],
+                   g.repeat(1, 1, 3)[:, :, 1::3], b],
+        "expanded": [q, k[:, :, :1].expand(B, T, H, Dk), v, g[:, :1].expand(B, T, H), b[:1].expand(B, T, H)],
+        "time_minor": [x.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2) for x in (q, k, v)] + [g, b],
+    }
+
+
+@pytest.mark.parametrize("layout", ["transposed", "sliced", "expanded", "time_minor"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_strided_inputs(sol, layout, dtype):
+    xs = _views(2, 63, 3, 33, 20, dtype)[layout]
+    assert not all(x.is_contiguous() for x in xs)
+    check(sol, xs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_spec_shape_kernelbench_allclose(sol, dtype):
+    """KernelBench: allclose against the reference run in the same precision."""
+    xs = [x.cuda().to(dtype) for x in reference.get_inputs()]
+    ref_same = reference.Model()(*xs)
+    y = check(sol, xs)
+    tol = 1e-4 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(y, ref_same, atol=tol, rtol=tol)
+
+
+def test_empty_sequence(sol):
+    y = sol.gated_recurrence(*inputs(2, 0, 3, 8, 5))
+    assert y.shape == (2, 0, 3, 5) and y.dtype == torch.float32 and y.is_cuda
+
+
+def test_deterministic_bitwise(sol):
+    xs = inputs(2, 200, 4, 64, 48)
+    assert torch.equal(sol.gated_recurrence(*xs), sol.gated_recurrence(*xs))
+
+
+@pytest.mark.parametrize("where", ["q", "k", "v", "gate", "beta"])
+def test_nan_propagates_like_reference(sol, where):
+    xs = inputs(2, 40, 3, 24, 20)
+    idx = {"q": (0, 5, 1, 3), "k": (1, 7, 2, 0), "v": (0, 9, 0, 4), "gate": (1, 11, 1), "beta": (0, 13, 2)}[where]
+    xs["q k v gate beta".split().index(where)][idx] = float("nan")
+    y, ref = sol.gated_recurrence(*xs), ref64(xs)
+    assert torch.equal(torch.isnan(y), torch.isnan(ref))
+    finite = ~torch.isnan(ref)
+    assert rel_l2(y[finite], ref[finite]) <= 1e-5
+
+
+@pytest.mark.parametrize("cfg", [(1, 32, 1, 7), (2, 16, 2, 16), (4, 8, 4, 5), (6, 4, 8, 64), (8, 4, 8, 1),
+                                 (8, 32, 8, 3), (4, 8, 32, 10)], ids=lambda c: "R{}G{}JB{}TC{}".format(*c))
+def test_every_kernel_configuration(sol, cfg):
+    """Non-default launch configurations: every template instantiation, chunk boundaries."""
+    xs = inputs(2, 45, 3, 24, 21)
+    if cfg[0] * cfg[1] < 24:
+        pytest.skip("R * G does not cover D_k = 24")
+    y = sol._ext.forward_config(*xs, *cfg)
+    assert rel_l2(y, ref64(xs)) <= 1e-5
+
+
+def test_current_stream_is_used(sol):
+    xs = inputs(2, 64, 3, 24, 24)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(20_000_000)  # keeps s busy: a launch on another stream would finish first
+        y = sol.gated_recurrence(*xs)
+    s.synchronize()
+    assert rel_l2(y, ref64(xs)) <= 1e-5
+
+
+def test_device_mismatch_names_argument(sol):
+    xs = inputs(1, 4, 1, 8)
+    xs[2] = xs[2].cpu()
+    with pytest.raises(ValueError, match=r"\bv is on cpu"):
+        sol.gated_recurrence(*xs)
+
+
+def test_modelnew_matches_model(sol):
+    xs = [x.cuda() for x in reference.get_inputs()]
+    torch.testing.assert_close(sol.ModelNew()(*xs), reference.Model()(*xs), atol=1e-4, rtol=1e-4)

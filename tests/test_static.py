@@ -1,0 +1,48 @@
+"""CPU: the harness regex rules on solution.py, and the docstring kept true to the dispatch."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+RULES = os.path.join(ROOT, "tools", "static_rules.py")
+
+
+def run_rules(path):
+    return subprocess.run([sys.executable, RULES, path], capture_output=True, text=True)
+
+
+def test_solution_passes_static_rules():
+    proc = run_rules(os.path.join(ROOT, "solution.py"))
+    assert proc.returncode == 0, proc.stdout
+    assert "warning" not in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("bad", [
+    "try:\n    x = 1\nexcept Exception:\n    x = 2\n",
+    "class A:\n    pass\n",
+    "import threading\n",
+    "class T(torch.Tensor):\n    x = 1\n",
+    "torch.cuda.synchronize = lambda: None\n",
+], ids=["try-except", "pass", "threading", "tensor-subclass", "timer-patch"])
+def test_static_rules_reject_cheats(tmp_path, bad):
+    src = open(os.path.join(ROOT, "solution.py")).read() + "\n" + bad
+    path = tmp_path / "bad_solution.py"
+    path.write_text(src)
+    assert run_rules(str(path)).returncode == 1
+
+
+def test_docstring_names_every_kernel_and_only_those(sol):
+    doc_kernels = set(re.findall(r"\b(\w+_v\d+)\b", sol.__doc__))
+    assert doc_kernels == set(sol.KERNELS), (doc_kernels, sol.KERNELS)
+    cuda_kernels = set(re.findall(r"__global__ void[^(]*?\b(\w+)_kernel\(", sol.CUDA_SRC))
+    assert cuda_kernels == set(sol.KERNELS)
+
+
+@pytest.mark.parametrize("shape", [(2, 128, 4, 24, 24), (1, 1, 1, 1, 1), (4, 1024, 8, 64, 64), (8, 2048, 16, 128, 128),
+                                   (1, 8192, 8, 128, 128), (3, 63, 5, 33, 100), (1, 7, 1, 256, 7)])
+def test_dispatch_names_a_documented_kernel(sol, shape):
+    assert sol.plan(*shape).split()[0] in sol.KERNELS

@@ -1,0 +1,75 @@
+"""Timing and error metrics shared by eval.py, bench.py and the tests (torch only)."""
+import statistics
+
+import torch
+
+L2_FLUSH_BYTES = 256 * 1024 * 1024  # KernelBench thrashes 256 MB (H200 L2: 60 MB)
+_flush_buf = {}
+
+
+def flush_l2():
+    device = torch.cuda.current_device()
+    buf = _flush_buf.get(device)
+    if buf is None:
+        buf = _flush_buf[device] = torch.empty(L2_FLUSH_BYTES // 8, dtype=torch.int64, device=device)
+    buf.fill_(42)
+
+
+def stats(times_ms):
+    return {"median": statistics.median(times_ms), "mean": statistics.fmean(times_ms),
+            "std": statistics.pstdev(times_ms), "min": min(times_ms), "max": max(times_ms),
+            "num_trials": len(times_ms)}
+
+
+def kernelbench_time(fn, args, trials=100, warmup=3, flush=True):
+    """KernelBench's per-call method: warm-ups, then per trial an L2 flush, CUDA events around one
+    call and a synchronize after it. Returns stats in milliseconds."""
+    for _ in range(warmup):
+        fn(*args)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(trials):
+        if flush:
+            flush_l2()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(*args)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return stats(times)
+
+
+def graph_replay_time(fn, args, trials=100, calls_per_graph=20):
+    """Per-call time from replaying a CUDA graph of `calls_per_graph` calls: launch overhead removed."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn(*args)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls_per_graph):
+            fn(*args)
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(trials):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / calls_per_graph)
+    return stats(times)
+
+
+def rel_l2(out, ref):
+    """||out - ref|| / ||ref|| in float64; inf when out has NaN where ref has none."""
+    out, ref = out.double(), ref.double()
+    if torch.isnan(out).any() and not torch.isnan(ref).any():
+        return float("inf")
+    den = torch.linalg.vector_norm(ref).item()
+    num = torch.linalg.vector_norm(out - ref).item()
+    return num / den if den > 0 else num
