@@ -39,43 +39,23 @@ __all__ = ["ModelNew", "gated_recurrence", "plan", "KERNELS"]
 KERNELS = ("recurrent_v1",)
 
 # ---------------------------------------------------------------------------------------------
-# CUDA source, in named sections: helpers, kernels, launchers, argument checks, dispatch.
+# Source, in named sections. COMMON is seen by both translation units; KERNELS is the .cu file
+# (no torch headers: nothing there throws, it returns cudaError_t); HOST is the C++ file with the
+# argument checks, the dispatch and the Python bindings.
 # ---------------------------------------------------------------------------------------------
-CUDA_SRC = r"""
-// ===================================== section: helpers =====================================
-#include <torch/extension.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <cuda_runtime.h>
-#include <string>
+COMMON_SRC = r"""
+// ===================================== section: common ======================================
+#include <cuda_runtime_api.h>
+#include <cstddef>
+#include <cstdint>
 
 namespace gr {
-
 constexpr int kMaxThreads = 256;
-constexpr int kMaxDim = 256;
-constexpr size_t kSmemBudget = 48 * 1024;  // static limit: no cudaFuncSetAttribute on the hot path
+enum class DType : int { f32 = 0, f16 = 1, bf16 = 2 };
 
 struct Strides4 { int64_t b, t, h, d; };
 struct Strides3 { int64_t b, t, h; };
 
-// Copies an (n_t x n_valid) tile of one (b, h) slice, row stride st, column stride sd, into
-// shared memory as float rows of width `pitch`, zero-filling columns n_valid..pitch-1.
-template <typename scalar_t>
-__device__ __forceinline__ void stage_tile(float* dst, int pitch, const scalar_t* __restrict__ src,
-                                           int64_t st, int64_t sd, int n_t, int n_valid) {
-  const int n = n_t * pitch;
-#pragma unroll 4
-  for (int e = threadIdx.x; e < n; e += blockDim.x) {
-    const int tt = e / pitch;
-    const int c = e - tt * pitch;
-    float x = 0.f;
-    if (c < n_valid) x = static_cast<float>(src[tt * st + c * sd]);
-    dst[e] = x;
-  }
-}
-
-// ===================================== section: recurrent kernel ============================
 struct RecurrentParams {
   const void* q; const void* k; const void* v; const void* gate; const void* beta; void* y;
   Strides4 sq, sk, sv, sy;
@@ -87,9 +67,93 @@ struct RecurrentParams {
   int col_blocks;  // ceil(Dv / JB)
 };
 
-// Grid: one block per (b, h, column block). Lane `lane` of column `col` holds rows
-// [lane * R, lane * R + R) of S[:, j] in registers.
-template <typename scalar_t, int R>
+struct RecurrentConfig { int R, G, JB, TC; };
+
+inline size_t recurrent_smem(const RecurrentConfig& c) {
+  return sizeof(float) * (size_t)c.TC * (2 * c.G * c.R + c.JB + 2);
+}
+
+// vec: q, k, v rows are 16-byte aligned runs (checked by the caller), so they load 16 bytes a time.
+cudaError_t launch_recurrent_v1(const RecurrentParams& p, const RecurrentConfig& c, DType dtype, bool vec,
+                                int64_t blocks, cudaStream_t stream);
+}  // namespace gr
+"""
+
+KERNELS_SRC = r"""
+// ===================================== section: device helpers ==============================
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+namespace gr {
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// One load job: V consecutive elements (16 bytes when vectorised) of a row of q, k or v.
+template <typename scalar_t, bool VEC>
+struct Chunk {
+  static constexpr int V = VEC ? 16 / (int)sizeof(scalar_t) : 1;
+  union { uint4 raw; scalar_t x[V]; } u;
+};
+
+// Stages time steps [t0, t0 + tc) of q, k (rows of width Dk into pitch kp) and the block's v
+// columns (nv of them into pitch JB) into shared memory as float. All jobs of the three tensors
+// share one index space and go out U at a time, so a thread has U loads in flight.
+template <typename scalar_t, bool VEC, int U = 8>
+__device__ __forceinline__ void stage_qkv(float* q_s, float* k_s, float* v_s, int kp, int JB,
+                                          const scalar_t* __restrict__ q, const scalar_t* __restrict__ k,
+                                          const scalar_t* __restrict__ v, int64_t sqt, int64_t sqd,
+                                          int64_t skt, int64_t skd, int64_t svt, int64_t svd,
+                                          int tc, int Dk, int nv) {
+  using C = Chunk<scalar_t, VEC>;
+  constexpr int V = C::V;
+  const int qrow = Dk / V, vrow = nv / V;  // jobs per row (VEC implies divisibility)
+  const int nq = tc * qrow, total = 2 * nq + tc * vrow;
+  for (int base = threadIdx.x; base < total; base += U * blockDim.x) {
+    C buf[U];
+    float* dst[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      int e = base + u * blockDim.x;
+      dst[u] = nullptr;
+      if (e < total) {
+        const scalar_t* src;
+        int64_t st, sd;
+        int row, pitch;
+        float* d;
+        if (e < 2 * nq) {
+          const bool isk = e >= nq;
+          e -= isk ? nq : 0;
+          src = isk ? k : q; st = isk ? skt : sqt; sd = isk ? skd : sqd; row = qrow; pitch = kp; d = isk ? k_s : q_s;
+        } else {
+          e -= 2 * nq;
+          src = v; st = svt; sd = svd; row = vrow; pitch = JB; d = v_s;
+        }
+        const int tt = e / row, c = (e - tt * row) * V;
+        src += tt * st + c * sd;
+        if constexpr (VEC) buf[u].u.raw = __ldg(reinterpret_cast<const uint4*>(src));
+        else buf[u].u.x[0] = src[0];
+        dst[u] = d + tt * pitch + c;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (dst[u] != nullptr) {
+#pragma unroll
+        for (int i = 0; i < V; ++i) dst[u][i] = to_float(buf[u].u.x[i]);
+      }
+  }
+}
+
+// ===================================== section: recurrent_v1 kernel =========================
+// Grid: one block per (b, h, column block). Lane `lane` of column `col` keeps rows
+// [lane * R, lane * R + R) of S[:, j] in registers; threads past G * JB only load.
+template <typename scalar_t, int R, bool VEC>
 __global__ void __launch_bounds__(kMaxThreads) recurrent_v1_kernel(const RecurrentParams p) {
   extern __shared__ float smem[];
   const int kp = p.G * R;  // D_k padded to whole lanes
@@ -109,7 +173,7 @@ __global__ void __launch_bounds__(kMaxThreads) recurrent_v1_kernel(const Recurre
   const int col = tid / p.G;
   const int lane = tid - col * p.G;
   const int j0 = cb * p.JB;
-  const int nv = min(p.JB, p.Dv - j0);              // valid columns in this block
+  const int nv = min(p.JB, p.Dv - j0);                // valid columns in this block
   const bool warp_active = ((tid & ~31) / p.G) < nv;  // shuffles need the whole warp
   const int i0 = lane * R;
   const int rows = max(0, min(R, p.Dk - i0));  // padded rows stay out: 0 * inf would be NaN
@@ -121,6 +185,11 @@ __global__ void __launch_bounds__(kMaxThreads) recurrent_v1_kernel(const Recurre
   const scalar_t* beta = static_cast<const scalar_t*>(p.beta) + b * p.sb.b + h * p.sb.h;
   scalar_t* y = static_cast<scalar_t*>(p.y) + b * p.sy.b + h * p.sy.h + (j0 + col) * p.sy.d;
 
+  // Padding columns are never staged: zero them (all of shared memory) once.
+  const int smem_floats = p.TC * (2 * kp + p.JB + 2);
+  for (int e = tid; e < smem_floats; e += blockDim.x) smem[e] = 0.f;
+  __syncthreads();
+
   float S[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) S[r] = 0.f;
@@ -128,13 +197,12 @@ __global__ void __launch_bounds__(kMaxThreads) recurrent_v1_kernel(const Recurre
   for (int t0 = 0; t0 < p.T; t0 += p.TC) {
     const int tc = min(p.TC, p.T - t0);
     if (t0 > 0) __syncthreads();  // the previous chunk is fully consumed
-    stage_tile(q_s, kp, q + t0 * p.sq.t, p.sq.t, p.sq.d, tc, p.Dk);
-    stage_tile(k_s, kp, k + t0 * p.sk.t, p.sk.t, p.sk.d, tc, p.Dk);
-    stage_tile(v_s, p.JB, v + t0 * p.sv.t, p.sv.t, p.sv.d, tc, nv);
-    for (int e = tid; e < tc; e += blockDim.x) {
-      g_s[e] = static_cast<float>(gate[(t0 + e) * p.sg.t]);
-      b_s[e] = static_cast<float>(beta[(t0 + e) * p.sb.t]);
+    for (int e = tid; e < tc; e += blockDim.x) {  // issued first: in flight with q, k, v
+      g_s[e] = to_float(gate[(t0 + e) * p.sg.t]);
+      b_s[e] = to_float(beta[(t0 + e) * p.sb.t]);
     }
+    stage_qkv<scalar_t, VEC>(q_s, k_s, v_s, kp, p.JB, q + t0 * p.sq.t, k + t0 * p.sk.t, v + t0 * p.sv.t,
+                             p.sq.t, p.sq.d, p.sk.t, p.sk.d, p.sv.t, p.sv.d, tc, p.Dk, nv);
     __syncthreads();
     if (!warp_active) continue;
 #pragma unroll 2
@@ -154,69 +222,62 @@ __global__ void __launch_bounds__(kMaxThreads) recurrent_v1_kernel(const Recurre
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1)
         if (off < p.G) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-      if (lane == 0 && col < nv) y[(t0 + tt) * p.sy.t] = static_cast<scalar_t>(acc);
+      if (lane == 0 && col < nv) y[(t0 + tt) * p.sy.t] = from_float<scalar_t>(acc);
     }
   }
 }
 
-// ===================================== section: launchers ===================================
-struct RecurrentConfig { int R, G, JB, TC; };
-
-inline size_t recurrent_smem(const RecurrentConfig& c) {
-  return sizeof(float) * (size_t)c.TC * (2 * c.G * c.R + c.JB + 2);
+// ===================================== section: launcher ====================================
+template <typename scalar_t, int R, bool VEC>
+cudaError_t launch_typed(const RecurrentParams& p, const RecurrentConfig& c, int64_t blocks, cudaStream_t s) {
+  // Always kMaxThreads: threads past G * JB only stage, which keeps more loads in flight.
+  recurrent_v1_kernel<scalar_t, R, VEC><<<(unsigned)blocks, kMaxThreads, recurrent_smem(c), s>>>(p);
+  return cudaGetLastError();
 }
 
-template <typename scalar_t, int R>
-void launch_recurrent_typed(const RecurrentParams& p, int blocks, int threads, size_t smem,
-                            cudaStream_t stream) {
-  recurrent_v1_kernel<scalar_t, R><<<blocks, threads, smem, stream>>>(p);
+template <typename scalar_t, bool VEC>
+cudaError_t launch_r(const RecurrentParams& p, const RecurrentConfig& c, int64_t blocks, cudaStream_t s) {
+  switch (c.R) {
+    case 1: return launch_typed<scalar_t, 1, VEC>(p, c, blocks, s);
+    case 2: return launch_typed<scalar_t, 2, VEC>(p, c, blocks, s);
+    case 4: return launch_typed<scalar_t, 4, VEC>(p, c, blocks, s);
+    case 6: return launch_typed<scalar_t, 6, VEC>(p, c, blocks, s);
+    case 8: return launch_typed<scalar_t, 8, VEC>(p, c, blocks, s);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 template <typename scalar_t>
-void launch_recurrent_r(int R, const RecurrentParams& p, int blocks, int threads, size_t smem,
-                        cudaStream_t stream) {
-  switch (R) {
-    case 1: launch_recurrent_typed<scalar_t, 1>(p, blocks, threads, smem, stream); break;
-    case 2: launch_recurrent_typed<scalar_t, 2>(p, blocks, threads, smem, stream); break;
-    case 4: launch_recurrent_typed<scalar_t, 4>(p, blocks, threads, smem, stream); break;
-    case 6: launch_recurrent_typed<scalar_t, 6>(p, blocks, threads, smem, stream); break;
-    case 8: launch_recurrent_typed<scalar_t, 8>(p, blocks, threads, smem, stream); break;
-    default: TORCH_CHECK_VALUE(false, "rows per lane must be 1, 2, 4, 6 or 8, got ", R);
+cudaError_t launch_v(const RecurrentParams& p, const RecurrentConfig& c, bool vec, int64_t blocks, cudaStream_t s) {
+  return vec ? launch_r<scalar_t, true>(p, c, blocks, s) : launch_r<scalar_t, false>(p, c, blocks, s);
+}
+
+cudaError_t launch_recurrent_v1(const RecurrentParams& p, const RecurrentConfig& c, DType dtype, bool vec,
+                                int64_t blocks, cudaStream_t stream) {
+  switch (dtype) {
+    case DType::f32: return launch_v<float>(p, c, vec, blocks, stream);
+    case DType::f16: return launch_v<__half>(p, c, vec, blocks, stream);
+    case DType::bf16: return launch_v<__nv_bfloat16>(p, c, vec, blocks, stream);
   }
+  return cudaErrorInvalidValue;
 }
 
-inline Strides4 strides4(const at::Tensor& t) {
-  return {t.stride(0), t.stride(1), t.stride(2), t.stride(3)};
-}
-inline Strides3 strides3(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
+}  // namespace gr
+"""
 
-void launch_recurrent(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                      const at::Tensor& gate, const at::Tensor& beta, at::Tensor& y,
-                      const RecurrentConfig& c) {
-  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Dk = q.size(3), Dv = v.size(3);
-  RecurrentParams p;
-  p.q = q.data_ptr(); p.k = k.data_ptr(); p.v = v.data_ptr();
-  p.gate = gate.data_ptr(); p.beta = beta.data_ptr(); p.y = y.data_ptr();
-  p.sq = strides4(q); p.sk = strides4(k); p.sv = strides4(v); p.sy = strides4(y);
-  p.sg = strides3(gate); p.sb = strides3(beta);
-  p.T = (int)T; p.H = (int)H; p.Dk = (int)Dk; p.Dv = (int)Dv;
-  p.G = c.G; p.JB = c.JB; p.TC = c.TC;
-  p.col_blocks = (int)((Dv + c.JB - 1) / c.JB);
-  const int64_t blocks = B * H * p.col_blocks;
-  TORCH_CHECK_VALUE(blocks <= INT32_MAX, "B * H = ", B * H, " is too large for one launch");
-  const int threads = c.G * c.JB;
-  const size_t smem = recurrent_smem(c);
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  switch (q.scalar_type()) {
-    case at::kFloat: launch_recurrent_r<float>(c.R, p, (int)blocks, threads, smem, stream); break;
-    case at::kHalf: launch_recurrent_r<at::Half>(c.R, p, (int)blocks, threads, smem, stream); break;
-    case at::kBFloat16: launch_recurrent_r<at::BFloat16>(c.R, p, (int)blocks, threads, smem, stream); break;
-    default: TORCH_CHECK_TYPE(false, "unsupported dtype ", q.scalar_type());
-  }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
+HOST_SRC = r"""
 // ===================================== section: argument checks =============================
+#include <torch/extension.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <string>
+#include <utility>
+
+namespace gr {
+
+constexpr int kMaxDim = 256;
+constexpr size_t kSmemBudget = 48 * 1024;  // the static limit: no cudaFuncSetAttribute per call
+
 void check_input(const at::Tensor& t, const char* name, int64_t dims, const char* layout) {
   TORCH_CHECK_TYPE(t.defined(), name, " must be a tensor, got an undefined tensor");
   const auto st = t.scalar_type();
@@ -238,12 +299,12 @@ void check_arguments(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   for (const auto& o : others)
     TORCH_CHECK_TYPE(o.first->scalar_type() == q.scalar_type(), o.second, " has dtype ",
                      o.first->scalar_type(), " but q has ", q.scalar_type(), "; all inputs must share one dtype");
-  const auto btH = q.sizes().slice(0, 3);
+  const auto bth = q.sizes().slice(0, 3);
   TORCH_CHECK_VALUE(k.sizes() == q.sizes(), "k must have the shape of q ", q.sizes(), ", got ", k.sizes());
-  TORCH_CHECK_VALUE(v.sizes().slice(0, 3) == btH, "v must be (B, T, H, D_v) with (B, T, H) = ", btH,
+  TORCH_CHECK_VALUE(v.sizes().slice(0, 3) == bth, "v must be (B, T, H, D_v) with (B, T, H) = ", bth,
                     " like q, got ", v.sizes());
-  TORCH_CHECK_VALUE(gate.sizes() == btH, "gate must be (B, T, H) = ", btH, ", got ", gate.sizes());
-  TORCH_CHECK_VALUE(beta.sizes() == btH, "beta must be (B, T, H) = ", btH, ", got ", beta.sizes());
+  TORCH_CHECK_VALUE(gate.sizes() == bth, "gate must be (B, T, H) = ", bth, ", got ", gate.sizes());
+  TORCH_CHECK_VALUE(beta.sizes() == bth, "beta must be (B, T, H) = ", bth, ", got ", beta.sizes());
   TORCH_CHECK_VALUE(q.size(3) >= 1 && q.size(3) <= kMaxDim, "q and k: D_k must be in 1..", kMaxDim,
                     ", got ", q.size(3));
   TORCH_CHECK_VALUE(v.size(3) >= 1 && v.size(3) <= kMaxDim, "v: D_v must be in 1..", kMaxDim, ", got ",
@@ -258,82 +319,94 @@ void check_arguments(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 // ===================================== section: dispatch ====================================
 inline int pow2_at_least(int64_t x) { int p = 1; while (p < x) p <<= 1; return p; }
 
-// Fewest lanes per column with at most 8 rows a lane, then the smallest row count that covers D_k.
-RecurrentConfig plan_recurrent(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv) {
+// Fewest lanes per column with at most 8 rows a lane, the smallest row count that covers D_k,
+// all columns of a head in one block when they fit, and as many time steps as shared memory holds.
+RecurrentConfig plan_recurrent(int64_t T, int64_t Dk, int64_t Dv) {
   RecurrentConfig c;
   c.G = pow2_at_least((Dk + 7) / 8);
   const int rows_needed = (int)((Dk + c.G - 1) / c.G);
   c.R = rows_needed <= 1 ? 1 : rows_needed <= 2 ? 2 : rows_needed <= 4 ? 4 : rows_needed <= 6 ? 6 : 8;
   const int min_cols = c.G >= 32 ? 1 : 32 / c.G;  // whole warps
   const int max_cols = kMaxThreads / c.G;
-  int jb = (int)((Dv + min_cols - 1) / min_cols) * min_cols;
+  const int jb = (int)((Dv + min_cols - 1) / min_cols) * min_cols;
   c.JB = jb < max_cols ? jb : max_cols;
-  const size_t per_step = sizeof(float) * (2 * c.G * c.R + c.JB + 2);
-  const int64_t tc = (int64_t)(kSmemBudget / per_step);
+  const int64_t tc = (int64_t)(kSmemBudget / recurrent_smem({c.R, c.G, c.JB, 1}));
   c.TC = (int)(T < tc ? (T > 0 ? T : 1) : tc);
-  (void)B; (void)H;
   return c;
 }
 
 std::string plan(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv) {
-  const RecurrentConfig c = plan_recurrent(B, T, H, Dk, Dv);
+  (void)B; (void)H;
+  const RecurrentConfig c = plan_recurrent(T, Dk, Dv);
   return "recurrent_v1 R=" + std::to_string(c.R) + " G=" + std::to_string(c.G) + " JB=" +
          std::to_string(c.JB) + " TC=" + std::to_string(c.TC);
+}
+
+inline Strides4 strides4(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2), t.stride(3)}; }
+inline Strides3 strides3(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
+
+// 16-byte loads are legal when every row segment a block reads starts on a 16-byte boundary.
+inline bool rows_aligned(const at::Tensor& t, int64_t cols_per_block) {
+  const int64_t V = 16 / t.element_size();
+  return t.stride(3) == 1 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && t.stride(0) % V == 0 &&
+         t.stride(1) % V == 0 && t.stride(2) % V == 0 && t.size(3) % V == 0 && cols_per_block % V == 0;
+}
+
+void launch_recurrent(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
+                      const at::Tensor& beta, at::Tensor& y, const RecurrentConfig& c) {
+  const int64_t B = q.size(0), H = q.size(2), Dv = v.size(3);
+  RecurrentParams p;
+  p.q = q.data_ptr(); p.k = k.data_ptr(); p.v = v.data_ptr();
+  p.gate = gate.data_ptr(); p.beta = beta.data_ptr(); p.y = y.data_ptr();
+  p.sq = strides4(q); p.sk = strides4(k); p.sv = strides4(v); p.sy = strides4(y);
+  p.sg = strides3(gate); p.sb = strides3(beta);
+  p.T = (int)q.size(1); p.H = (int)H; p.Dk = (int)q.size(3); p.Dv = (int)Dv;
+  p.G = c.G; p.JB = c.JB; p.TC = c.TC;
+  p.col_blocks = (int)((Dv + c.JB - 1) / c.JB);
+  const int64_t blocks = B * H * p.col_blocks;
+  TORCH_CHECK_VALUE(blocks <= INT32_MAX, "B * H = ", B * H, " is too large for one launch");
+  const bool vec = rows_aligned(q, q.size(3)) && rows_aligned(k, k.size(3)) && rows_aligned(v, c.JB);
+  const DType dt = q.scalar_type() == at::kFloat ? DType::f32 : q.scalar_type() == at::kHalf ? DType::f16 : DType::bf16;
+  const cudaError_t err = launch_recurrent_v1(p, c, dt, vec, blocks, c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "recurrent_v1 launch failed: ", cudaGetErrorString(err));
 }
 
 at::Tensor run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
                const at::Tensor& beta, const RecurrentConfig* forced) {
   check_arguments(q, k, v, gate, beta);
   const c10::cuda::CUDAGuard guard(q.device());
-  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Dk = q.size(3), Dv = v.size(3);
-  at::Tensor y = at::empty({B, T, H, Dv}, q.options());
+  at::Tensor y = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());
   if (y.numel() == 0) return y;
-  const RecurrentConfig c = forced ? *forced : plan_recurrent(B, T, H, Dk, Dv);
+  const RecurrentConfig c = forced ? *forced : plan_recurrent(q.size(1), q.size(3), v.size(3));
   launch_recurrent(q, k, v, gate, beta, y, c);
   return y;
-}
-
-at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
-                   const at::Tensor& beta) {
-  return run(q, k, v, gate, beta, nullptr);
-}
-
-// For benchmarks and tests of non-default configurations; checks the configuration is launchable.
-at::Tensor forward_config(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const at::Tensor& gate, const at::Tensor& beta, int64_t R, int64_t G,
-                          int64_t JB, int64_t TC) {
-  TORCH_CHECK_VALUE(G >= 1 && G <= 32 && (G & (G - 1)) == 0, "G must be a power of two <= 32, got ", G);
-  TORCH_CHECK_VALUE(R * G >= q.size(-1), "R * G must cover D_k = ", q.size(-1), ", got ", R * G);
-  TORCH_CHECK_VALUE(JB >= 1 && (G * JB) % 32 == 0 && G * JB <= kMaxThreads,
-                    "G * JB must be a multiple of 32 and at most ", kMaxThreads, ", got ", G * JB);
-  const RecurrentConfig c{(int)R, (int)G, (int)JB, (int)TC};
-  TORCH_CHECK_VALUE(TC >= 1 && recurrent_smem(c) <= kSmemBudget, "TC=", TC, " needs ", recurrent_smem(c),
-                    " bytes of shared memory, over ", kSmemBudget);
-  return run(q, k, v, gate, beta, &c);
 }
 
 }  // namespace gr
 
 at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
-                   const at::Tensor& beta) { return gr::forward(q, k, v, gate, beta); }
-at::Tensor forward_config(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const at::Tensor& gate, const at::Tensor& beta, int64_t R, int64_t G,
-                          int64_t JB, int64_t TC) { return gr::forward_config(q, k, v, gate, beta, R, G, JB, TC); }
+                   const at::Tensor& beta) {
+  return gr::run(q, k, v, gate, beta, nullptr);
+}
+
+// For benchmarks and tests of non-default configurations; checks that the configuration is launchable.
+at::Tensor forward_config(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
+                          const at::Tensor& beta, int64_t R, int64_t G, int64_t JB, int64_t TC) {
+  TORCH_CHECK_VALUE(R == 1 || R == 2 || R == 4 || R == 6 || R == 8, "R must be 1, 2, 4, 6 or 8, got ", R);
+  TORCH_CHECK_VALUE(G >= 1 && G <= 32 && (G & (G - 1)) == 0, "G must be a power of two <= 32, got ", G);
+  TORCH_CHECK_VALUE(q.dim() == 4 && R * G >= q.size(3), "R * G must cover D_k, got ", R * G);
+  TORCH_CHECK_VALUE(JB >= 1 && (G * JB) % 32 == 0 && G * JB <= gr::kMaxThreads,
+                    "G * JB must be a multiple of 32 and at most ", gr::kMaxThreads, ", got ", G * JB);
+  const gr::RecurrentConfig c{(int)R, (int)G, (int)JB, (int)TC};
+  TORCH_CHECK_VALUE(TC >= 1 && gr::recurrent_smem(c) <= gr::kSmemBudget, "TC=", TC, " needs ",
+                    gr::recurrent_smem(c), " bytes of shared memory, over ", gr::kSmemBudget);
+  return gr::run(q, k, v, gate, beta, &c);
+}
+
 std::string plan(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv) { return gr::plan(B, T, H, Dk, Dv); }
 """
 
-CPP_DECLS = r"""
-#include <torch/extension.h>
-#include <string>
-at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
-                   const at::Tensor& beta);
-at::Tensor forward_config(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const at::Tensor& gate, const at::Tensor& beta, int64_t R, int64_t G,
-                          int64_t JB, int64_t TC);
-std::string plan(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv);
-"""
-
-CUDA_FLAGS = ["-O3", "--expt-relaxed-constexpr"]
+CUDA_FLAGS = ["-O3"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -349,7 +422,7 @@ def _arch_list():
 
 def _build():
     arch = _arch_list()
-    key = "\n".join([CUDA_SRC, CPP_DECLS, " ".join(CUDA_FLAGS), torch.__version__, str(torch.version.cuda), arch])
+    key = "\n".join([COMMON_SRC, KERNELS_SRC, HOST_SRC, " ".join(CUDA_FLAGS), torch.__version__, str(torch.version.cuda), arch])
     name = "gated_recurrence_" + hashlib.sha1(key.encode()).hexdigest()[:12]
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(
         os.path.expanduser("~"), ".cache", "torch_extensions", "gated_recurrence")
@@ -360,7 +433,7 @@ def _build():
               f"(about a minute, once; cached in {build_dir})", file=sys.stderr, flush=True)
     if not torch.cuda.is_available():  # no device to query: torch reads the arch list from here
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", arch)
-    return load_inline(name=name, cpp_sources=CPP_DECLS, cuda_sources=CUDA_SRC,
+    return load_inline(name=name, cpp_sources=COMMON_SRC + HOST_SRC, cuda_sources=COMMON_SRC + KERNELS_SRC,
                        functions=["forward", "forward_config", "plan"], extra_cflags=["-O3"],
                        extra_cuda_cflags=CUDA_FLAGS, build_directory=build_dir,
                        verbose=os.environ.get("GATED_RECURRENCE_VERBOSE_BUILD") == "1")

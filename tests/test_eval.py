@@ -1,0 +1,78 @@
+"""eval.py rejects each deliberately wrong solution with its named reason and accepts honest ones.
+Pure-torch fixtures run on the CPU (CI); those whose cheat needs CUDA run on the device."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+import eval as harness
+from conftest import HAS_CUDA, ROOT, cuda
+
+FIX = os.path.join(ROOT, "tests", "fixtures")
+sys.path.insert(0, FIX)
+REF = os.path.join(ROOT, "reference.py")
+CPU_CASES = {  # fixture: (problem, check that must fail)
+    "cheat_caching": ("reference.py", "cross_call_caching"),
+    "cheat_mutation": ("reference.py", "input_mutation"),
+    "cheat_persistent_buffer": ("reference.py", "output_integrity"),
+    "cheat_zeros": ("tests/fixtures/tiny_problem.py", "correctness"),
+    "cheat_static": ("reference.py", "static_rules"),
+}
+GPU_CASES = {"cheat_stale_memory": ("reference.py", "stale_memory"), "cheat_deferred": ("reference.py", "deferred_work")}
+
+
+def run(fixture, problem="reference.py", device="cpu", timing=False):
+    return harness.evaluate(os.path.join(ROOT, problem), os.path.join(FIX, fixture + ".py"), trials=2,
+                            device=device, timing=timing)
+
+
+@pytest.mark.parametrize("fixture", list(CPU_CASES))
+def test_cheat_rejected_on_cpu(fixture):
+    problem, check = CPU_CASES[fixture]
+    res = run(fixture, problem)
+    assert not res["correctness"]
+    assert not res["checks"][check]["ok"], res["checks"]
+
+
+def test_zeros_fail_for_their_scale_not_allclose():
+    res = run("cheat_zeros", "tests/fixtures/tiny_problem.py")
+    assert "relative L2" in res["checks"]["correctness"]["reason"] or "constant" in res["checks"]["correctness"]["reason"]
+
+
+def test_honest_accepted_on_cpu():
+    res = run("honest")
+    assert res["correctness"], res["checks"]
+
+
+@cuda
+@pytest.mark.parametrize("fixture", list(GPU_CASES))
+def test_cheat_rejected_on_gpu(fixture):
+    problem, check = GPU_CASES[fixture]
+    res = run(fixture, problem, device="cuda")
+    assert not res["checks"][check]["ok"], res["checks"]
+
+
+@cuda
+def test_our_solution_passes_every_check(sol):
+    res = harness.evaluate(REF, os.path.join(ROOT, "solution.py"), perf_trials=20)
+    assert res["correctness"], res["checks"]
+    assert res["runtime"] > 0 and res["ref_runtime"] > res["runtime"]
+
+
+def test_eval_without_cuda_exits_nonzero_with_a_message():
+    if HAS_CUDA:
+        pytest.skip("a CUDA device is visible")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "eval.py")], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2 and "no CUDA device" in proc.stderr
+
+
+def test_static_rules_agree_with_the_shared_checker():
+    """eval.py's rules give the shared script's verdict on our solution and on the static cheat."""
+    shared = os.path.join(os.path.dirname(ROOT), "shared", "tools", "static_rules.py")
+    if not os.path.exists(shared):
+        pytest.skip("no ../shared/tools/static_rules.py beside this checkout")
+    for path in (os.path.join(ROOT, "solution.py"), os.path.join(FIX, "cheat_static.py")):
+        ours = not harness.static_rules(path)[0]
+        theirs = subprocess.run([sys.executable, shared, path], capture_output=True).returncode == 0
+        assert ours == theirs, path
