@@ -33,7 +33,7 @@ import sys
 import torch
 from torch.utils.cpp_extension import load_inline
 
-__all__ = ["ModelNew", "gated_recurrence", "plan", "KERNELS"]
+__all__ = ["ModelNew", "gated_recurrence", "gated_recurrence_config", "plan", "KERNELS"]
 
 # Every kernel name the dispatch can return; tests check this list against the docstring and plan().
 KERNELS = ("recurrent_v1",)
@@ -150,6 +150,35 @@ __device__ __forceinline__ void stage_qkv(float* q_s, float* k_s, float* v_s, in
   }
 }
 
+// tc time steps of one column slice. __restrict__ says that the y stores never alias the shared
+// memory operands, so loads of later steps can be issued before the store of this one (without it,
+// every step waits for the previous store: measured 30 us instead of a few at (2,128,4,24)).
+template <typename scalar_t, int R>
+__device__ __forceinline__ void run_steps(float (&S)[R], const float* __restrict__ q_s, const float* __restrict__ k_s,
+                                          const float* __restrict__ v_s, const float* __restrict__ g_s,
+                                          const float* __restrict__ b_s, scalar_t* __restrict__ y, int64_t syt,
+                                          int tc, int kp, int JB, int rows, int G, bool writer) {
+#pragma unroll 4
+  for (int tt = 0; tt < tc; ++tt) {
+    const float* qr = q_s + tt * kp;
+    const float* kr = k_s + tt * kp;
+    const float g = g_s[tt];
+    const float bv = b_s[tt] * v_s[tt * JB];
+    float acc = 0.f;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (r < rows) {  // padded rows stay out: 0 * inf would be NaN
+        S[r] = fmaf(g, S[r], kr[r] * bv);
+        acc = fmaf(qr[r], S[r], acc);
+      }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+      if (off < G) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (writer) y[tt * syt] = from_float<scalar_t>(acc);
+  }
+}
+
 // ===================================== section: recurrent_v1 kernel =========================
 // Grid: one block per (b, h, column block). Lane `lane` of column `col` keeps rows
 // [lane * R, lane * R + R) of S[:, j] in registers; threads past G * JB only load.
@@ -176,7 +205,7 @@ __global__ void __launch_bounds__(kMaxThreads) recurrent_v1_kernel(const Recurre
   const int nv = min(p.JB, p.Dv - j0);                // valid columns in this block
   const bool warp_active = ((tid & ~31) / p.G) < nv;  // shuffles need the whole warp
   const int i0 = lane * R;
-  const int rows = max(0, min(R, p.Dk - i0));  // padded rows stay out: 0 * inf would be NaN
+  const int rows = max(0, min(R, p.Dk - i0));
 
   const scalar_t* q = static_cast<const scalar_t*>(p.q) + b * p.sq.b + h * p.sq.h;
   const scalar_t* k = static_cast<const scalar_t*>(p.k) + b * p.sk.b + h * p.sk.h;
@@ -204,26 +233,9 @@ __global__ void __launch_bounds__(kMaxThreads) recurrent_v1_kernel(const Recurre
     stage_qkv<scalar_t, VEC>(q_s, k_s, v_s, kp, p.JB, q + t0 * p.sq.t, k + t0 * p.sk.t, v + t0 * p.sv.t,
                              p.sq.t, p.sq.d, p.sk.t, p.sk.d, p.sv.t, p.sv.d, tc, p.Dk, nv);
     __syncthreads();
-    if (!warp_active) continue;
-#pragma unroll 2
-    for (int tt = 0; tt < tc; ++tt) {
-      const float* qr = q_s + tt * kp + i0;
-      const float* kr = k_s + tt * kp + i0;
-      const float g = g_s[tt];
-      const float bv = b_s[tt] * v_s[tt * p.JB + col];
-      float acc = 0.f;
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        if (r < rows) {
-          S[r] = fmaf(g, S[r], kr[r] * bv);
-          acc = fmaf(qr[r], S[r], acc);
-        }
-      }
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1)
-        if (off < p.G) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-      if (lane == 0 && col < nv) y[(t0 + tt) * p.sy.t] = from_float<scalar_t>(acc);
-    }
+    if (warp_active)
+      run_steps<scalar_t, R>(S, q_s + i0, k_s + i0, v_s + col, g_s, b_s, y + t0 * p.sy.t, p.sy.t, tc, kp, p.JB,
+                             rows, p.G, lane == 0 && col < nv);
   }
 }
 
@@ -278,42 +290,55 @@ namespace gr {
 constexpr int kMaxDim = 256;
 constexpr size_t kSmemBudget = 48 * 1024;  // the static limit: no cudaFuncSetAttribute per call
 
-void check_input(const at::Tensor& t, const char* name, int64_t dims, const char* layout) {
-  TORCH_CHECK_TYPE(t.defined(), name, " must be a tensor, got an undefined tensor");
+// Errors are returned, not thrown: on the device's torch 2.11 build a C++ exception leaving this
+// extension killed the process (segfault at the first failing check). The entry points return an
+// undefined tensor (None in Python) and last_error() gives "ExceptionName: message" for Python to raise.
+thread_local std::string g_error;
+#define GR_REQUIRE(kind, cond, ...)                              \
+  do {                                                           \
+    if (!(cond)) {                                               \
+      g_error = std::string(kind) + ": " + c10::str(__VA_ARGS__); \
+      return false;                                              \
+    }                                                            \
+  } while (0)
+
+bool check_input(const at::Tensor& t, const char* name, int64_t dims, const char* layout) {
+  GR_REQUIRE("TypeError", t.defined(), name, " must be a tensor, got an undefined tensor");
   const auto st = t.scalar_type();
-  TORCH_CHECK_TYPE(st == at::kFloat || st == at::kHalf || st == at::kBFloat16, name,
+  GR_REQUIRE("TypeError", st == at::kFloat || st == at::kHalf || st == at::kBFloat16, name,
                    " must be float32, float16 or bfloat16, got ", st);
-  TORCH_CHECK_VALUE(t.dim() == dims, name, " must have ", dims, " dimensions ", layout, ", got shape ",
+  GR_REQUIRE("ValueError", t.dim() == dims, name, " must have ", dims, " dimensions ", layout, ", got shape ",
                     t.sizes());
+  return true;
 }
 
 // Dtypes and shapes first, devices last, so that every shape error is also reachable on a CPU.
-void check_arguments(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+bool check_arguments(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const at::Tensor& gate, const at::Tensor& beta) {
-  check_input(q, "q", 4, "(B, T, H, D_k)");
-  check_input(k, "k", 4, "(B, T, H, D_k)");
-  check_input(v, "v", 4, "(B, T, H, D_v)");
-  check_input(gate, "gate", 3, "(B, T, H)");
-  check_input(beta, "beta", 3, "(B, T, H)");
+  if (!check_input(q, "q", 4, "(B, T, H, D_k)") || !check_input(k, "k", 4, "(B, T, H, D_k)") ||
+      !check_input(v, "v", 4, "(B, T, H, D_v)") || !check_input(gate, "gate", 3, "(B, T, H)") ||
+      !check_input(beta, "beta", 3, "(B, T, H)"))
+    return false;
   const std::pair<const at::Tensor*, const char*> others[] = {{&k, "k"}, {&v, "v"}, {&gate, "gate"}, {&beta, "beta"}};
   for (const auto& o : others)
-    TORCH_CHECK_TYPE(o.first->scalar_type() == q.scalar_type(), o.second, " has dtype ",
+    GR_REQUIRE("TypeError", o.first->scalar_type() == q.scalar_type(), o.second, " has dtype ",
                      o.first->scalar_type(), " but q has ", q.scalar_type(), "; all inputs must share one dtype");
   const auto bth = q.sizes().slice(0, 3);
-  TORCH_CHECK_VALUE(k.sizes() == q.sizes(), "k must have the shape of q ", q.sizes(), ", got ", k.sizes());
-  TORCH_CHECK_VALUE(v.sizes().slice(0, 3) == bth, "v must be (B, T, H, D_v) with (B, T, H) = ", bth,
+  GR_REQUIRE("ValueError", k.sizes() == q.sizes(), "k must have the shape of q ", q.sizes(), ", got ", k.sizes());
+  GR_REQUIRE("ValueError", v.sizes().slice(0, 3) == bth, "v must be (B, T, H, D_v) with (B, T, H) = ", bth,
                     " like q, got ", v.sizes());
-  TORCH_CHECK_VALUE(gate.sizes() == bth, "gate must be (B, T, H) = ", bth, ", got ", gate.sizes());
-  TORCH_CHECK_VALUE(beta.sizes() == bth, "beta must be (B, T, H) = ", bth, ", got ", beta.sizes());
-  TORCH_CHECK_VALUE(q.size(3) >= 1 && q.size(3) <= kMaxDim, "q and k: D_k must be in 1..", kMaxDim,
+  GR_REQUIRE("ValueError", gate.sizes() == bth, "gate must be (B, T, H) = ", bth, ", got ", gate.sizes());
+  GR_REQUIRE("ValueError", beta.sizes() == bth, "beta must be (B, T, H) = ", bth, ", got ", beta.sizes());
+  GR_REQUIRE("ValueError", q.size(3) >= 1 && q.size(3) <= kMaxDim, "q and k: D_k must be in 1..", kMaxDim,
                     ", got ", q.size(3));
-  TORCH_CHECK_VALUE(v.size(3) >= 1 && v.size(3) <= kMaxDim, "v: D_v must be in 1..", kMaxDim, ", got ",
+  GR_REQUIRE("ValueError", v.size(3) >= 1 && v.size(3) <= kMaxDim, "v: D_v must be in 1..", kMaxDim, ", got ",
                     v.size(3));
-  TORCH_CHECK_VALUE(q.size(1) <= INT32_MAX, "q: T must be below 2^31, got ", q.size(1));
-  TORCH_CHECK_VALUE(q.is_cuda(), "q must be a CUDA tensor, got a tensor on ", q.device());
+  GR_REQUIRE("ValueError", q.size(1) <= INT32_MAX, "q: T must be below 2^31, got ", q.size(1));
+  GR_REQUIRE("ValueError", q.is_cuda(), "q must be a CUDA tensor, got a tensor on ", q.device());
   for (const auto& o : others)
-    TORCH_CHECK_VALUE(o.first->device() == q.device(), o.second, " is on ", o.first->device(),
+    GR_REQUIRE("ValueError", o.first->device() == q.device(), o.second, " is on ", o.first->device(),
                       " but q is on ", q.device(), "; all inputs must be on one CUDA device");
+  return true;
 }
 
 // ===================================== section: dispatch ====================================
@@ -352,7 +377,7 @@ inline bool rows_aligned(const at::Tensor& t, int64_t cols_per_block) {
          t.stride(1) % V == 0 && t.stride(2) % V == 0 && t.size(3) % V == 0 && cols_per_block % V == 0;
 }
 
-void launch_recurrent(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
+bool launch_recurrent(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
                       const at::Tensor& beta, at::Tensor& y, const RecurrentConfig& c) {
   const int64_t B = q.size(0), H = q.size(2), Dv = v.size(3);
   RecurrentParams p;
@@ -364,22 +389,22 @@ void launch_recurrent(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   p.G = c.G; p.JB = c.JB; p.TC = c.TC;
   p.col_blocks = (int)((Dv + c.JB - 1) / c.JB);
   const int64_t blocks = B * H * p.col_blocks;
-  TORCH_CHECK_VALUE(blocks <= INT32_MAX, "B * H = ", B * H, " is too large for one launch");
+  GR_REQUIRE("ValueError", blocks <= INT32_MAX, "B * H = ", B * H, " is too large for one launch");
   const bool vec = rows_aligned(q, q.size(3)) && rows_aligned(k, k.size(3)) && rows_aligned(v, c.JB);
   const DType dt = q.scalar_type() == at::kFloat ? DType::f32 : q.scalar_type() == at::kHalf ? DType::f16 : DType::bf16;
   const cudaError_t err = launch_recurrent_v1(p, c, dt, vec, blocks, c10::cuda::getCurrentCUDAStream());
-  TORCH_CHECK(err == cudaSuccess, "recurrent_v1 launch failed: ", cudaGetErrorString(err));
+  GR_REQUIRE("RuntimeError", err == cudaSuccess, "recurrent_v1 launch failed: ", cudaGetErrorString(err));
+  return true;
 }
 
 at::Tensor run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
                const at::Tensor& beta, const RecurrentConfig* forced) {
-  check_arguments(q, k, v, gate, beta);
+  if (!check_arguments(q, k, v, gate, beta)) return at::Tensor();
   const c10::cuda::CUDAGuard guard(q.device());
   at::Tensor y = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());
   if (y.numel() == 0) return y;
   const RecurrentConfig c = forced ? *forced : plan_recurrent(q.size(1), q.size(3), v.size(3));
-  launch_recurrent(q, k, v, gate, beta, y, c);
-  return y;
+  return launch_recurrent(q, k, v, gate, beta, y, c) ? y : at::Tensor();
 }
 
 }  // namespace gr
@@ -389,20 +414,27 @@ at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   return gr::run(q, k, v, gate, beta, nullptr);
 }
 
-// For benchmarks and tests of non-default configurations; checks that the configuration is launchable.
+namespace gr {
+bool check_config(const at::Tensor& q, const RecurrentConfig& c) {
+  GR_REQUIRE("ValueError", c.R == 1 || c.R == 2 || c.R == 4 || c.R == 6 || c.R == 8, "R must be 1, 2, 4, 6 or 8, got ", c.R);
+  GR_REQUIRE("ValueError", c.G >= 1 && c.G <= 32 && (c.G & (c.G - 1)) == 0, "G must be a power of two <= 32, got ", c.G);
+  GR_REQUIRE("ValueError", q.dim() == 4 && c.R * c.G >= q.size(3), "R * G must cover D_k, got ", c.R * c.G);
+  GR_REQUIRE("ValueError", c.JB >= 1 && (c.G * c.JB) % 32 == 0 && c.G * c.JB <= kMaxThreads,
+             "G * JB must be a multiple of 32 and at most ", kMaxThreads, ", got ", c.G * c.JB);
+  GR_REQUIRE("ValueError", c.TC >= 1 && recurrent_smem(c) <= kSmemBudget, "TC=", c.TC, " needs ", recurrent_smem(c),
+             " bytes of shared memory, over ", kSmemBudget);
+  return true;
+}
+}  // namespace gr
+
+// For benchmarks and tests of non-default configurations.
 at::Tensor forward_config(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
                           const at::Tensor& beta, int64_t R, int64_t G, int64_t JB, int64_t TC) {
-  TORCH_CHECK_VALUE(R == 1 || R == 2 || R == 4 || R == 6 || R == 8, "R must be 1, 2, 4, 6 or 8, got ", R);
-  TORCH_CHECK_VALUE(G >= 1 && G <= 32 && (G & (G - 1)) == 0, "G must be a power of two <= 32, got ", G);
-  TORCH_CHECK_VALUE(q.dim() == 4 && R * G >= q.size(3), "R * G must cover D_k, got ", R * G);
-  TORCH_CHECK_VALUE(JB >= 1 && (G * JB) % 32 == 0 && G * JB <= gr::kMaxThreads,
-                    "G * JB must be a multiple of 32 and at most ", gr::kMaxThreads, ", got ", G * JB);
   const gr::RecurrentConfig c{(int)R, (int)G, (int)JB, (int)TC};
-  TORCH_CHECK_VALUE(TC >= 1 && gr::recurrent_smem(c) <= gr::kSmemBudget, "TC=", TC, " needs ",
-                    gr::recurrent_smem(c), " bytes of shared memory, over ", gr::kSmemBudget);
-  return gr::run(q, k, v, gate, beta, &c);
+  return gr::check_config(q, c) ? gr::run(q, k, v, gate, beta, &c) : at::Tensor();
 }
 
+std::string last_error() { return gr::g_error; }
 std::string plan(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv) { return gr::plan(B, T, H, Dk, Dv); }
 """
 
@@ -434,7 +466,7 @@ def _build():
     if not torch.cuda.is_available():  # no device to query: torch reads the arch list from here
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", arch)
     return load_inline(name=name, cpp_sources=COMMON_SRC + HOST_SRC, cuda_sources=COMMON_SRC + KERNELS_SRC,
-                       functions=["forward", "forward_config", "plan"], extra_cflags=["-O3"],
+                       functions=["forward", "forward_config", "plan", "last_error"], extra_cflags=["-O3"],
                        extra_cuda_cflags=CUDA_FLAGS, build_directory=build_dir,
                        verbose=os.environ.get("GATED_RECURRENCE_VERBOSE_BUILD") == "1")
 
@@ -445,9 +477,25 @@ _ext = _build()
 # ---------------------------------------------------------------------------------------------
 # Functional API and the KernelBench module.
 # ---------------------------------------------------------------------------------------------
+_ERRORS = {"ValueError": ValueError, "TypeError": TypeError, "RuntimeError": RuntimeError}
+
+
+def _checked(y):
+    """The extension returns None where it refused the arguments; raise what it reports."""
+    if y is None:
+        kind, _, msg = _ext.last_error().partition(": ")
+        raise _ERRORS[kind](msg)
+    return y
+
+
 def gated_recurrence(q, k, v, gate, beta):
     """y (B, T, H, D_v) of the gated recurrence, in the inputs' dtype. See the module docstring."""
-    return _ext.forward(q, k, v, gate, beta)
+    return _checked(_ext.forward(q, k, v, gate, beta))
+
+
+def gated_recurrence_config(q, k, v, gate, beta, R, G, JB, TC):
+    """recurrent_v1 with an explicit launch configuration (benchmarks and tests); plan() shows the default."""
+    return _checked(_ext.forward_config(q, k, v, gate, beta, R, G, JB, TC))
 
 
 def plan(B, T, H, Dk, Dv):

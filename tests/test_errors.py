@@ -55,3 +55,12 @@ def test_bad_input_raises_named_error(sol, case):
 def test_non_tensor_argument_is_a_type_error(sol, value):
     with pytest.raises(TypeError):
         sol.gated_recurrence(*replaced("gate", value))
+
+
+@pytest.mark.parametrize("cfg,pattern", [((3, 8, 4, 8), "R must be"), ((4, 3, 4, 8), "G must be a power of two"),
+                                         ((1, 2, 16, 8), "R \\* G must cover"), ((4, 8, 3, 8), "G \\* JB must be"),
+                                         ((4, 8, 4, 10**6), "bytes of shared memory")],
+                         ids=["R", "G", "cover", "JB", "TC"])
+def test_bad_launch_configuration_is_a_value_error(sol, cfg, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        sol.gated_recurrence_config(*good(), *cfg)
