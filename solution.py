@@ -282,6 +282,7 @@ HOST_SRC = r"""
 #include <torch/extension.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <sstream>
 #include <string>
 #include <utility>
 
@@ -294,21 +295,55 @@ constexpr size_t kSmemBudget = 48 * 1024;  // the static limit: no cudaFuncSetAt
 // extension killed the process (segfault at the first failing check). The entry points return an
 // undefined tensor (None in Python) and last_error() gives "ExceptionName: message" for Python to raise.
 thread_local std::string g_error;
-#define GR_REQUIRE(kind, cond, ...)                              \
-  do {                                                           \
-    if (!(cond)) {                                               \
-      g_error = std::string(kind) + ": " + c10::str(__VA_ARGS__); \
-      return false;                                              \
-    }                                                            \
+#define GR_REQUIRE(kind, cond, ...)                          \
+  do {                                                       \
+    if (!(cond)) {                                           \
+      g_error = std::string(kind) + ": " + cat(__VA_ARGS__); \
+      return false;                                          \
+    }                                                        \
   } while (0)
+
+// Messages are built here from plain integers and strings only.
+template <typename... Args>
+std::string cat(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+
+std::string shape_str(at::IntArrayRef sizes) {
+  std::string s = "(";
+  for (size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + std::to_string(sizes[i]);
+  return s + (sizes.size() == 1 ? ",)" : ")");
+}
+
+const char* dtype_str(at::ScalarType st) {
+  switch (st) {
+    case at::kFloat: return "float32";
+    case at::kHalf: return "float16";
+    case at::kBFloat16: return "bfloat16";
+    case at::kDouble: return "float64";
+    case at::kInt: return "int32";
+    case at::kLong: return "int64";
+    case at::kShort: return "int16";
+    case at::kChar: return "int8";
+    case at::kByte: return "uint8";
+    case at::kBool: return "bool";
+    default: return "a non-float dtype";
+  }
+}
+
+std::string device_str(const at::Tensor& t) {
+  return t.is_cuda() ? "cuda:" + std::to_string(t.get_device()) : t.is_cpu() ? std::string("cpu") : std::string("a non-CUDA device");
+}
 
 bool check_input(const at::Tensor& t, const char* name, int64_t dims, const char* layout) {
   GR_REQUIRE("TypeError", t.defined(), name, " must be a tensor, got an undefined tensor");
   const auto st = t.scalar_type();
   GR_REQUIRE("TypeError", st == at::kFloat || st == at::kHalf || st == at::kBFloat16, name,
-                   " must be float32, float16 or bfloat16, got ", st);
+                   " must be float32, float16 or bfloat16, got ", dtype_str(st));
   GR_REQUIRE("ValueError", t.dim() == dims, name, " must have ", dims, " dimensions ", layout, ", got shape ",
-                    t.sizes());
+                    shape_str(t.sizes()));
   return true;
 }
 
@@ -322,22 +357,25 @@ bool check_arguments(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   const std::pair<const at::Tensor*, const char*> others[] = {{&k, "k"}, {&v, "v"}, {&gate, "gate"}, {&beta, "beta"}};
   for (const auto& o : others)
     GR_REQUIRE("TypeError", o.first->scalar_type() == q.scalar_type(), o.second, " has dtype ",
-                     o.first->scalar_type(), " but q has ", q.scalar_type(), "; all inputs must share one dtype");
+                     dtype_str(o.first->scalar_type()), " but q has ", dtype_str(q.scalar_type()), "; all inputs must share one dtype");
   const auto bth = q.sizes().slice(0, 3);
-  GR_REQUIRE("ValueError", k.sizes() == q.sizes(), "k must have the shape of q ", q.sizes(), ", got ", k.sizes());
-  GR_REQUIRE("ValueError", v.sizes().slice(0, 3) == bth, "v must be (B, T, H, D_v) with (B, T, H) = ", bth,
-                    " like q, got ", v.sizes());
-  GR_REQUIRE("ValueError", gate.sizes() == bth, "gate must be (B, T, H) = ", bth, ", got ", gate.sizes());
-  GR_REQUIRE("ValueError", beta.sizes() == bth, "beta must be (B, T, H) = ", bth, ", got ", beta.sizes());
+  GR_REQUIRE("ValueError", k.sizes() == q.sizes(), "k must have the shape of q ", shape_str(q.sizes()), ", got ",
+             shape_str(k.sizes()));
+  GR_REQUIRE("ValueError", v.sizes().slice(0, 3) == bth, "v must be (B, T, H, D_v) with (B, T, H) = ", shape_str(bth),
+                    " like q, got ", shape_str(v.sizes()));
+  GR_REQUIRE("ValueError", gate.sizes() == bth, "gate must be (B, T, H) = ", shape_str(bth), ", got ",
+             shape_str(gate.sizes()));
+  GR_REQUIRE("ValueError", beta.sizes() == bth, "beta must be (B, T, H) = ", shape_str(bth), ", got ",
+             shape_str(beta.sizes()));
   GR_REQUIRE("ValueError", q.size(3) >= 1 && q.size(3) <= kMaxDim, "q and k: D_k must be in 1..", kMaxDim,
                     ", got ", q.size(3));
   GR_REQUIRE("ValueError", v.size(3) >= 1 && v.size(3) <= kMaxDim, "v: D_v must be in 1..", kMaxDim, ", got ",
                     v.size(3));
   GR_REQUIRE("ValueError", q.size(1) <= INT32_MAX, "q: T must be below 2^31, got ", q.size(1));
-  GR_REQUIRE("ValueError", q.is_cuda(), "q must be a CUDA tensor, got a tensor on ", q.device());
+  GR_REQUIRE("ValueError", q.is_cuda(), "q must be a CUDA tensor, got a tensor on ", device_str(q));
   for (const auto& o : others)
-    GR_REQUIRE("ValueError", o.first->device() == q.device(), o.second, " is on ", o.first->device(),
-                      " but q is on ", q.device(), "; all inputs must be on one CUDA device");
+    GR_REQUIRE("ValueError", o.first->device() == q.device(), o.second, " is on ", device_str(*o.first),
+                      " but q is on ", device_str(q), "; all inputs must be on one CUDA device");
   return true;
 }
 

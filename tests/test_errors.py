@@ -38,8 +38,8 @@ CASES = {
     "q-int": (replaced("q", torch.ones(2, 5, 3, 4, dtype=torch.int32)), TypeError, r"q must be float32, float16 or bfloat16"),
     "gate-bool": (replaced("gate", torch.ones(2, 5, 3, dtype=torch.bool)), TypeError, r"gate must be float32"),
     "q-float64": ([x.double() for x in good()], TypeError, r"q must be float32, float16 or bfloat16"),
-    "mixed-dtypes": (replaced("v", torch.randn(2, 5, 3, 6, dtype=torch.float16)), TypeError, r"v has dtype Half but q has Float"),
-    "beta-bf16": (replaced("beta", torch.rand(2, 5, 3, dtype=torch.bfloat16)), TypeError, r"beta has dtype BFloat16"),
+    "mixed-dtypes": (replaced("v", torch.randn(2, 5, 3, 6, dtype=torch.float16)), TypeError, r"v has dtype float16 but q has float32"),
+    "beta-bf16": (replaced("beta", torch.rand(2, 5, 3, dtype=torch.bfloat16)), TypeError, r"beta has dtype bfloat16"),
     "cpu-tensors": (good(), ValueError, r"q must be a CUDA tensor"),
 }
 
