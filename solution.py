@@ -61,10 +61,10 @@ struct RecurrentParams {
   Strides4 sq, sk, sv, sy;
   Strides3 sg, sb;
   int T, H, Dk, Dv;
-  int G;           // lanes per state column (power of two, <= 32)
   int JB;          // state columns per block
   int TC;          // time steps staged in shared memory at once
   int col_blocks;  // ceil(Dv / JB)
+  int vec;         // q, k, v rows are 16-byte aligned runs (checked by the caller): 16-byte loads
 };
 
 struct RecurrentConfig { int R, G, JB, TC; };
@@ -73,9 +73,12 @@ inline size_t recurrent_smem(const RecurrentConfig& c) {
   return sizeof(float) * (size_t)c.TC * (2 * c.G * c.R + c.JB + 2);
 }
 
-// vec: q, k, v rows are 16-byte aligned runs (checked by the caller), so they load 16 bytes a time.
-cudaError_t launch_recurrent_v1(const RecurrentParams& p, const RecurrentConfig& c, DType dtype, bool vec,
-                                int64_t blocks, cudaStream_t stream);
+// (R, G) pairs compiled: the dispatch's rule (G = 1 with any R, else R in {6, 8}) plus (4, 8).
+#define GR_RG_PAIRS(X) X(1, 1) X(2, 1) X(4, 1) X(6, 1) X(8, 1) X(6, 2) X(8, 2) X(6, 4) X(8, 4) X(4, 8) \
+  X(6, 8) X(8, 8) X(6, 16) X(8, 16) X(6, 32) X(8, 32)
+
+cudaError_t launch_recurrent_v1(const RecurrentParams& p, const RecurrentConfig& c, DType dtype, int64_t blocks,
+                                cudaStream_t stream);
 }  // namespace gr
 """
 
@@ -153,11 +156,11 @@ __device__ __forceinline__ void stage_qkv(float* q_s, float* k_s, float* v_s, in
 // tc time steps of one column slice. __restrict__ says that the y stores never alias the shared
 // memory operands, so loads of later steps can be issued before the store of this one (without it,
 // every step waits for the previous store: measured 30 us instead of a few at (2,128,4,24)).
-template <typename scalar_t, int R>
+template <typename scalar_t, int R, int G>
 __device__ __forceinline__ void run_steps(float (&S)[R], const float* __restrict__ q_s, const float* __restrict__ k_s,
                                           const float* __restrict__ v_s, const float* __restrict__ g_s,
                                           const float* __restrict__ b_s, scalar_t* __restrict__ y, int64_t syt,
-                                          int tc, int kp, int JB, int rows, int G, bool writer) {
+                                          int tc, int kp, int JB, int rows, bool writer) {
 #pragma unroll 4
   for (int tt = 0; tt < tc; ++tt) {
     const float* qr = q_s + tt * kp;
@@ -173,8 +176,7 @@ __device__ __forceinline__ void run_steps(float (&S)[R], const float* __restrict
       }
     }
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1)
-      if (off < G) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    for (int off = G / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
     if (writer) y[tt * syt] = from_float<scalar_t>(acc);
   }
 }
@@ -182,10 +184,10 @@ __device__ __forceinline__ void run_steps(float (&S)[R], const float* __restrict
 // ===================================== section: recurrent_v1 kernel =========================
 // Grid: one block per (b, h, column block). Lane `lane` of column `col` keeps rows
 // [lane * R, lane * R + R) of S[:, j] in registers; threads past G * JB only load.
-template <typename scalar_t, int R, bool VEC>
+template <typename scalar_t, int R, int G>
 __global__ void __launch_bounds__(kMaxThreads) recurrent_v1_kernel(const RecurrentParams p) {
   extern __shared__ float smem[];
-  const int kp = p.G * R;  // D_k padded to whole lanes
+  constexpr int kp = G * R;  // D_k padded to whole lanes
   float* q_s = smem;
   float* k_s = q_s + p.TC * kp;
   float* v_s = k_s + p.TC * kp;
@@ -199,11 +201,11 @@ __global__ void __launch_bounds__(kMaxThreads) recurrent_v1_kernel(const Recurre
   const int b = blk / p.H;
 
   const int tid = threadIdx.x;
-  const int col = tid / p.G;
-  const int lane = tid - col * p.G;
+  const int col = tid / G;
+  const int lane = tid - col * G;
   const int j0 = cb * p.JB;
   const int nv = min(p.JB, p.Dv - j0);                // valid columns in this block
-  const bool warp_active = ((tid & ~31) / p.G) < nv;  // shuffles need the whole warp
+  const bool warp_active = ((tid & ~31) / G) < nv;  // shuffles need the whole warp
   const int i0 = lane * R;
   const int rows = max(0, min(R, p.Dk - i0));
 
@@ -230,46 +232,39 @@ __global__ void __launch_bounds__(kMaxThreads) recurrent_v1_kernel(const Recurre
       g_s[e] = to_float(gate[(t0 + e) * p.sg.t]);
       b_s[e] = to_float(beta[(t0 + e) * p.sb.t]);
     }
-    stage_qkv<scalar_t, VEC>(q_s, k_s, v_s, kp, p.JB, q + t0 * p.sq.t, k + t0 * p.sk.t, v + t0 * p.sv.t,
-                             p.sq.t, p.sq.d, p.sk.t, p.sk.d, p.sv.t, p.sv.d, tc, p.Dk, nv);
+    if (p.vec)
+      stage_qkv<scalar_t, true>(q_s, k_s, v_s, kp, p.JB, q + t0 * p.sq.t, k + t0 * p.sk.t, v + t0 * p.sv.t,
+                                p.sq.t, p.sq.d, p.sk.t, p.sk.d, p.sv.t, p.sv.d, tc, p.Dk, nv);
+    else
+      stage_qkv<scalar_t, false>(q_s, k_s, v_s, kp, p.JB, q + t0 * p.sq.t, k + t0 * p.sk.t, v + t0 * p.sv.t,
+                                 p.sq.t, p.sq.d, p.sk.t, p.sk.d, p.sv.t, p.sv.d, tc, p.Dk, nv);
     __syncthreads();
     if (warp_active)
-      run_steps<scalar_t, R>(S, q_s + i0, k_s + i0, v_s + col, g_s, b_s, y + t0 * p.sy.t, p.sy.t, tc, kp, p.JB,
-                             rows, p.G, lane == 0 && col < nv);
+      run_steps<scalar_t, R, G>(S, q_s + i0, k_s + i0, v_s + col, g_s, b_s, y + t0 * p.sy.t, p.sy.t, tc, kp, p.JB,
+                                rows, lane == 0 && col < nv);
   }
 }
 
 // ===================================== section: launcher ====================================
-template <typename scalar_t, int R, bool VEC>
+template <typename scalar_t>
 cudaError_t launch_typed(const RecurrentParams& p, const RecurrentConfig& c, int64_t blocks, cudaStream_t s) {
   // Always kMaxThreads: threads past G * JB only stage, which keeps more loads in flight.
-  recurrent_v1_kernel<scalar_t, R, VEC><<<(unsigned)blocks, kMaxThreads, recurrent_smem(c), s>>>(p);
-  return cudaGetLastError();
-}
-
-template <typename scalar_t, bool VEC>
-cudaError_t launch_r(const RecurrentParams& p, const RecurrentConfig& c, int64_t blocks, cudaStream_t s) {
-  switch (c.R) {
-    case 1: return launch_typed<scalar_t, 1, VEC>(p, c, blocks, s);
-    case 2: return launch_typed<scalar_t, 2, VEC>(p, c, blocks, s);
-    case 4: return launch_typed<scalar_t, 4, VEC>(p, c, blocks, s);
-    case 6: return launch_typed<scalar_t, 6, VEC>(p, c, blocks, s);
-    case 8: return launch_typed<scalar_t, 8, VEC>(p, c, blocks, s);
-    default: return cudaErrorInvalidValue;
+#define GR_CASE(R_, G_)                                                                                  \
+  if (c.R == R_ && c.G == G_) {                                                                          \
+    recurrent_v1_kernel<scalar_t, R_, G_><<<(unsigned)blocks, kMaxThreads, recurrent_smem(c), s>>>(p); \
+    return cudaGetLastError();                                                                           \
   }
+  GR_RG_PAIRS(GR_CASE)
+#undef GR_CASE
+  return cudaErrorInvalidValue;
 }
 
-template <typename scalar_t>
-cudaError_t launch_v(const RecurrentParams& p, const RecurrentConfig& c, bool vec, int64_t blocks, cudaStream_t s) {
-  return vec ? launch_r<scalar_t, true>(p, c, blocks, s) : launch_r<scalar_t, false>(p, c, blocks, s);
-}
-
-cudaError_t launch_recurrent_v1(const RecurrentParams& p, const RecurrentConfig& c, DType dtype, bool vec,
-                                int64_t blocks, cudaStream_t stream) {
+cudaError_t launch_recurrent_v1(const RecurrentParams& p, const RecurrentConfig& c, DType dtype, int64_t blocks,
+                                cudaStream_t stream) {
   switch (dtype) {
-    case DType::f32: return launch_v<float>(p, c, vec, blocks, stream);
-    case DType::f16: return launch_v<__half>(p, c, vec, blocks, stream);
-    case DType::bf16: return launch_v<__nv_bfloat16>(p, c, vec, blocks, stream);
+    case DType::f32: return launch_typed<float>(p, c, blocks, stream);
+    case DType::f16: return launch_typed<__half>(p, c, blocks, stream);
+    case DType::bf16: return launch_typed<__nv_bfloat16>(p, c, blocks, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -424,13 +419,13 @@ bool launch_recurrent(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   p.sq = strides4(q); p.sk = strides4(k); p.sv = strides4(v); p.sy = strides4(y);
   p.sg = strides3(gate); p.sb = strides3(beta);
   p.T = (int)q.size(1); p.H = (int)H; p.Dk = (int)q.size(3); p.Dv = (int)Dv;
-  p.G = c.G; p.JB = c.JB; p.TC = c.TC;
+  p.JB = c.JB; p.TC = c.TC;
   p.col_blocks = (int)((Dv + c.JB - 1) / c.JB);
   const int64_t blocks = B * H * p.col_blocks;
   GR_REQUIRE("ValueError", blocks <= INT32_MAX, "B * H = ", B * H, " is too large for one launch");
-  const bool vec = rows_aligned(q, q.size(3)) && rows_aligned(k, k.size(3)) && rows_aligned(v, c.JB);
+  p.vec = rows_aligned(q, q.size(3)) && rows_aligned(k, k.size(3)) && rows_aligned(v, c.JB);
   const DType dt = q.scalar_type() == at::kFloat ? DType::f32 : q.scalar_type() == at::kHalf ? DType::f16 : DType::bf16;
-  const cudaError_t err = launch_recurrent_v1(p, c, dt, vec, blocks, c10::cuda::getCurrentCUDAStream());
+  const cudaError_t err = launch_recurrent_v1(p, c, dt, blocks, c10::cuda::getCurrentCUDAStream());
   GR_REQUIRE("RuntimeError", err == cudaSuccess, "recurrent_v1 launch failed: ", cudaGetErrorString(err));
   return true;
 }
@@ -454,8 +449,11 @@ at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
 
 namespace gr {
 bool check_config(const at::Tensor& q, const RecurrentConfig& c) {
-  GR_REQUIRE("ValueError", c.R == 1 || c.R == 2 || c.R == 4 || c.R == 6 || c.R == 8, "R must be 1, 2, 4, 6 or 8, got ", c.R);
-  GR_REQUIRE("ValueError", c.G >= 1 && c.G <= 32 && (c.G & (c.G - 1)) == 0, "G must be a power of two <= 32, got ", c.G);
+  bool compiled = false;
+#define GR_IS(R_, G_) compiled = compiled || (c.R == R_ && c.G == G_);
+  GR_RG_PAIRS(GR_IS)
+#undef GR_IS
+  GR_REQUIRE("ValueError", compiled, "(R, G) = (", c.R, ", ", c.G, ") is not a compiled pair (see GR_RG_PAIRS)");
   GR_REQUIRE("ValueError", q.dim() == 4 && c.R * c.G >= q.size(3), "R * G must cover D_k, got ", c.R * c.G);
   GR_REQUIRE("ValueError", c.JB >= 1 && (c.G * c.JB) % 32 == 0 && c.G * c.JB <= kMaxThreads,
              "G * JB must be a multiple of 32 and at most ", kMaxThreads, ", got ", c.G * c.JB);

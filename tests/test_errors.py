@@ -57,8 +57,8 @@ def test_non_tensor_argument_is_a_type_error(sol, value):
         sol.gated_recurrence(*replaced("gate", value))
 
 
-@pytest.mark.parametrize("cfg,pattern", [((3, 8, 4, 8), "R must be"), ((4, 3, 4, 8), "G must be a power of two"),
-                                         ((1, 2, 16, 8), "R \\* G must cover"), ((4, 8, 3, 8), "G \\* JB must be"),
+@pytest.mark.parametrize("cfg,pattern", [((3, 8, 4, 8), "not a compiled pair"), ((4, 3, 4, 8), "not a compiled pair"),
+                                         ((2, 1, 32, 8), "R \\* G must cover"), ((4, 8, 3, 8), "G \\* JB must be"),
                                          ((4, 8, 4, 10**6), "bytes of shared memory")],
                          ids=["R", "G", "cover", "JB", "TC"])
 def test_bad_launch_configuration_is_a_value_error(sol, cfg, pattern):
