@@ -277,8 +277,8 @@ HOST_SRC = r"""
 #include <torch/extension.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <sstream>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 namespace gr {
@@ -298,12 +298,19 @@ thread_local std::string g_error;
     }                                                        \
   } while (0)
 
-// Messages are built here from plain integers and strings only.
+// Messages are built by string appends only. Inserting an integer into a std::ostream from this
+// extension crashed the device's torch 2.11 process (segfault in every message that held a number;
+// std::to_string and string appends were fine there), so no ostream is used.
+inline std::string piece(const char* s) { return s; }
+inline std::string piece(const std::string& s) { return s; }
+template <typename T, typename = std::enable_if_t<std::is_integral_v<T>>>
+inline std::string piece(T x) { return std::to_string(x); }
+
 template <typename... Args>
 std::string cat(const Args&... args) {
-  std::ostringstream os;
-  (os << ... << args);
-  return os.str();
+  std::string s;
+  ((s += piece(args)), ...);
+  return s;
 }
 
 std::string shape_str(at::IntArrayRef sizes) {
