@@ -93,7 +93,11 @@ def config_sweep(sol, args):
         ref = reference64(inputs)
         for cfg in cfgs:
             fn = lambda *x, c=cfg: sol.gated_recurrence_config(*x, *c)  # noqa: E731
-            err = rel_l2(fn(*inputs), ref)
+            try:
+                err = rel_l2(fn(*inputs), ref)
+            except ValueError as e:  # a configuration this shape cannot launch
+                print(f"  {name} cfg={cfg} skipped: {e}", flush=True)
+                continue
             ms = kernelbench_time(fn, inputs, trials=args.trials)["median"]
             rows.append({"shape": name, "R,G,JB,TC": cfg, "err": err, "ms": ms})
             print(f"  {name} cfg={cfg} err={err:.2e} {ms * 1e3:.1f} us", flush=True)
@@ -101,7 +105,7 @@ def config_sweep(sol, args):
 
 
 CONFIGS = {  # (R, G, JB, TC); the default plan first
-    "S0": [(6, 4, 24, 128), (6, 4, 8, 128), (4, 8, 24, 128), (4, 8, 8, 128), (6, 8, 16, 128), (8, 4, 8, 128)],
+    "S0": [(6, 4, 24, 128), (6, 4, 8, 128), (4, 8, 24, 128), (4, 8, 8, 128), (6, 8, 16, 64), (8, 4, 8, 128)],
     "S1": [(8, 8, 32, 75), (8, 8, 16, 64), (6, 16, 16, 48), (8, 8, 32, 32)],
 }
 

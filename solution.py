@@ -27,6 +27,7 @@ Functional API: `gated_recurrence(q, k, v, gate, beta) -> y`. `ModelNew` is a sh
 Bad arguments raise ValueError / TypeError naming the argument (checked in C++).
 """
 import hashlib
+import importlib.util
 import os
 import sys
 
@@ -497,15 +498,21 @@ def _arch_list():
 
 def _build():
     arch = _arch_list()
-    key = "\n".join([COMMON_SRC, KERNELS_SRC, HOST_SRC, " ".join(CUDA_FLAGS), torch.__version__, str(torch.version.cuda), arch])
+    key = "\n".join([COMMON_SRC, KERNELS_SRC, HOST_SRC, " ".join(CUDA_FLAGS), torch.__version__,
+                     str(torch.version.cuda), arch, os.environ.get("TORCH_CUDA_ARCH_LIST", "")])
     name = "gated_recurrence_" + hashlib.sha1(key.encode()).hexdigest()[:12]
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(
         os.path.expanduser("~"), ".cache", "torch_extensions", "gated_recurrence")
     build_dir = os.path.join(root, name)
+    so_path = os.path.join(build_dir, name + ".so")
+    if os.path.exists(so_path):  # built before: import it directly, skipping load_inline's ninja run
+        spec = importlib.util.spec_from_file_location(name, so_path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
     os.makedirs(build_dir, exist_ok=True)
-    if not os.path.exists(os.path.join(build_dir, name + ".so")):
-        print(f"solution.py: compiling the CUDA extension for sm_{arch.replace('.', '')} "
-              f"(about a minute, once; cached in {build_dir})", file=sys.stderr, flush=True)
+    print(f"solution.py: compiling the CUDA extension for sm_{arch.replace('.', '')} "
+          f"(about a minute, once; cached in {build_dir})", file=sys.stderr, flush=True)
     if not torch.cuda.is_available():  # no device to query: torch reads the arch list from here
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", arch)
     return load_inline(name=name, cpp_sources=COMMON_SRC + HOST_SRC, cuda_sources=COMMON_SRC + KERNELS_SRC,
