@@ -336,8 +336,28 @@ def time_models(ctx, perf_trials, compile_ref):
     return res
 
 
+def check_shapes(ctx, shapes, perf_trials, timing):
+    """Correctness (and times) at extra shapes, through the problem's make_inputs(B, T, H, D...)."""
+    rows = []
+    make = getattr(ctx.problem, "make_inputs", None)
+    for shape in shapes:
+        if make is None:
+            rows.append({"shape": shape, "ok": False, "reason": "the problem has no make_inputs helper"})
+            continue
+        gen = torch.Generator().manual_seed(ctx.seed)
+        xs = make(*shape, dtype=DTYPES[ctx.precision], device=ctx.device, generator=gen)
+        ok, why = compare(ctx, ctx.run(xs), xs)
+        row = {"shape": shape, "ok": ok, "reason": why}
+        if ok and timing and torch.device(ctx.device).type == "cuda":
+            with torch.no_grad():
+                row["runtime_ms"] = kernelbench_time(ctx.new_model, xs, trials=perf_trials)["median"]
+                row["ref_runtime_ms"] = kernelbench_time(ctx.ref_model, xs, trials=min(perf_trials, 5))["median"]
+        rows.append(row)
+    return rows
+
+
 def evaluate(ref_path, sol_path, precision="fp32", trials=5, perf_trials=100, seed=42, device="cuda",
-             compile_ref=False, timing=True):
+             compile_ref=False, timing=True, shapes=()):
     """Run every check; returns a dict with KernelBench's field names plus ours."""
     result = {"compiled": False, "correctness": False, "metadata": {}, "runtime": -1.0, "runtime_stats": {},
               "ref_runtime": -1.0, "ref_runtime_stats": {}, "checks": {}}
@@ -353,6 +373,10 @@ def evaluate(ref_path, sol_path, precision="fp32", trials=5, perf_trials=100, se
     for name, fn in CHECKS:
         ok, why = fn(ctx)
         result["checks"][name] = {"ok": bool(ok), "reason": why}
+    if shapes:
+        result["shapes"] = check_shapes(ctx, shapes, perf_trials, timing)
+        result["checks"]["extra_shapes"] = {"ok": all(r["ok"] for r in result["shapes"]),
+                                            "reason": "; ".join(f"{r['shape']}: {r['reason']}" for r in result["shapes"] if not r["ok"])}
     result["correctness"] = all(c["ok"] for c in result["checks"].values())
     if timing and result["correctness"] and torch.device(device).type == "cuda":
         res = time_models(ctx, perf_trials, compile_ref)
@@ -387,6 +411,9 @@ def report(result):
         lines.append(f"\nspeedup over eager reference (median): {result['metadata']['speedup_median']:.1f}x")
         if "speedup_vs_compile" in result["metadata"]:
             lines.append(f"speedup over torch.compile (median): {result['metadata']['speedup_vs_compile']:.1f}x")
+    for r in result.get("shapes", []):
+        t = f"{r['runtime_ms']:.4f} ms vs reference {r['ref_runtime_ms']:.4f} ms" if "runtime_ms" in r else ""
+        lines.append(f"shape {str(r['shape']):<19} {'PASS' if r['ok'] else 'FAIL':<5} {r['reason'] or t}")
     lines.append(f"\nverdict: {'CORRECT' if result['correctness'] else 'INCORRECT'}")
     return "\n".join(lines)
 
@@ -401,14 +428,16 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu: correctness checks only, for pure-torch pairs")
     ap.add_argument("--compile", action="store_true", help="also time torch.compile of the reference (compiles for minutes)")
+    ap.add_argument("--shapes", default="", help="extra shapes for the problem's make_inputs, e.g. '2,63,3,33;1,1024,8,64'")
     ap.add_argument("--json", help="write KernelBench's fields plus ours here")
     args = ap.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("eval.py: no CUDA device is visible; this harness times CUDA kernels and needs one "
               "(use --device cpu for the correctness checks of a pure-torch pair)", file=sys.stderr)
         return 2
+    shapes = [tuple(int(x) for x in part.split(",")) for part in args.shapes.split(";") if part.strip()]
     result = evaluate(args.ref, args.solution, args.precision, args.trials, args.perf_trials, args.seed,
-                      args.device, args.compile)
+                      args.device, args.compile, shapes=shapes)
     print(report(result))
     if args.json:
         with open(args.json, "w") as f:

@@ -76,3 +76,19 @@ def test_static_rules_agree_with_the_shared_checker():
         ours = not harness.static_rules(path)[0]
         theirs = subprocess.run([sys.executable, shared, path], capture_output=True).returncode == 0
         assert ours == theirs, path
+
+
+def test_extra_shapes_are_checked():
+    res = harness.evaluate(REF, os.path.join(FIX, "honest.py"), trials=1, device="cpu", timing=False,
+                           shapes=[(1, 9, 2, 7, 5), (2, 4, 1, 33)])
+    assert res["checks"]["extra_shapes"]["ok"] and len(res["shapes"]) == 2
+    res = harness.evaluate(REF, os.path.join(FIX, "cheat_caching.py"), trials=1, device="cpu", timing=False,
+                           shapes=[(1, 9, 2, 7, 5)])
+    assert res["shapes"][0]["ok"]  # one call per shape: caching is not what this check is for
+
+
+def test_cli_cpu_mode_report(capsys):
+    assert harness.main(["--device", "cpu", "--solution", os.path.join(FIX, "honest.py"), "--trials", "1",
+                         "--shapes", "1,5,1,3"]) == 0
+    out = capsys.readouterr().out
+    assert "verdict: CORRECT" in out and "cross_call_caching" in out
