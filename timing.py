@@ -21,22 +21,27 @@ def stats(times_ms):
             "num_trials": len(times_ms)}
 
 
-def kernelbench_time(fn, args, trials=100, warmup=3, flush=True):
+def kernelbench_time(fn, args, trials=100, warmup=3, flush=True, before=None, after=None):
     """KernelBench's per-call method: warm-ups, then per trial an L2 flush, CUDA events around one
-    call and a synchronize after it. Returns stats in milliseconds."""
+    call and a synchronize after it. Returns stats in milliseconds. `before(i)` and `after(i, out)`
+    run outside the timed region of call i (eval.py re-checks outputs on changed inputs there)."""
     for _ in range(warmup):
         fn(*args)
     torch.cuda.synchronize()
     times = []
-    for _ in range(trials):
+    for i in range(trials):
+        if before is not None:
+            before(i)
         if flush:
             flush_l2()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn(*args)
+        out = fn(*args)
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
+        if after is not None:
+            after(i, out)
     return stats(times)
 
 
