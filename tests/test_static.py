@@ -38,3 +38,10 @@ def test_docstring_names_every_kernel_and_only_those(sol):
                                    (1, 8192, 8, 128, 128), (3, 63, 5, 33, 100), (1, 7, 1, 256, 7)])
 def test_dispatch_names_a_documented_kernel(sol, shape):
     assert sol.plan(*shape).split()[0] in sol.KERNELS
+
+
+def test_docstring_numbers_are_the_benchmarked_ones(sol):
+    """The spec-shape time quoted in the docstring is the one BENCHMARKS.md reports."""
+    quoted = re.search(r"\(2, 128, 4, 24\) fp32\s+([0-9.]+) ms", sol.__doc__).group(1)
+    table = open(os.path.join(ROOT, "BENCHMARKS.md")).read()
+    assert f"**{quoted} ms**" in table
