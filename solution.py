@@ -12,22 +12,30 @@ input dtype.
 Algorithms (the dispatch in the host section "dispatch" picks one per call; `plan()` names it):
 
     kernel          serves        how
-    recurrent_v1    every shape   column j of S evolves on its own, so each column is owned by a
+    recurrent_v1    T < 256       column j of S evolves on its own, so each column is owned by a
                                   group of G lanes of one warp (G * R >= D_k rows, R rows per lane,
                                   S in registers); a block of 256 threads stages C time steps of
                                   q, k, v, gate, beta in shared memory with 16-byte loads where the
                                   layout allows (one barrier per C steps, none per step), then the
                                   lanes run the C steps and the G lanes of a column reduce q . S
                                   with warp shuffles (G is a template parameter).
+    chunk_v1        T >= 256      chunkwise-parallel form (see the section "chunk_v1 kernel"): per
+                                  chunk of C steps, masked (q k^T) v plus (decayed q) S and one state
+                                  update, on TF32 tensor cores; fp32 inputs use 3xTF32 (hi/lo split,
+                                  fp32-level error), fp16/bf16 inputs one TF32 product. Decays are
+                                  direct products of gates, exact for gates 0, < 0 and > 1.
+    state_scan_v1   with chunk_v1 sequence parallelism when B * H blocks cannot fill the GPU: the
+                    when segments  sequence is cut into segments, chunk_v1 first computes each
+                    > 1            segment's own state, this kernel chains them, and chunk_v1 then
+                                  runs all segments at once from their start states.
 
 Measured on one H200, KernelBench timing (median per call, L2 flushed), BENCHMARKS.md has the
 command and the other shapes:
 
     recurrent_v1    (2, 128, 4, 24) fp32   0.0223 ms   (eager 9.15 ms, fla fused_recurrent 0.221 ms)
-                    (4, 1024, 8, 64) fp32  0.256 ms    (fla chunk 0.427 ms)
-                    (8, 2048, 16, 128) fp32 5.48 ms    (fla chunk 0.648 ms: the chunked path is next)
 
-Functional API: `gated_recurrence(q, k, v, gate, beta) -> y`. `ModelNew` is a shell over it.
+Functional API: `gated_recurrence(q, k, v, gate, beta, initial_state=None, output_final_state=False)`
+-> y, or (y, final_state). `ModelNew` is a shell over it.
 Bad arguments raise ValueError / TypeError naming the argument (checked in C++).
 """
 import hashlib
@@ -38,10 +46,10 @@ import sys
 import torch
 from torch.utils.cpp_extension import load_inline
 
-__all__ = ["ModelNew", "gated_recurrence", "gated_recurrence_config", "plan", "KERNELS"]
+__all__ = ["ModelNew", "gated_recurrence", "gated_recurrence_with", "gated_recurrence_config", "plan", "KERNELS"]
 
 # Every kernel name the dispatch can return; tests check this list against the docstring and plan().
-KERNELS = ("recurrent_v1",)
+KERNELS = ("recurrent_v1", "chunk_v1", "state_scan_v1")
 
 # ---------------------------------------------------------------------------------------------
 # Source, in named sections. COMMON is seen by both translation units; KERNELS is the .cu file
@@ -60,6 +68,7 @@ enum class DType : int { f32 = 0, f16 = 1, bf16 = 2 };
 
 struct Strides4 { int64_t b, t, h, d; };
 struct Strides3 { int64_t b, t, h; };
+struct StateStrides { int64_t b, h, i, j; };  // a (B, H, D_k, D_v) fp32 state
 
 struct RecurrentParams {
   const void* q; const void* k; const void* v; const void* gate; const void* beta; void* y;
@@ -70,6 +79,8 @@ struct RecurrentParams {
   int TC;          // time steps staged in shared memory at once
   int col_blocks;  // ceil(Dv / JB)
   int vec;         // q, k, v rows are 16-byte aligned runs (checked by the caller): 16-byte loads
+  const float* s_in; StateStrides ssi;  // initial state, or nullptr for zero
+  float* s_out; StateStrides sso;       // final state, or nullptr
 };
 
 struct RecurrentConfig { int R, G, JB, TC; };
@@ -82,6 +93,38 @@ inline size_t recurrent_smem(const RecurrentConfig& c) {
 #define GR_RG_PAIRS(X) X(1, 1) X(2, 1) X(4, 1) X(6, 1) X(8, 1) X(6, 2) X(8, 2) X(6, 4) X(8, 4) X(4, 8) \
   X(6, 8) X(8, 8) X(6, 16) X(8, 16) X(6, 32) X(8, 32)
 
+// Chunked path. A (b, h) sequence is cut into nseg segments of seg_chunks chunks of C steps. With
+// nseg > 1 a state phase (mode 1) computes each segment's own state contribution and gate product,
+// state_scan_v1 chains them, and the output phase (mode 0) runs every segment from its start state.
+struct ChunkParams {
+  const void* q; const void* k; const void* v; const void* gate; const void* beta; void* y;
+  Strides4 sq, sk, sv, sy;
+  Strides3 sg, sb;
+  int T, H, Dk, Dv;
+  int64_t BH;
+  int DKP;          // D_k rounded up to 16
+  int vtiles;       // ceil(D_v / NV) column tiles
+  int nseg, seg_chunks;
+  int seg_launch;   // segments in this launch: nseg (outputs) or nseg - 1 (states)
+  int mode;         // 0: outputs, 1: segment states only
+  int vec_qk, vec_v;  // 16-byte loads are legal for q and k / for v
+  const float* s_in; StateStrides ssi;
+  float* s_out; StateStrides sso;
+  float* seg_states;  // (B, H, nseg - 1, D_k, D_v): contributions, then (after the scan) end states
+  float* seg_decays;  // (B, H, nseg - 1)
+};
+
+struct ChunkConfig { int C, NV, nseg; };
+
+inline size_t chunk_smem(int C, int NV, int DKP) {
+  return sizeof(float) * (size_t)(2 * C * (DKP + 4) + 2 * C * (NV + 4) + DKP * (NV + 4) + C * (C + 4) + 6 * C);
+}
+
+// (C, NV) pairs compiled.
+#define GR_CHUNK_PAIRS(X) X(32, 32) X(32, 64) X(64, 32) X(64, 64)
+
+cudaError_t launch_chunk_v1(const ChunkParams& p, int C, int NV, DType dtype, int64_t blocks, cudaStream_t stream);
+cudaError_t launch_state_scan_v1(const ChunkParams& p, cudaStream_t stream);
 cudaError_t launch_recurrent_v1(const RecurrentParams& p, const RecurrentConfig& c, DType dtype, int64_t blocks,
                                 cudaStream_t stream);
 }  // namespace gr
@@ -91,6 +134,8 @@ KERNELS_SRC = r"""
 // ===================================== section: device helpers ==============================
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
+#include <mma.h>
+#include <type_traits>
 
 namespace gr {
 
@@ -226,9 +271,12 @@ __global__ void __launch_bounds__(kMaxThreads) recurrent_v1_kernel(const Recurre
   for (int e = tid; e < smem_floats; e += blockDim.x) smem[e] = 0.f;
   __syncthreads();
 
+  const bool owner = warp_active && col < nv;  // this lane's rows of column j0 + col are real
   float S[R];
 #pragma unroll
-  for (int r = 0; r < R; ++r) S[r] = 0.f;
+  for (int r = 0; r < R; ++r)
+    S[r] = (p.s_in != nullptr && owner && r < rows)
+               ? p.s_in[b * p.ssi.b + h * p.ssi.h + (i0 + r) * p.ssi.i + (j0 + col) * p.ssi.j] : 0.f;
 
   for (int t0 = 0; t0 < p.T; t0 += p.TC) {
     const int tc = min(p.TC, p.T - t0);
@@ -247,6 +295,315 @@ __global__ void __launch_bounds__(kMaxThreads) recurrent_v1_kernel(const Recurre
     if (warp_active)
       run_steps<scalar_t, R, G>(S, q_s + i0, k_s + i0, v_s + col, g_s, b_s, y + t0 * p.sy.t, p.sy.t, tc, kp, p.JB,
                                 rows, lane == 0 && col < nv);
+  }
+  if (p.s_out != nullptr && owner)
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      if (r < rows) p.s_out[b * p.sso.b + h * p.sso.h + (i0 + r) * p.sso.i + (j0 + col) * p.sso.j] = S[r];
+}
+
+// ===================================== section: chunk_v1 kernel =============================
+// Chunkwise-parallel form. Within a chunk of C steps starting from state S (t, s in 0..C-1):
+//   L[t][s] = prod_{r=s+1..t} g_r (s <= t),  A[t] = prod_{r=0..t} g_r,  w[s] = prod_{r=s+1..C-1} g_r
+//   y_t   = sum_{s<=t} L[t][s] beta_s (q_t . k_s) v_s  +  (A[t] q_t)^T S
+//   S_new = A[C-1] S + sum_s (w[s] beta_s k_s) v_s^T
+// Decays are direct products of gates (never logs or quotients), so gates of 0, < 0 or > 1 are exact.
+// Matrix products run on TF32 tensor cores (wmma m16n16k8); for fp32 inputs every operand is split
+// into hi + lo TF32 parts and three products are summed (3xTF32, ~fp32 accuracy). The diagonal
+// 16x16 blocks of the masked product use fp32 FMAs: a zero mask entry times a NaN or inf v_s
+// (s > t) would otherwise reach y_t, which the reference never lets happen.
+// Grid: one block per (b, h, segment, column tile of NV state columns); a block walks the chunks of
+// its segment in order, with its Dk x NV slice of S in shared memory.
+namespace wm = nvcuda::wmma;
+
+// c += a * b on one 16x16 tile, operands read from shared memory.
+template <bool SPLIT, typename LA, typename LB>
+__device__ __forceinline__ void mma_tile(wm::fragment<wm::accumulator, 16, 16, 8, float>& c, const float* a,
+                                         unsigned lda, const float* b, unsigned ldb) {
+  wm::fragment<wm::matrix_a, 16, 16, 8, wm::precision::tf32, LA> a_hi;
+  wm::fragment<wm::matrix_b, 16, 16, 8, wm::precision::tf32, LB> b_hi;
+  wm::load_matrix_sync(a_hi, a, lda);
+  wm::load_matrix_sync(b_hi, b, ldb);
+  if constexpr (SPLIT) {
+    wm::fragment<wm::matrix_a, 16, 16, 8, wm::precision::tf32, LA> a_lo;
+    wm::fragment<wm::matrix_b, 16, 16, 8, wm::precision::tf32, LB> b_lo;
+#pragma unroll
+    for (int i = 0; i < a_hi.num_elements; ++i) {
+      const float x = a_hi.x[i], hi = wm::__float_to_tf32(x);
+      a_hi.x[i] = hi;
+      a_lo.x[i] = wm::__float_to_tf32(x - hi);
+    }
+#pragma unroll
+    for (int i = 0; i < b_hi.num_elements; ++i) {
+      const float x = b_hi.x[i], hi = wm::__float_to_tf32(x);
+      b_hi.x[i] = hi;
+      b_lo.x[i] = wm::__float_to_tf32(x - hi);
+    }
+    wm::mma_sync(c, a_lo, b_hi, c);  // small terms first
+    wm::mma_sync(c, a_hi, b_lo, c);
+  } else {
+#pragma unroll
+    for (int i = 0; i < a_hi.num_elements; ++i) a_hi.x[i] = wm::__float_to_tf32(a_hi.x[i]);
+#pragma unroll
+    for (int i = 0; i < b_hi.num_elements; ++i) b_hi.x[i] = wm::__float_to_tf32(b_hi.x[i]);
+  }
+  wm::mma_sync(c, a_hi, b_hi, c);
+}
+
+// rows x cols (cols a multiple of V) of a strided source into dst (pitch ld) as float; zero outside
+// rows_valid x cols_valid. V > 1: 16-byte loads (the caller checked alignment and cols_valid % V == 0).
+// U jobs per thread are in flight at once.
+template <typename scalar_t, int V, int U = 8>
+__device__ __forceinline__ void load_tile(float* dst, int ld, const scalar_t* __restrict__ src, int64_t st,
+                                          int64_t sd, int rows_valid, int cols_valid, int rows, int cols) {
+  using Job = Chunk<scalar_t, (V > 1)>;
+  const int per_row = cols / V, total = rows * per_row;
+  for (int base = threadIdx.x; base < total; base += U * blockDim.x) {
+    Job buf[U];
+    int off[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int e = base + u * blockDim.x;
+      off[u] = -1;
+      if (e < total) {
+        const int r = e / per_row, c = (e - r * per_row) * V;
+        off[u] = r * ld + c;
+        if (r < rows_valid && c < cols_valid) {
+          const scalar_t* s = src + r * st + c * sd;
+          if constexpr (V > 1) buf[u].u.raw = __ldg(reinterpret_cast<const uint4*>(s));
+          else buf[u].u.x[0] = s[0];
+        } else {
+          buf[u].u.raw = make_uint4(0u, 0u, 0u, 0u);
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (off[u] >= 0) {
+#pragma unroll
+        for (int i = 0; i < Job::V; ++i) dst[off[u] + i] = to_float(buf[u].u.x[i]);
+      }
+  }
+}
+
+template <typename scalar_t>
+__device__ __forceinline__ void load_tile_any(bool vec, float* dst, int ld, const scalar_t* src, int64_t st,
+                                              int64_t sd, int rows_valid, int cols_valid, int rows, int cols) {
+  constexpr int V = 16 / (int)sizeof(scalar_t);
+  if (vec) load_tile<scalar_t, V>(dst, ld, src, st, sd, rows_valid, cols_valid, rows, cols);
+  else load_tile<scalar_t, 1>(dst, ld, src, st, sd, rows_valid, cols_valid, rows, cols);
+}
+
+// L[t][s] for s <= t from the in-block prefix (pin) and suffix (sout) products of 16-step blocks.
+__device__ __forceinline__ float pair_decay(const float* g, const float* pin, const float* sout, int t, int s) {
+  const int bt = t >> 4, bs = s >> 4;
+  float a = 1.f;
+  if (bt == bs) {
+    for (int r = s + 1; r <= t; ++r) a *= g[r];
+    return a;
+  }
+  a = pin[t] * sout[s];
+  for (int m = bs + 1; m < bt; ++m) a *= pin[16 * m + 15];
+  return a;
+}
+
+template <typename scalar_t, int C, int NV>
+__global__ void __launch_bounds__(kMaxThreads, C == 32 ? 2 : 1) chunk_v1_kernel(const ChunkParams p) {
+  constexpr bool SPLIT = std::is_same<scalar_t, float>::value;
+  constexpr int NB = C / 16, NT = NV / 16, LDV = NV + 4, LDC = C + 4, WARPS = kMaxThreads / 32;
+  using RowA = wm::row_major;
+  using ColA = wm::col_major;
+  extern __shared__ __align__(128) float chunk_buf[];
+  const int DKP = p.DKP, LDK = DKP + 4;
+  float* Qs = chunk_buf;              // C x LDK: q, then A[t] q_t
+  float* Ks = Qs + C * LDK;      // C x LDK: k, then w[s] beta_s k_s
+  float* Vs = Ks + C * LDK;      // C x LDV
+  float* Ys = Vs + C * LDV;      // C x LDV
+  float* Ss = Ys + C * LDV;      // DKP x LDV: the state slice
+  float* Ps = Ss + DKP * LDV;    // C x LDC: q_t . k_s, then masked and decayed
+  float* gs = Ps + C * LDC;      // gates (1 past the end of the sequence)
+  float* bs = gs + C;            // betas (0 past the end)
+  float* pin = bs + C;           // prod g[16*(t/16) .. t]
+  float* sout = pin + C;         // prod g[s+1 .. 16*(s/16)+15]
+  float* rowd = sout + C;        // A[t]
+  float* kscale = rowd + C;      // w[s] beta_s
+
+  const bool outputs = p.mode == 0;
+  int blk = blockIdx.x;
+  const int vt = blk % p.vtiles;
+  blk /= p.vtiles;
+  const int seg = blk % p.seg_launch;
+  blk /= p.seg_launch;
+  const int h = blk % p.H;
+  const int b = blk / p.H;
+  const int tid = threadIdx.x, warp = tid >> 5;
+  const int j0 = vt * NV, nv = min(NV, p.Dv - j0);
+
+  const scalar_t* q = static_cast<const scalar_t*>(p.q) + b * p.sq.b + h * p.sq.h;
+  const scalar_t* k = static_cast<const scalar_t*>(p.k) + b * p.sk.b + h * p.sk.h;
+  const scalar_t* v = static_cast<const scalar_t*>(p.v) + b * p.sv.b + h * p.sv.h + j0 * p.sv.d;
+  const scalar_t* gate = static_cast<const scalar_t*>(p.gate) + b * p.sg.b + h * p.sg.h;
+  const scalar_t* beta = static_cast<const scalar_t*>(p.beta) + b * p.sb.b + h * p.sb.h;
+  scalar_t* y = static_cast<scalar_t*>(p.y) + b * p.sy.b + h * p.sy.h + j0 * p.sy.d;
+  const int64_t bh = (int64_t)b * p.H + h;
+  const int64_t seg_elems = (int64_t)p.Dk * p.Dv;
+
+  // Starting state: the caller's initial state (segment 0 of the output phase), the scanned state of
+  // the previous segment, or zero (the state phase computes each segment's own contribution).
+  const float* s0 = nullptr;
+  StateStrides s0s{0, 0, 0, 0};
+  if (outputs && seg == 0) {
+    s0 = p.s_in; s0s = p.ssi;
+  } else if (outputs) {
+    s0 = p.seg_states + (bh * (p.nseg - 1) + seg - 1) * seg_elems;
+    s0s = {0, 0, p.Dv, 1};
+  }
+  for (int e = tid; e < DKP * NV; e += blockDim.x) {
+    const int i = e / NV, j = e - (e / NV) * NV;
+    float x = 0.f;
+    if (s0 != nullptr && i < p.Dk && j < nv) x = s0[b * s0s.b + h * s0s.h + i * s0s.i + (j0 + j) * s0s.j];
+    Ss[i * LDV + j] = x;
+  }
+  float seg_decay = 1.f;
+
+  const int c_begin = seg * p.seg_chunks;
+  const int c_end = min(c_begin + p.seg_chunks, (p.T + C - 1) / C);
+  for (int ch = c_begin; ch < c_end; ++ch) {
+    const int t0 = ch * C, tc = min(C, p.T - t0);
+    // ---- stage the chunk (barrier B5 of the previous chunk, or the state init, came before)
+    for (int e = tid; e < C; e += blockDim.x) {
+      gs[e] = e < tc ? to_float(gate[(int64_t)(t0 + e) * p.sg.t]) : 1.f;
+      bs[e] = e < tc ? to_float(beta[(int64_t)(t0 + e) * p.sb.t]) : 0.f;
+    }
+    load_tile_any<scalar_t>(p.vec_qk, Ks, LDK, k + (int64_t)t0 * p.sk.t, p.sk.t, p.sk.d, tc, p.Dk, C, DKP);
+    if (outputs) load_tile_any<scalar_t>(p.vec_qk, Qs, LDK, q + (int64_t)t0 * p.sq.t, p.sq.t, p.sq.d, tc, p.Dk, C, DKP);
+    load_tile_any<scalar_t>(p.vec_v, Vs, LDV, v + (int64_t)t0 * p.sv.t, p.sv.t, p.sv.d, tc, nv, C, NV);
+    __syncthreads();  // B1
+
+    // ---- decays (the last C/32 warps) while the other warps start on q . k
+    if (tid >= kMaxThreads - C) {
+      const int t = tid - (kMaxThreads - C), b16 = t & ~15;
+      float a = 1.f;
+      for (int r = b16; r <= t; ++r) a *= gs[r];
+      pin[t] = a;
+      a = 1.f;
+      for (int r = t + 1; r < b16 + 16; ++r) a *= gs[r];
+      sout[t] = a;
+      a = 1.f;
+      for (int r = 0; r <= t; ++r) a *= gs[r];
+      rowd[t] = a;
+      a = bs[t];
+      for (int r = t + 1; r < C; ++r) a *= gs[r];
+      kscale[t] = a;
+    }
+    if (outputs) {  // P = Q K^T on the tiles on or below the diagonal
+      int idx = 0;
+#pragma unroll
+      for (int bt = 0; bt < NB; ++bt)
+#pragma unroll
+        for (int bq = 0; bq <= bt; ++bq, ++idx) {
+          if (idx % WARPS != warp) continue;  // the decay warps (the last ones) get the fewest tiles
+          wm::fragment<wm::accumulator, 16, 16, 8, float> acc;
+          wm::fill_fragment(acc, 0.f);
+          for (int kk = 0; kk < DKP; kk += 8)
+            mma_tile<SPLIT, RowA, ColA>(acc, Qs + bt * 16 * LDK + kk, LDK, Ks + bq * 16 * LDK + kk, LDK);
+          wm::store_matrix_sync(Ps + bt * 16 * LDC + bq * 16, acc, LDC, wm::mem_row_major);
+        }
+    }
+    __syncthreads();  // B2
+
+    // ---- mask and decay P, scale q rows by A[t] and k rows by w[s] beta_s
+    if (outputs) {
+      for (int e = tid; e < C * C; e += blockDim.x) {
+        const int t = e / C, s = e - (e / C) * C;
+        if (s <= t) Ps[t * LDC + s] *= pair_decay(gs, pin, sout, t, s) * bs[s];
+      }
+      for (int e = tid; e < C * DKP; e += blockDim.x) {
+        const int t = e / DKP, i = e - (e / DKP) * DKP;
+        Qs[t * LDK + i] *= rowd[t];
+      }
+    }
+    for (int e = tid; e < C * DKP; e += blockDim.x) {
+      const int s = e / DKP, i = e - (e / DKP) * DKP;
+      Ks[s * LDK + i] *= kscale[s];
+    }
+    const float chunk_decay = rowd[C - 1];
+    seg_decay *= chunk_decay;
+    __syncthreads();  // B3
+
+    // ---- Y = (masked P below the diagonal blocks) V + (A q) S, on tensor cores
+    if (outputs) {
+      for (int idx = warp; idx < NB * NT; idx += WARPS) {
+        const int bt = idx / NT, nt = idx - (idx / NT) * NT;
+        wm::fragment<wm::accumulator, 16, 16, 8, float> acc;
+        wm::fill_fragment(acc, 0.f);
+        for (int s0k = 0; s0k < bt * 16; s0k += 8)
+          mma_tile<SPLIT, RowA, RowA>(acc, Ps + bt * 16 * LDC + s0k, LDC, Vs + s0k * LDV + nt * 16, LDV);
+        for (int kk = 0; kk < DKP; kk += 8)
+          mma_tile<SPLIT, RowA, RowA>(acc, Qs + bt * 16 * LDK + kk, LDK, Ss + kk * LDV + nt * 16, LDV);
+        wm::store_matrix_sync(Ys + bt * 16 * LDV + nt * 16, acc, LDV, wm::mem_row_major);
+      }
+      __syncthreads();  // B4: every read of the old S is done
+    }
+
+    // ---- S = A[C-1] S + (w beta k)^T V
+    for (int idx = warp; idx < (DKP / 16) * NT; idx += WARPS) {
+      const int mi = idx / NT, nt = idx - (idx / NT) * NT;
+      float* sp = Ss + mi * 16 * LDV + nt * 16;
+      wm::fragment<wm::accumulator, 16, 16, 8, float> acc;
+      wm::load_matrix_sync(acc, sp, LDV, wm::mem_row_major);
+#pragma unroll
+      for (int i = 0; i < acc.num_elements; ++i) acc.x[i] *= chunk_decay;
+      for (int s0k = 0; s0k < tc; s0k += 8)
+        mma_tile<SPLIT, ColA, RowA>(acc, Ks + s0k * LDK + mi * 16, LDK, Vs + s0k * LDV + nt * 16, LDV);
+      wm::store_matrix_sync(sp, acc, LDV, wm::mem_row_major);
+    }
+
+    // ---- diagonal blocks in fp32 (s <= t only), then y
+    if (outputs) {
+      for (int e = tid; e < C * NV; e += blockDim.x) {
+        const int t = e / NV, j = e - (e / NV) * NV;
+        float acc = Ys[t * LDV + j];
+        for (int s = t & ~15; s <= t; ++s) acc = fmaf(Ps[t * LDC + s], Vs[s * LDV + j], acc);
+        if (t < tc && j < nv) y[(int64_t)(t0 + t) * p.sy.t + j * p.sy.d] = from_float<scalar_t>(acc);
+      }
+    }
+    __syncthreads();  // B5
+  }
+
+  // ---- the state leaves: the final state (last segment), or this segment's contribution and decay
+  float* dst = nullptr;
+  StateStrides ds{0, 0, 0, 0};
+  if (outputs && seg == p.nseg - 1 && p.s_out != nullptr) {
+    dst = p.s_out; ds = p.sso;
+  } else if (!outputs) {
+    dst = p.seg_states + (bh * (p.nseg - 1) + seg) * seg_elems;
+    ds = {0, 0, p.Dv, 1};
+    if (vt == 0 && tid == 0) p.seg_decays[bh * (p.nseg - 1) + seg] = seg_decay;
+  }
+  if (dst != nullptr)
+    for (int e = tid; e < DKP * NV; e += blockDim.x) {
+      const int i = e / NV, j = e - (e / NV) * NV;
+      if (i < p.Dk && j < nv) dst[b * ds.b + h * ds.h + i * ds.i + (j0 + j) * ds.j] = Ss[i * LDV + j];
+    }
+}
+
+// ===================================== section: state_scan_v1 kernel ========================
+// Turns each segment's own state contribution into the state at its end, in place:
+// S = initial (or 0); for each segment s but the last: S = decay_s S + contribution_s; store S.
+__global__ void __launch_bounds__(kMaxThreads) state_scan_v1_kernel(const ChunkParams p) {
+  const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const int64_t per_head = (int64_t)p.Dk * p.Dv;
+  if (e >= p.BH * per_head) return;
+  const int64_t bh = e / per_head, ij = e - bh * per_head;
+  const int i = (int)(ij / p.Dv), j = (int)(ij - (ij / p.Dv) * p.Dv);
+  const int b = (int)(bh / p.H), h = (int)(bh - (bh / p.H) * p.H);
+  float S = p.s_in != nullptr ? p.s_in[b * p.ssi.b + h * p.ssi.h + i * p.ssi.i + j * p.ssi.j] : 0.f;
+  float* st = p.seg_states + bh * (p.nseg - 1) * per_head + ij;
+  const float* dec = p.seg_decays + bh * (p.nseg - 1);
+  for (int s = 0; s < p.nseg - 1; ++s) {
+    S = fmaf(dec[s], S, st[s * per_head]);
+    st[s * per_head] = S;
   }
 }
 
@@ -274,6 +631,50 @@ cudaError_t launch_recurrent_v1(const RecurrentParams& p, const RecurrentConfig&
   return cudaErrorInvalidValue;
 }
 
+// One attribute call per kernel and device: the chunked kernels need more than 48 KB of shared memory.
+// `done` is one flag per device, owned by the caller's kernel instantiation.
+template <typename K>
+cudaError_t allow_smem(K kernel, bool (&done)[64]) {
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess || (dev < 64 && done[dev])) return err;
+  int optin = 0;
+  err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  if (err == cudaSuccess) err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
+  if (err == cudaSuccess && dev < 64) done[dev] = true;
+  return err;
+}
+
+template <typename scalar_t>
+cudaError_t launch_chunk_typed(const ChunkParams& p, int C, int NV, int64_t blocks, cudaStream_t s) {
+#define GR_CASE(C_, NV_)                                                                        \
+  if (C == C_ && NV == NV_) {                                                                   \
+    static bool done[64] = {};                                                                  \
+    const cudaError_t err = allow_smem(chunk_v1_kernel<scalar_t, C_, NV_>, done);               \
+    if (err != cudaSuccess) return err;                                                         \
+    chunk_v1_kernel<scalar_t, C_, NV_><<<(unsigned)blocks, kMaxThreads, chunk_smem(C_, NV_, p.DKP), s>>>(p); \
+    return cudaGetLastError();                                                                  \
+  }
+  GR_CHUNK_PAIRS(GR_CASE)
+#undef GR_CASE
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t launch_chunk_v1(const ChunkParams& p, int C, int NV, DType dtype, int64_t blocks, cudaStream_t stream) {
+  switch (dtype) {
+    case DType::f32: return launch_chunk_typed<float>(p, C, NV, blocks, stream);
+    case DType::f16: return launch_chunk_typed<__half>(p, C, NV, blocks, stream);
+    case DType::bf16: return launch_chunk_typed<__nv_bfloat16>(p, C, NV, blocks, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t launch_state_scan_v1(const ChunkParams& p, cudaStream_t stream) {
+  const int64_t n = p.BH * p.Dk * p.Dv;
+  state_scan_v1_kernel<<<(unsigned)((n + kMaxThreads - 1) / kMaxThreads), kMaxThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
 }  // namespace gr
 """
 
@@ -282,6 +683,9 @@ HOST_SRC = r"""
 #include <torch/extension.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <algorithm>
+#include <vector>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -289,7 +693,8 @@ HOST_SRC = r"""
 namespace gr {
 
 constexpr int kMaxDim = 256;
-constexpr size_t kSmemBudget = 48 * 1024;  // the static limit: no cudaFuncSetAttribute per call
+constexpr size_t kSmemBudget = 48 * 1024;  // recurrent_v1 stays under the static limit
+constexpr int64_t kChunkedMinT = 256;      // use_chunked(): from the T sweep in BENCHMARKS.md
 
 // Errors are returned, not thrown: the entry points return an undefined tensor (None in Python) and
 // last_error() gives "ExceptionName: message" for Python to raise. (On the device's torch 2.11 build
@@ -356,7 +761,7 @@ bool check_input(const at::Tensor& t, const char* name, int64_t dims, const char
 }
 
 // Dtypes and shapes first, devices last, so that every shape error is also reachable on a CPU.
-bool check_arguments(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+bool check_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const at::Tensor& gate, const at::Tensor& beta) {
   if (!check_input(q, "q", 4, "(B, T, H, D_k)") || !check_input(k, "k", 4, "(B, T, H, D_k)") ||
       !check_input(v, "v", 4, "(B, T, H, D_v)") || !check_input(gate, "gate", 3, "(B, T, H)") ||
@@ -380,6 +785,12 @@ bool check_arguments(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   GR_REQUIRE("ValueError", v.size(3) >= 1 && v.size(3) <= kMaxDim, "v: D_v must be in 1..", kMaxDim, ", got ",
                     v.size(3));
   GR_REQUIRE("ValueError", q.size(1) <= INT32_MAX, "q: T must be below 2^31, got ", q.size(1));
+  return true;
+}
+
+bool check_devices(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
+                   const at::Tensor& beta) {
+  const std::pair<const at::Tensor*, const char*> others[] = {{&k, "k"}, {&v, "v"}, {&gate, "gate"}, {&beta, "beta"}};
   GR_REQUIRE("ValueError", q.is_cuda(), "q must be a CUDA tensor, got a tensor on ", device_str(q));
   for (const auto& o : others)
     GR_REQUIRE("ValueError", o.first->device() == q.device(), o.second, " is on ", device_str(*o.first),
@@ -387,8 +798,14 @@ bool check_arguments(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   return true;
 }
 
+bool check_arguments(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
+                     const at::Tensor& beta) {
+  return check_shapes(q, k, v, gate, beta) && check_devices(q, k, v, gate, beta);
+}
+
 // ===================================== section: dispatch ====================================
 inline int pow2_at_least(int64_t x) { int p = 1; while (p < x) p <<= 1; return p; }
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Fewest lanes per column with at most 8 rows a lane, the smallest row count that covers D_k,
 // all columns of a head in one block when they fit, and as many time steps as shared memory holds.
@@ -406,15 +823,70 @@ RecurrentConfig plan_recurrent(int64_t T, int64_t Dk, int64_t Dv) {
   return c;
 }
 
-std::string plan(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv) {
-  (void)B; (void)H;
-  const RecurrentConfig c = plan_recurrent(T, Dk, Dv);
-  return "recurrent_v1 R=" + std::to_string(c.R) + " G=" + std::to_string(c.G) + " JB=" +
-         std::to_string(c.JB) + " TC=" + std::to_string(c.TC);
+// The current device's SM count and opt-in shared memory per block (an H200's without a device, so
+// that plan() also answers on a machine with no GPU).
+struct DeviceLimits { int64_t sms; size_t smem; };
+DeviceLimits device_limits() {
+  static DeviceLimits cache[64] = {};
+  if (c10::cuda::device_count() == 0) return {132, 232448};
+  const int dev = c10::cuda::current_device();
+  if (dev < 64 && cache[dev].sms > 0) return cache[dev];
+  int sms = 0, smem = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+    return {132, 232448};
+  const DeviceLimits lim{sms, (size_t)smem};
+  if (dev < 64) cache[dev] = lim;
+  return lim;
 }
 
+inline int dk_padded(int64_t Dk) { return (int)ceil_div(Dk, 16) * 16; }
+
+// Largest chunk whose working set fits; column tiles of 32 for narrow states; enough segments per
+// (b, h) that the output phase fills every SM slot once (sequence parallelism when B * H is small).
+ChunkConfig plan_chunked(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, const DeviceLimits& lim) {
+  ChunkConfig c;
+  c.NV = Dv <= 32 ? 32 : 64;
+  c.C = dk_padded(Dk) <= 128 ? 64 : 32;
+  if (chunk_smem(c.C, c.NV, dk_padded(Dk)) > lim.smem) c.C = 32;
+  const int64_t tiles = B * H * ceil_div(Dv, c.NV), chunks = ceil_div(T, c.C);
+  const int64_t per_sm = c.C == 32 ? 2 : 1;
+  const int64_t want = lim.sms * per_sm;
+  int64_t nseg = std::max<int64_t>(1, std::min<int64_t>(ceil_div(want, tiles), chunks));
+  nseg = ceil_div(chunks, ceil_div(chunks, nseg));  // no empty segments
+  c.nseg = (int)nseg;
+  return c;
+}
+
+// Chunked once the sequence is long enough for the recurrent kernel's per-step latency to dominate.
+bool use_chunked(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv) {
+  (void)B; (void)H; (void)Dk; (void)Dv;
+  return T >= kChunkedMinT;
+}
+
+std::string plan_text(const RecurrentConfig& c) {
+  return "recurrent_v1 R=" + std::to_string(c.R) + " G=" + std::to_string(c.G) + " JB=" + std::to_string(c.JB) +
+         " TC=" + std::to_string(c.TC);
+}
+std::string plan_text(const ChunkConfig& c) {
+  return "chunk_v1 C=" + std::to_string(c.C) + " NV=" + std::to_string(c.NV) + " segments=" + std::to_string(c.nseg) +
+         (c.nseg > 1 ? " (+ state_scan_v1)" : "");
+}
+
+std::string plan(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv) {
+  if (use_chunked(B, T, H, Dk, Dv)) return plan_text(plan_chunked(B, T, H, Dk, Dv, device_limits()));
+  return plan_text(plan_recurrent(T, Dk, Dv));
+}
+
+// ===================================== section: launch ======================================
 inline Strides4 strides4(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2), t.stride(3)}; }
 inline Strides3 strides3(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
+inline StateStrides state_strides(const at::Tensor* t) {
+  return t ? StateStrides{t->stride(0), t->stride(1), t->stride(2), t->stride(3)} : StateStrides{0, 0, 0, 0};
+}
+inline DType dtype_of(const at::Tensor& t) {
+  return t.scalar_type() == at::kFloat ? DType::f32 : t.scalar_type() == at::kHalf ? DType::f16 : DType::bf16;
+}
 
 // 16-byte loads are legal when every row segment a block reads starts on a 16-byte boundary.
 inline bool rows_aligned(const at::Tensor& t, int64_t cols_per_block) {
@@ -423,8 +895,10 @@ inline bool rows_aligned(const at::Tensor& t, int64_t cols_per_block) {
          t.stride(1) % V == 0 && t.stride(2) % V == 0 && t.size(3) % V == 0 && cols_per_block % V == 0;
 }
 
+// Initial state in (nullptr: zero), final state out (nullptr: not wanted).
 bool launch_recurrent(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
-                      const at::Tensor& beta, at::Tensor& y, const RecurrentConfig& c) {
+                      const at::Tensor& beta, at::Tensor& y, const RecurrentConfig& c, const at::Tensor* s_in,
+                      at::Tensor* s_out) {
   const int64_t B = q.size(0), H = q.size(2), Dv = v.size(3);
   RecurrentParams p;
   p.q = q.data_ptr(); p.k = k.data_ptr(); p.v = v.data_ptr();
@@ -434,53 +908,168 @@ bool launch_recurrent(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   p.T = (int)q.size(1); p.H = (int)H; p.Dk = (int)q.size(3); p.Dv = (int)Dv;
   p.JB = c.JB; p.TC = c.TC;
   p.col_blocks = (int)((Dv + c.JB - 1) / c.JB);
+  p.s_in = s_in ? s_in->data_ptr<float>() : nullptr; p.ssi = state_strides(s_in);
+  p.s_out = s_out ? s_out->data_ptr<float>() : nullptr; p.sso = state_strides(s_out);
   const int64_t blocks = B * H * p.col_blocks;
   GR_REQUIRE("ValueError", blocks <= INT32_MAX, "B * H = ", B * H, " is too large for one launch");
   p.vec = rows_aligned(q, q.size(3)) && rows_aligned(k, k.size(3)) && rows_aligned(v, c.JB);
-  const DType dt = q.scalar_type() == at::kFloat ? DType::f32 : q.scalar_type() == at::kHalf ? DType::f16 : DType::bf16;
-  const cudaError_t err = launch_recurrent_v1(p, c, dt, blocks, c10::cuda::getCurrentCUDAStream());
+  const cudaError_t err = launch_recurrent_v1(p, c, dtype_of(q), blocks, c10::cuda::getCurrentCUDAStream());
   GR_REQUIRE("RuntimeError", err == cudaSuccess, "recurrent_v1 launch failed: ", cudaGetErrorString(err));
   return true;
 }
 
+bool launch_chunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
+                    const at::Tensor& beta, at::Tensor& y, const ChunkConfig& c, const at::Tensor* s_in,
+                    at::Tensor* s_out) {
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Dk = q.size(3), Dv = v.size(3);
+  ChunkParams p;
+  p.q = q.data_ptr(); p.k = k.data_ptr(); p.v = v.data_ptr();
+  p.gate = gate.data_ptr(); p.beta = beta.data_ptr(); p.y = y.data_ptr();
+  p.sq = strides4(q); p.sk = strides4(k); p.sv = strides4(v); p.sy = strides4(y);
+  p.sg = strides3(gate); p.sb = strides3(beta);
+  p.T = (int)T; p.H = (int)H; p.Dk = (int)Dk; p.Dv = (int)Dv; p.BH = B * H;
+  p.DKP = dk_padded(Dk);
+  p.vtiles = (int)ceil_div(Dv, c.NV);
+  const int64_t chunks = ceil_div(T, c.C);
+  p.seg_chunks = (int)ceil_div(chunks, std::min<int64_t>(c.nseg, chunks));
+  p.nseg = (int)ceil_div(chunks, p.seg_chunks);
+  p.vec_qk = rows_aligned(q, Dk) && rows_aligned(k, Dk);
+  p.vec_v = rows_aligned(v, c.NV);
+  p.s_in = s_in ? s_in->data_ptr<float>() : nullptr; p.ssi = state_strides(s_in);
+  p.s_out = s_out ? s_out->data_ptr<float>() : nullptr; p.sso = state_strides(s_out);
+  p.seg_states = nullptr; p.seg_decays = nullptr;
+  const int64_t blocks = p.BH * p.nseg * p.vtiles;
+  GR_REQUIRE("ValueError", blocks <= INT32_MAX, "B * H = ", p.BH, " is too large for one launch");
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const DType dt = dtype_of(q);
+  at::Tensor work;  // freed on return; the caching allocator reuses it only after this stream's work
+  if (p.nseg > 1) {
+    const int64_t n = p.BH * (p.nseg - 1);
+    work = at::empty({n * Dk * Dv + n}, q.options().dtype(at::kFloat));
+    p.seg_states = work.data_ptr<float>();
+    p.seg_decays = p.seg_states + n * Dk * Dv;
+    p.mode = 1; p.seg_launch = p.nseg - 1;
+    cudaError_t err = launch_chunk_v1(p, c.C, c.NV, dt, p.BH * p.seg_launch * p.vtiles, stream);
+    GR_REQUIRE("RuntimeError", err == cudaSuccess, "chunk_v1 (state phase) launch failed: ", cudaGetErrorString(err));
+    err = launch_state_scan_v1(p, stream);
+    GR_REQUIRE("RuntimeError", err == cudaSuccess, "state_scan_v1 launch failed: ", cudaGetErrorString(err));
+  }
+  p.mode = 0; p.seg_launch = p.nseg;
+  const cudaError_t err = launch_chunk_v1(p, c.C, c.NV, dt, blocks, stream);
+  GR_REQUIRE("RuntimeError", err == cudaSuccess, "chunk_v1 launch failed: ", cudaGetErrorString(err));
+  return true;
+}
+
+// The hot path: checks, one output allocation, the planned kernel(s).
 at::Tensor run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
-               const at::Tensor& beta, const RecurrentConfig* forced) {
+               const at::Tensor& beta) {
   if (!check_arguments(q, k, v, gate, beta)) return at::Tensor();
   const c10::cuda::CUDAGuard guard(q.device());
   at::Tensor y = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());
   if (y.numel() == 0) return y;
-  const RecurrentConfig c = forced ? *forced : plan_recurrent(q.size(1), q.size(3), v.size(3));
-  return launch_recurrent(q, k, v, gate, beta, y, c) ? y : at::Tensor();
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Dk = q.size(3), Dv = v.size(3);
+  if (use_chunked(B, T, H, Dk, Dv))
+    return launch_chunked(q, k, v, gate, beta, y, plan_chunked(B, T, H, Dk, Dv, device_limits()), nullptr, nullptr)
+               ? y : at::Tensor();
+  return launch_recurrent(q, k, v, gate, beta, y, plan_recurrent(T, Dk, Dv), nullptr, nullptr) ? y : at::Tensor();
 }
 
-}  // namespace gr
-
-at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
-                   const at::Tensor& beta) {
-  return gr::run(q, k, v, gate, beta, nullptr);
+// ===================================== section: state and configuration API =================
+bool check_state(const at::Tensor& s, const at::Tensor& q, const at::Tensor& v) {
+  GR_REQUIRE("TypeError", s.scalar_type() == at::kFloat, "initial_state must be float32, got ", dtype_str(s.scalar_type()));
+  const int64_t want[4] = {q.size(0), q.size(2), q.size(3), v.size(3)};
+  GR_REQUIRE("ValueError", s.sizes() == at::IntArrayRef(want, 4), "initial_state must be (B, H, D_k, D_v) = ",
+             shape_str(at::IntArrayRef(want, 4)), ", got ", shape_str(s.sizes()));
+  return true;
 }
 
-namespace gr {
-bool check_config(const at::Tensor& q, const RecurrentConfig& c) {
+bool check_recurrent_config(const at::Tensor& q, const RecurrentConfig& c) {
   bool compiled = false;
 #define GR_IS(R_, G_) compiled = compiled || (c.R == R_ && c.G == G_);
   GR_RG_PAIRS(GR_IS)
 #undef GR_IS
   GR_REQUIRE("ValueError", compiled, "(R, G) = (", c.R, ", ", c.G, ") is not a compiled pair (see GR_RG_PAIRS)");
-  GR_REQUIRE("ValueError", q.dim() == 4 && c.R * c.G >= q.size(3), "R * G must cover D_k, got ", c.R * c.G);
+  GR_REQUIRE("ValueError", c.R * c.G >= q.size(3), "R * G must cover D_k, got ", c.R * c.G);
   GR_REQUIRE("ValueError", c.JB >= 1 && (c.G * c.JB) % 32 == 0 && c.G * c.JB <= kMaxThreads,
              "G * JB must be a multiple of 32 and at most ", kMaxThreads, ", got ", c.G * c.JB);
   GR_REQUIRE("ValueError", c.TC >= 1 && recurrent_smem(c) <= kSmemBudget, "TC=", c.TC, " needs ", recurrent_smem(c),
              " bytes of shared memory, over ", kSmemBudget);
   return true;
 }
+
+bool check_chunk_config(const at::Tensor& q, const ChunkConfig& c) {
+  bool compiled = false;
+#define GR_IS(C_, NV_) compiled = compiled || (c.C == C_ && c.NV == NV_);
+  GR_CHUNK_PAIRS(GR_IS)
+#undef GR_IS
+  GR_REQUIRE("ValueError", compiled, "(C, NV) = (", c.C, ", ", c.NV, ") is not a compiled pair (see GR_CHUNK_PAIRS)");
+  GR_REQUIRE("ValueError", c.nseg >= 1, "segments must be at least 1, got ", c.nseg);
+  const size_t need = chunk_smem(c.C, c.NV, dk_padded(q.size(3))), have = device_limits().smem;
+  GR_REQUIRE("ValueError", need <= have, "C=", c.C, " NV=", c.NV, " needs ", need, " bytes of shared memory, over ",
+             have);
+  return true;
+}
+
+// algorithm: -1 planned, 0 recurrent_v1, 1 chunk_v1; config: empty (planned), (R, G, JB, TC) or
+// (C, NV, segments). Returns [y] or [y, final_state]; [] when an argument was refused (see last_error).
+bool run_ex(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
+            const at::Tensor& beta, const c10::optional<at::Tensor>& initial_state, bool want_final,
+            int64_t algorithm, const std::vector<int64_t>& config, std::vector<at::Tensor>& out) {
+  if (!check_shapes(q, k, v, gate, beta)) return false;
+  const at::Tensor* s_in = initial_state.has_value() && initial_state->defined() ? &*initial_state : nullptr;
+  if (s_in && !check_state(*s_in, q, v)) return false;
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Dk = q.size(3), Dv = v.size(3);
+  GR_REQUIRE("ValueError", algorithm >= -1 && algorithm <= 1, "algorithm must be -1 (planned), 0 (recurrent) or 1 "
+             "(chunked), got ", algorithm);
+  const bool chunked = algorithm == 1 || (algorithm == -1 && use_chunked(B, T, H, Dk, Dv));
+  RecurrentConfig rc = plan_recurrent(T, Dk, Dv);
+  ChunkConfig cc = plan_chunked(B, T, H, Dk, Dv, device_limits());
+  if (!config.empty()) {
+    GR_REQUIRE("ValueError", algorithm != -1, "config needs an explicit algorithm");
+    GR_REQUIRE("ValueError", config.size() == (chunked ? 3u : 4u), "config must be ",
+               chunked ? "(C, NV, segments)" : "(R, G, JB, TC)", ", got ", config.size(), " values");
+    if (chunked) {
+      cc = {(int)config[0], (int)config[1], (int)config[2]};
+      if (!check_chunk_config(q, cc)) return false;
+    } else {
+      rc = {(int)config[0], (int)config[1], (int)config[2], (int)config[3]};
+      if (!check_recurrent_config(q, rc)) return false;
+    }
+  }
+  if (!check_devices(q, k, v, gate, beta)) return false;
+  GR_REQUIRE("ValueError", !s_in || s_in->device() == q.device(), "initial_state is on ", device_str(*s_in),
+             " but q is on ", device_str(q));
+  const c10::cuda::CUDAGuard guard(q.device());
+  at::Tensor y = at::empty({B, T, H, Dv}, q.options());
+  at::Tensor fin;
+  if (want_final)
+    fin = T == 0 ? (s_in ? s_in->clone(at::MemoryFormat::Contiguous) : at::zeros({B, H, Dk, Dv}, q.options().dtype(at::kFloat)))
+                 : at::empty({B, H, Dk, Dv}, q.options().dtype(at::kFloat));
+  if (y.numel() > 0) {
+    at::Tensor* s_out = want_final ? &fin : nullptr;
+    const bool ok = chunked ? launch_chunked(q, k, v, gate, beta, y, cc, s_in, s_out)
+                            : launch_recurrent(q, k, v, gate, beta, y, rc, s_in, s_out);
+    if (!ok) return false;
+  }
+  out.push_back(y);
+  if (want_final) out.push_back(fin);
+  return true;
+}
+
 }  // namespace gr
 
-// For benchmarks and tests of non-default configurations.
-at::Tensor forward_config(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
-                          const at::Tensor& beta, int64_t R, int64_t G, int64_t JB, int64_t TC) {
-  const gr::RecurrentConfig c{(int)R, (int)G, (int)JB, (int)TC};
-  return gr::check_config(q, c) ? gr::run(q, k, v, gate, beta, &c) : at::Tensor();
+at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
+                   const at::Tensor& beta) {
+  return gr::run(q, k, v, gate, beta);
+}
+
+std::vector<at::Tensor> forward_ex(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   const at::Tensor& gate, const at::Tensor& beta,
+                                   const c10::optional<at::Tensor>& initial_state, bool output_final_state,
+                                   int64_t algorithm, std::vector<int64_t> config) {
+  std::vector<at::Tensor> out;
+  if (!gr::run_ex(q, k, v, gate, beta, initial_state, output_final_state, algorithm, config, out)) out.clear();
+  return out;
 }
 
 std::string last_error() { return gr::g_error; }
@@ -521,7 +1110,7 @@ def _build():
     if not torch.cuda.is_available():  # no device to query: torch reads the arch list from here
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", arch)
     return load_inline(name=name, cpp_sources=COMMON_SRC + HOST_SRC, cuda_sources=COMMON_SRC + KERNELS_SRC,
-                       functions=["forward", "forward_config", "plan", "last_error"], extra_cflags=["-O3"],
+                       functions=["forward", "forward_ex", "plan", "last_error"], extra_cflags=["-O3"],
                        extra_cuda_cflags=CUDA_FLAGS, build_directory=build_dir,
                        verbose=os.environ.get("GATED_RECURRENCE_VERBOSE_BUILD") == "1")
 
@@ -536,21 +1125,43 @@ _ERRORS = {"ValueError": ValueError, "TypeError": TypeError, "RuntimeError": Run
 
 
 def _checked(y):
-    """The extension returns None where it refused the arguments; raise what it reports."""
-    if y is None:
+    """The extension returns None ([] from forward_ex) where it refused the arguments; raise what it reports."""
+    if y is None or (isinstance(y, list) and not y):
         kind, _, msg = _ext.last_error().partition(": ")
         raise _ERRORS[kind](msg)
     return y
 
 
-def gated_recurrence(q, k, v, gate, beta):
-    """y (B, T, H, D_v) of the gated recurrence, in the inputs' dtype. See the module docstring."""
-    return _checked(_ext.forward(q, k, v, gate, beta))
+_ALGORITHMS = {None: -1, "recurrent": 0, "chunked": 1}
+
+
+def gated_recurrence(q, k, v, gate, beta, initial_state=None, output_final_state=False):
+    """y (B, T, H, D_v) of the gated recurrence, in the inputs' dtype. See the module docstring.
+
+    initial_state: optional (B, H, D_k, D_v) float32 state S_0 (default zero). With
+    output_final_state=True the result is (y, S_T), S_T a new float32 (B, H, D_k, D_v) tensor.
+    """
+    if initial_state is None and not output_final_state:
+        return _checked(_ext.forward(q, k, v, gate, beta))
+    out = _checked(_ext.forward_ex(q, k, v, gate, beta, initial_state, bool(output_final_state), -1, []))
+    return (out[0], out[1]) if output_final_state else out[0]
+
+
+def gated_recurrence_with(q, k, v, gate, beta, algorithm=None, config=(), initial_state=None,
+                          output_final_state=False):
+    """Like gated_recurrence, with the algorithm ("recurrent" or "chunked") and its launch configuration
+    chosen by the caller (benchmarks and tests): (R, G, JB, TC) for recurrent_v1, (C, NV, segments) for
+    chunk_v1, () for the planned one. plan() shows the default."""
+    if algorithm not in _ALGORITHMS:
+        raise ValueError(f"algorithm must be None, 'recurrent' or 'chunked', got {algorithm!r}")
+    out = _checked(_ext.forward_ex(q, k, v, gate, beta, initial_state, bool(output_final_state),
+                                   _ALGORITHMS[algorithm], [int(x) for x in config]))
+    return (out[0], out[1]) if output_final_state else out[0]
 
 
 def gated_recurrence_config(q, k, v, gate, beta, R, G, JB, TC):
-    """recurrent_v1 with an explicit launch configuration (benchmarks and tests); plan() shows the default."""
-    return _checked(_ext.forward_config(q, k, v, gate, beta, R, G, JB, TC))
+    """recurrent_v1 with an explicit launch configuration (R, G, JB, TC)."""
+    return gated_recurrence_with(q, k, v, gate, beta, "recurrent", (R, G, JB, TC))
 
 
 def plan(B, T, H, Dk, Dv):

@@ -64,3 +64,41 @@ def test_non_tensor_argument_is_a_type_error(sol, value):
 def test_bad_launch_configuration_is_a_value_error(sol, cfg, pattern):
     with pytest.raises(ValueError, match=pattern):
         sol.gated_recurrence_config(*good(), *cfg)
+
+
+@pytest.mark.parametrize("cfg,pattern", [((48, 64, 1), "not a compiled pair"), ((64, 48, 1), "not a compiled pair"),
+                                         ((64, 64, 0), "segments must be at least 1"), ((64, 64), "config must be")],
+                         ids=["C", "NV", "segments", "length"])
+def test_bad_chunk_configuration_is_a_value_error(sol, cfg, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        sol.gated_recurrence_with(*good(), algorithm="chunked", config=cfg)
+
+
+def test_chunk_configuration_over_shared_memory_is_a_value_error(sol):
+    xs = inputs(1, 5, 1, 256, 64, device="cpu", seed=0)
+    with pytest.raises(ValueError, match="bytes of shared memory"):
+        sol.gated_recurrence_with(*xs, algorithm="chunked", config=(64, 64, 1))
+
+
+def test_unknown_algorithm_is_a_value_error(sol):
+    with pytest.raises(ValueError, match="algorithm must be"):
+        sol.gated_recurrence_with(*good(), algorithm="fast")
+
+
+STATE_CASES = {
+    "dtype": (torch.zeros(2, 3, 4, 6, dtype=torch.float64), TypeError, r"initial_state must be float32, got float64"),
+    "shape": (torch.zeros(2, 3, 6, 4), ValueError, r"initial_state must be \(B, H, D_k, D_v\) = \(2, 3, 4, 6\)"),
+    "rank": (torch.zeros(3, 4, 6), ValueError, r"initial_state must be \(B, H, D_k, D_v\)"),
+}
+
+
+@pytest.mark.parametrize("case", list(STATE_CASES))
+def test_bad_initial_state_raises_named_error(sol, case):
+    s0, exc, pattern = STATE_CASES[case]
+    with pytest.raises(exc, match=pattern):
+        sol.gated_recurrence(*good(), initial_state=s0, output_final_state=True)
+
+
+def test_good_initial_state_on_cpu_reaches_the_device_check(sol):
+    with pytest.raises(ValueError, match="q must be a CUDA tensor"):
+        sol.gated_recurrence(*good(), initial_state=torch.zeros(2, 3, 4, 6), output_final_state=True)
