@@ -117,7 +117,7 @@ struct ChunkParams {
 struct ChunkConfig { int C, NV, nseg; };
 
 inline size_t chunk_smem(int C, int NV, int DKP) {
-  return sizeof(float) * (size_t)(2 * C * (DKP + 4) + 2 * C * (NV + 4) + DKP * (NV + 4) + C * (C + 4) + 6 * C);
+  return sizeof(float) * (size_t)(2 * C * (DKP + 4) + 2 * C * (NV + 8) + DKP * (NV + 8) + C * (C + 4) + 6 * C);
 }
 
 // (C, NV) pairs compiled.
@@ -316,39 +316,70 @@ __global__ void __launch_bounds__(kMaxThreads) recurrent_v1_kernel(const Recurre
 // its segment in order, with its Dk x NV slice of S in shared memory.
 namespace wm = nvcuda::wmma;
 
-// c += a * b on one 16x16 tile, operands read from shared memory.
-template <bool SPLIT, typename LA, typename LB>
-__device__ __forceinline__ void mma_tile(wm::fragment<wm::accumulator, 16, 16, 8, float>& c, const float* a,
-                                         unsigned lda, const float* b, unsigned ldb) {
-  wm::fragment<wm::matrix_a, 16, 16, 8, wm::precision::tf32, LA> a_hi;
-  wm::fragment<wm::matrix_b, 16, 16, 8, wm::precision::tf32, LB> b_hi;
-  wm::load_matrix_sync(a_hi, a, lda);
-  wm::load_matrix_sync(b_hi, b, ldb);
-  if constexpr (SPLIT) {
-    wm::fragment<wm::matrix_a, 16, 16, 8, wm::precision::tf32, LA> a_lo;
-    wm::fragment<wm::matrix_b, 16, 16, 8, wm::precision::tf32, LB> b_lo;
+// A strip of up to N 16x16 output tiles that share their A operand (one 16-row block): per k-step
+// the A fragment is loaded (and split) once and reused for every tile, and the N tiles' products are
+// independent, so their tensor-core latencies overlap. With SPLIT (3xTF32), hi*hi goes to `hi` and
+// the two cross terms to `lo`, two dependency chains per tile; store() adds them.
+template <bool SPLIT, typename LA, typename LB, int N>
+struct Strip {
+  using Acc = wm::fragment<wm::accumulator, 16, 16, 8, float>;
+  Acc hi[N], lo[N];
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int n = 0; n < N; ++n) { wm::fill_fragment(hi[n], 0.f); wm::fill_fragment(lo[n], 0.f); }
+  }
+  // c[n] = scale * (row-major tile at c + n * 16); lo = 0.
+  __device__ __forceinline__ void load(const float* c, unsigned ldc, float scale, int cnt) {
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      wm::fill_fragment(lo[n], 0.f);
+      if (n < cnt) {
+        wm::load_matrix_sync(hi[n], c + n * 16, ldc, wm::mem_row_major);
+#pragma unroll
+        for (int i = 0; i < hi[n].num_elements; ++i) hi[n].x[i] *= scale;
+      }
+    }
+  }
+  // One k-step of 8: A (16 x 8) at a; B (8 x 16) of tile n at b + n * bstep.
+  __device__ __forceinline__ void step(const float* a, unsigned lda, const float* b, int bstep, unsigned ldb, int cnt) {
+    wm::fragment<wm::matrix_a, 16, 16, 8, wm::precision::tf32, LA> a_hi, a_lo;
+    wm::load_matrix_sync(a_hi, a, lda);
 #pragma unroll
     for (int i = 0; i < a_hi.num_elements; ++i) {
-      const float x = a_hi.x[i], hi = wm::__float_to_tf32(x);
-      a_hi.x[i] = hi;
-      a_lo.x[i] = wm::__float_to_tf32(x - hi);
+      const float x = a_hi.x[i], h = wm::__float_to_tf32(x);
+      a_hi.x[i] = h;
+      if constexpr (SPLIT) a_lo.x[i] = wm::__float_to_tf32(x - h);
     }
 #pragma unroll
-    for (int i = 0; i < b_hi.num_elements; ++i) {
-      const float x = b_hi.x[i], hi = wm::__float_to_tf32(x);
-      b_hi.x[i] = hi;
-      b_lo.x[i] = wm::__float_to_tf32(x - hi);
+    for (int n = 0; n < N; ++n) {
+      if (n >= cnt) continue;
+      wm::fragment<wm::matrix_b, 16, 16, 8, wm::precision::tf32, LB> b_hi, b_lo;
+      wm::load_matrix_sync(b_hi, b + n * bstep, ldb);
+#pragma unroll
+      for (int i = 0; i < b_hi.num_elements; ++i) {
+        const float x = b_hi.x[i], h = wm::__float_to_tf32(x);
+        b_hi.x[i] = h;
+        if constexpr (SPLIT) b_lo.x[i] = wm::__float_to_tf32(x - h);
+      }
+      if constexpr (SPLIT) {
+        wm::mma_sync(lo[n], a_lo, b_hi, lo[n]);
+        wm::mma_sync(lo[n], a_hi, b_lo, lo[n]);
+      }
+      wm::mma_sync(hi[n], a_hi, b_hi, hi[n]);
     }
-    wm::mma_sync(c, a_lo, b_hi, c);  // small terms first
-    wm::mma_sync(c, a_hi, b_lo, c);
-  } else {
-#pragma unroll
-    for (int i = 0; i < a_hi.num_elements; ++i) a_hi.x[i] = wm::__float_to_tf32(a_hi.x[i]);
-#pragma unroll
-    for (int i = 0; i < b_hi.num_elements; ++i) b_hi.x[i] = wm::__float_to_tf32(b_hi.x[i]);
   }
-  wm::mma_sync(c, a_hi, b_hi, c);
-}
+  __device__ __forceinline__ void store(float* c, int cstep, unsigned ldc, int cnt) {
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      if (n >= cnt) continue;
+      if constexpr (SPLIT) {
+#pragma unroll
+        for (int i = 0; i < hi[n].num_elements; ++i) hi[n].x[i] += lo[n].x[i];
+      }
+      wm::store_matrix_sync(c + n * cstep, hi[n], ldc, wm::mem_row_major);
+    }
+  }
+};
 
 // rows x cols (cols a multiple of V) of a strided source into dst (pitch ld) as float; zero outside
 // rows_valid x cols_valid. V > 1: 16-byte loads (the caller checked alignment and cols_valid % V == 0).
@@ -399,7 +430,10 @@ __device__ __forceinline__ float pair_decay(const float* g, const float* pin, co
   const int bt = t >> 4, bs = s >> 4;
   float a = 1.f;
   if (bt == bs) {
-    for (int r = s + 1; r <= t; ++r) a *= g[r];
+    const int r0 = t & ~15;
+#pragma unroll
+    for (int r = 0; r < 16; ++r)
+      if (r0 + r > s && r0 + r <= t) a *= g[r0 + r];
     return a;
   }
   a = pin[t] * sout[s];
@@ -410,12 +444,14 @@ __device__ __forceinline__ float pair_decay(const float* g, const float* pin, co
 template <typename scalar_t, int C, int NV>
 __global__ void __launch_bounds__(kMaxThreads, C == 32 ? 2 : 1) chunk_v1_kernel(const ChunkParams p) {
   constexpr bool SPLIT = std::is_same<scalar_t, float>::value;
-  constexpr int NB = C / 16, NT = NV / 16, LDV = NV + 4, LDC = C + 4, WARPS = kMaxThreads / 32;
-  using RowA = wm::row_major;
-  using ColA = wm::col_major;
+  // Pitches: 4 mod 32 floats for operands read as row-major A or col-major B (q, k, P), 8 mod 32 for
+  // row-major B (v, S): the fragment loads then hit 32 different banks.
+  constexpr int NB = C / 16, NT = NV / 16, LDV = NV + 8, LDC = C + 4, WARPS = kMaxThreads / 32;
+  using Row = wm::row_major;
+  using Col = wm::col_major;
   extern __shared__ __align__(128) float chunk_buf[];
   const int DKP = p.DKP, LDK = DKP + 4;
-  float* Qs = chunk_buf;              // C x LDK: q, then A[t] q_t
+  float* Qs = chunk_buf;         // C x LDK: q, then A[t] q_t
   float* Ks = Qs + C * LDK;      // C x LDK: k, then w[s] beta_s k_s
   float* Vs = Ks + C * LDK;      // C x LDV
   float* Ys = Vs + C * LDV;      // C x LDV
@@ -436,7 +472,7 @@ __global__ void __launch_bounds__(kMaxThreads, C == 32 ? 2 : 1) chunk_v1_kernel(
   blk /= p.seg_launch;
   const int h = blk % p.H;
   const int b = blk / p.H;
-  const int tid = threadIdx.x, warp = tid >> 5;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int j0 = vt * NV, nv = min(NV, p.Dv - j0);
 
   const scalar_t* q = static_cast<const scalar_t*>(p.q) + b * p.sq.b + h * p.sq.h;
@@ -458,74 +494,82 @@ __global__ void __launch_bounds__(kMaxThreads, C == 32 ? 2 : 1) chunk_v1_kernel(
     s0 = p.seg_states + (bh * (p.nseg - 1) + seg - 1) * seg_elems;
     s0s = {0, 0, p.Dv, 1};
   }
-  for (int e = tid; e < DKP * NV; e += blockDim.x) {
-    const int i = e / NV, j = e - (e / NV) * NV;
-    float x = 0.f;
-    if (s0 != nullptr && i < p.Dk && j < nv) x = s0[b * s0s.b + h * s0s.h + i * s0s.i + (j0 + j) * s0s.j];
-    Ss[i * LDV + j] = x;
-  }
+  for (int i = warp; i < DKP; i += WARPS)
+    for (int j = lane; j < NV; j += 32) {
+      float x = 0.f;
+      if (s0 != nullptr && i < p.Dk && j < nv) x = s0[b * s0s.b + h * s0s.h + i * s0s.i + (j0 + j) * s0s.j];
+      Ss[i * LDV + j] = x;
+    }
   float seg_decay = 1.f;
+
+  // Warp roles in the three matrix phases (strips of tiles that share their A rows):
+  //   P = Q K^T:  row block pb, tiles pq0, pq0 + pstep, ... <= pb (on or below the diagonal)
+  //   Y:          row block yb, column tiles yn0 .. yn0 + YN - 1
+  //   S update:   row block of S and column tiles, SN per strip
+  constexpr int PW = WARPS / NB;                 // warps per row block of P
+  const int pb = warp / PW, pq0 = warp % PW;
+  const int p_cnt = (pb < NB && pq0 <= pb) ? (pb - pq0) / PW + 1 : 0;
+  constexpr int YN = (NB * NT >= WARPS) ? (NB * NT) / WARPS : 1;
+  constexpr int YW = NT / YN;                    // warps per row block of Y
+  const int yb = warp / YW, yn0 = (warp % YW) * YN;
+  const int s_fill = (DKP / 16) * NT / WARPS;   // tiles per warp if all warps share the S update
+  const int sn = min(NT, s_fill >= 4 ? 4 : s_fill >= 2 ? 2 : 1);  // tiles per S strip, divides NT
+  const int s_strips = (DKP / 16) * (NT / sn);
 
   const int c_begin = seg * p.seg_chunks;
   const int c_end = min(c_begin + p.seg_chunks, (p.T + C - 1) / C);
   for (int ch = c_begin; ch < c_end; ++ch) {
     const int t0 = ch * C, tc = min(C, p.T - t0);
     // ---- stage the chunk (barrier B5 of the previous chunk, or the state init, came before)
-    for (int e = tid; e < C; e += blockDim.x) {
-      gs[e] = e < tc ? to_float(gate[(int64_t)(t0 + e) * p.sg.t]) : 1.f;
-      bs[e] = e < tc ? to_float(beta[(int64_t)(t0 + e) * p.sb.t]) : 0.f;
+    float g_reg = 1.f, b_reg = 0.f;  // in flight while the tiles load
+    if (tid < tc) {
+      g_reg = to_float(gate[(int64_t)(t0 + tid) * p.sg.t]);
+      b_reg = to_float(beta[(int64_t)(t0 + tid) * p.sb.t]);
     }
     load_tile_any<scalar_t>(p.vec_qk, Ks, LDK, k + (int64_t)t0 * p.sk.t, p.sk.t, p.sk.d, tc, p.Dk, C, DKP);
     if (outputs) load_tile_any<scalar_t>(p.vec_qk, Qs, LDK, q + (int64_t)t0 * p.sq.t, p.sq.t, p.sq.d, tc, p.Dk, C, DKP);
     load_tile_any<scalar_t>(p.vec_v, Vs, LDV, v + (int64_t)t0 * p.sv.t, p.sv.t, p.sv.d, tc, nv, C, NV);
+    if (tid < C) { gs[tid] = g_reg; bs[tid] = b_reg; }
     __syncthreads();  // B1
 
-    // ---- decays (the last C/32 warps) while the other warps start on q . k
-    if (tid >= kMaxThreads - C) {
-      const int t = tid - (kMaxThreads - C), b16 = t & ~15;
-      float a = 1.f;
-      for (int r = b16; r <= t; ++r) a *= gs[r];
-      pin[t] = a;
-      a = 1.f;
-      for (int r = t + 1; r < b16 + 16; ++r) a *= gs[r];
-      sout[t] = a;
-      a = 1.f;
-      for (int r = 0; r <= t; ++r) a *= gs[r];
-      rowd[t] = a;
-      a = bs[t];
-      for (int r = t + 1; r < C; ++r) a *= gs[r];
-      kscale[t] = a;
+    // ---- decays: one unrolled pass over the gates per step (threads 0..C-1, warps that get the
+    // fewest P tiles), while the other warps start on q . k
+    if (tid < C) {
+      const int t = tid, b16 = t & ~15;
+      float in_blk = 1.f, after_blk = 1.f, upto = 1.f, after = bs[t];
+#pragma unroll
+      for (int r = 0; r < C; ++r) {
+        const float g = gs[r];
+        if (r <= t) upto *= g;
+        if (r > t) after *= g;
+        if (r >= b16 && r <= t) in_blk *= g;
+        if (r > t && r < b16 + 16) after_blk *= g;
+      }
+      pin[t] = in_blk; sout[t] = after_blk; rowd[t] = upto; kscale[t] = after;
     }
-    if (outputs) {  // P = Q K^T on the tiles on or below the diagonal
-      int idx = 0;
-#pragma unroll
-      for (int bt = 0; bt < NB; ++bt)
-#pragma unroll
-        for (int bq = 0; bq <= bt; ++bq, ++idx) {
-          if (idx % WARPS != warp) continue;  // the decay warps (the last ones) get the fewest tiles
-          wm::fragment<wm::accumulator, 16, 16, 8, float> acc;
-          wm::fill_fragment(acc, 0.f);
-          for (int kk = 0; kk < DKP; kk += 8)
-            mma_tile<SPLIT, RowA, ColA>(acc, Qs + bt * 16 * LDK + kk, LDK, Ks + bq * 16 * LDK + kk, LDK);
-          wm::store_matrix_sync(Ps + bt * 16 * LDC + bq * 16, acc, LDC, wm::mem_row_major);
-        }
+    if (outputs && p_cnt > 0) {  // P = Q K^T on the tiles on or below the diagonal
+      Strip<SPLIT, Row, Col, (NB + PW - 1) / PW> st;
+      st.zero();
+      for (int kk = 0; kk < DKP; kk += 8)
+        st.step(Qs + pb * 16 * LDK + kk, LDK, Ks + pq0 * 16 * LDK + kk, PW * 16 * LDK, LDK, p_cnt);
+      st.store(Ps + pb * 16 * LDC + pq0 * 16, PW * 16, LDC, p_cnt);
     }
     __syncthreads();  // B2
 
     // ---- mask and decay P, scale q rows by A[t] and k rows by w[s] beta_s
     if (outputs) {
       for (int e = tid; e < C * C; e += blockDim.x) {
-        const int t = e / C, s = e - (e / C) * C;
+        const int t = e / C, s = e % C;  // C is a power of two
         if (s <= t) Ps[t * LDC + s] *= pair_decay(gs, pin, sout, t, s) * bs[s];
       }
-      for (int e = tid; e < C * DKP; e += blockDim.x) {
-        const int t = e / DKP, i = e - (e / DKP) * DKP;
-        Qs[t * LDK + i] *= rowd[t];
+      for (int t = warp; t < C; t += WARPS) {
+        const float a = rowd[t];
+        for (int i = lane; i < DKP; i += 32) Qs[t * LDK + i] *= a;
       }
     }
-    for (int e = tid; e < C * DKP; e += blockDim.x) {
-      const int s = e / DKP, i = e - (e / DKP) * DKP;
-      Ks[s * LDK + i] *= kscale[s];
+    for (int s = warp; s < C; s += WARPS) {
+      const float w = kscale[s];
+      for (int i = lane; i < DKP; i += 32) Ks[s * LDK + i] *= w;
     }
     const float chunk_decay = rowd[C - 1];
     seg_decay *= chunk_decay;
@@ -533,38 +577,38 @@ __global__ void __launch_bounds__(kMaxThreads, C == 32 ? 2 : 1) chunk_v1_kernel(
 
     // ---- Y = (masked P below the diagonal blocks) V + (A q) S, on tensor cores
     if (outputs) {
-      for (int idx = warp; idx < NB * NT; idx += WARPS) {
-        const int bt = idx / NT, nt = idx - (idx / NT) * NT;
-        wm::fragment<wm::accumulator, 16, 16, 8, float> acc;
-        wm::fill_fragment(acc, 0.f);
-        for (int s0k = 0; s0k < bt * 16; s0k += 8)
-          mma_tile<SPLIT, RowA, RowA>(acc, Ps + bt * 16 * LDC + s0k, LDC, Vs + s0k * LDV + nt * 16, LDV);
+      if (yb < NB) {
+        Strip<SPLIT, Row, Row, YN> st;
+        st.zero();
+        for (int s0k = 0; s0k < yb * 16; s0k += 8)
+          st.step(Ps + yb * 16 * LDC + s0k, LDC, Vs + s0k * LDV + yn0 * 16, 16, LDV, YN);
         for (int kk = 0; kk < DKP; kk += 8)
-          mma_tile<SPLIT, RowA, RowA>(acc, Qs + bt * 16 * LDK + kk, LDK, Ss + kk * LDV + nt * 16, LDV);
-        wm::store_matrix_sync(Ys + bt * 16 * LDV + nt * 16, acc, LDV, wm::mem_row_major);
+          st.step(Qs + yb * 16 * LDK + kk, LDK, Ss + kk * LDV + yn0 * 16, 16, LDV, YN);
+        st.store(Ys + yb * 16 * LDV + yn0 * 16, 16, LDV, YN);
       }
       __syncthreads();  // B4: every read of the old S is done
     }
 
     // ---- S = A[C-1] S + (w beta k)^T V
-    for (int idx = warp; idx < (DKP / 16) * NT; idx += WARPS) {
-      const int mi = idx / NT, nt = idx - (idx / NT) * NT;
-      float* sp = Ss + mi * 16 * LDV + nt * 16;
-      wm::fragment<wm::accumulator, 16, 16, 8, float> acc;
-      wm::load_matrix_sync(acc, sp, LDV, wm::mem_row_major);
-#pragma unroll
-      for (int i = 0; i < acc.num_elements; ++i) acc.x[i] *= chunk_decay;
+    for (int strip = warp; strip < s_strips; strip += WARPS) {
+      const int mi = strip / (NT / sn), n0 = (strip % (NT / sn)) * sn;
+      float* sp = Ss + mi * 16 * LDV + n0 * 16;
+      Strip<SPLIT, Col, Row, NT> st;
+      st.load(sp, LDV, chunk_decay, sn);
       for (int s0k = 0; s0k < tc; s0k += 8)
-        mma_tile<SPLIT, ColA, RowA>(acc, Ks + s0k * LDK + mi * 16, LDK, Vs + s0k * LDV + nt * 16, LDV);
-      wm::store_matrix_sync(sp, acc, LDV, wm::mem_row_major);
+        st.step(Ks + s0k * LDK + mi * 16, LDK, Vs + s0k * LDV + n0 * 16, 16, LDV, sn);
+      st.store(sp, 16, LDV, sn);
     }
 
     // ---- diagonal blocks in fp32 (s <= t only), then y
     if (outputs) {
       for (int e = tid; e < C * NV; e += blockDim.x) {
-        const int t = e / NV, j = e - (e / NV) * NV;
+        const int t = e / NV, j = e % NV;
         float acc = Ys[t * LDV + j];
-        for (int s = t & ~15; s <= t; ++s) acc = fmaf(Ps[t * LDC + s], Vs[s * LDV + j], acc);
+        const int s0d = t & ~15;
+#pragma unroll
+        for (int r = 0; r < 16; ++r)
+          if (s0d + r <= t) acc = fmaf(Ps[t * LDC + s0d + r], Vs[(s0d + r) * LDV + j], acc);
         if (t < tc && j < nv) y[(int64_t)(t0 + t) * p.sy.t + j * p.sy.d] = from_float<scalar_t>(acc);
       }
     }
@@ -582,10 +626,8 @@ __global__ void __launch_bounds__(kMaxThreads, C == 32 ? 2 : 1) chunk_v1_kernel(
     if (vt == 0 && tid == 0) p.seg_decays[bh * (p.nseg - 1) + seg] = seg_decay;
   }
   if (dst != nullptr)
-    for (int e = tid; e < DKP * NV; e += blockDim.x) {
-      const int i = e / NV, j = e - (e / NV) * NV;
-      if (i < p.Dk && j < nv) dst[b * ds.b + h * ds.h + i * ds.i + (j0 + j) * ds.j] = Ss[i * LDV + j];
-    }
+    for (int i = warp; i < p.Dk; i += WARPS)
+      for (int j = lane; j < nv; j += 32) dst[b * ds.b + h * ds.h + i * ds.i + (j0 + j) * ds.j] = Ss[i * LDV + j];
 }
 
 // ===================================== section: state_scan_v1 kernel ========================
@@ -849,7 +891,7 @@ ChunkConfig plan_chunked(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv
   c.NV = Dv <= 32 ? 32 : 64;
   c.C = dk_padded(Dk) <= 128 ? 64 : 32;
   if (chunk_smem(c.C, c.NV, dk_padded(Dk)) > lim.smem) c.C = 32;
-  const int64_t tiles = B * H * ceil_div(Dv, c.NV), chunks = ceil_div(T, c.C);
+  const int64_t tiles = B * H * ceil_div(Dv, c.NV), chunks = std::max<int64_t>(1, ceil_div(T, c.C));
   const int64_t per_sm = c.C == 32 ? 2 : 1;
   const int64_t want = lim.sms * per_sm;
   int64_t nseg = std::max<int64_t>(1, std::min<int64_t>(ceil_div(want, tiles), chunks));

@@ -20,9 +20,18 @@ def poison_allocator(nbytes=64 << 20):
     torch.cuda.synchronize()
 
 
-def check(sol, xs, tol=None):
+ALGOS = [None, "recurrent", "chunked"]  # None: the planned one
+
+
+def run(sol, xs, algo=None, config=()):
+    if algo is None and not config:
+        return sol.gated_recurrence(*xs)
+    return sol.gated_recurrence_with(*xs, algorithm=algo, config=config)
+
+
+def check(sol, xs, tol=None, algo=None, config=()):
     poison_allocator()
-    y = sol.gated_recurrence(*xs)
+    y = run(sol, xs, algo, config)
     ref = ref64(xs)
     assert y.shape == ref.shape and y.dtype == xs[0].dtype and y.device == xs[0].device
     assert not torch.isnan(y).any(), "unwritten or NaN output"
@@ -36,17 +45,37 @@ SHAPES = [(2, 128, 4, 24, 24), (1, 1, 1, 1, 1), (3, 63, 5, 7, 7), (2, 63, 3, 33,
           (5, 3, 7, 64, 64), (1, 1000, 1, 128, 128)]
 
 
+@pytest.mark.parametrize("algo", ALGOS, ids=["planned", "recurrent", "chunked"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("shape", SHAPES, ids=["x".join(map(str, s)) for s in SHAPES])
-def test_shapes_and_dtypes(sol, shape, dtype):
-    check(sol, inputs(*shape, dtype=dtype))
+def test_shapes_and_dtypes(sol, shape, dtype, algo):
+    check(sol, inputs(*shape, dtype=dtype), algo=algo)
+
+
+CHUNK_CONFIGS = [(32, 32, 1), (32, 64, 3), (64, 32, 2), (64, 64, 5), (64, 64, 1000)]
+
+
+@pytest.mark.parametrize("cfg", CHUNK_CONFIGS, ids=lambda c: "C{}NV{}seg{}".format(*c))
+@pytest.mark.parametrize("shape", [(2, 63, 3, 33, 33), (1, 300, 2, 9, 13), (2, 700, 3, 64, 100), (1, 257, 2, 128, 40)],
+                         ids=["63x33", "300x9x13", "700x64x100", "257x128x40"])
+def test_every_chunk_configuration(sol, shape, cfg):
+    """chunk_v1 instantiations, ragged last chunks, segments (sequence parallelism) and their scan."""
+    check(sol, inputs(*shape), algo="chunked", config=cfg)
+
+
+def test_long_sequence_uses_segments(sol):
+    shape = (1, 3000, 2, 64, 64)
+    assert "segments=1 " not in sol.plan(*shape) + " " and sol.plan(*shape).startswith("chunk_v1")
+    check(sol, inputs(*shape))
 
 
 @pytest.mark.parametrize("gate", [0.0, -0.5, 1.0, 1.02, (-1.2, 1.2), (0.0, 0.05), (0.99, 1.0)],
                          ids=["zero", "negative", "one", "above1", "mixed-sign", "near0", "near1"])
-@pytest.mark.parametrize("shape", [(2, 63, 3, 24, 24), (1, 100, 2, 100, 33)], ids=["63x24", "100x100x33"])
-def test_gate_strength_sweep(sol, shape, gate):
-    check(sol, inputs(*shape, gate=gate))
+@pytest.mark.parametrize("algo", ["recurrent", "chunked"])
+@pytest.mark.parametrize("shape", [(2, 63, 3, 24, 24), (1, 100, 2, 100, 33), (1, 300, 2, 32, 32)],
+                         ids=["63x24", "100x100x33", "300x32"])
+def test_gate_strength_sweep(sol, shape, gate, algo):
+    check(sol, inputs(*shape, gate=gate), algo=algo)
 
 
 def test_beta_zero_negative_large(sol):
@@ -69,12 +98,13 @@ def _views(B, T, H, Dk, Dv, dtype):
     }
 
 
+@pytest.mark.parametrize("algo", ["recurrent", "chunked"])
 @pytest.mark.parametrize("layout", ["transposed", "sliced", "expanded", "time_minor"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-def test_strided_inputs(sol, layout, dtype):
+def test_strided_inputs(sol, layout, dtype, algo):
     xs = _views(2, 63, 3, 33, 20, dtype)[layout]
     assert not all(x.is_contiguous() for x in xs)
-    check(sol, xs)
+    check(sol, xs, algo=algo)
 
 
 BF16_REF_NOTE = ("the bf16 reference rounds its state to bf16 at every step; ours keeps it in fp32 and is "
@@ -106,17 +136,19 @@ def test_empty_sequence(sol):
     assert y.shape == (2, 0, 3, 5) and y.dtype == torch.float32 and y.is_cuda
 
 
-def test_deterministic_bitwise(sol):
-    xs = inputs(2, 200, 4, 64, 48)
+@pytest.mark.parametrize("T", [200, 900])
+def test_deterministic_bitwise(sol, T):
+    xs = inputs(2, T, 4, 64, 48)
     assert torch.equal(sol.gated_recurrence(*xs), sol.gated_recurrence(*xs))
 
 
+@pytest.mark.parametrize("algo", ["recurrent", "chunked"])
 @pytest.mark.parametrize("where", ["q", "k", "v", "gate", "beta"])
-def test_nan_propagates_like_reference(sol, where):
+def test_nan_propagates_like_reference(sol, where, algo):
     xs = inputs(2, 40, 3, 24, 20)
     idx = {"q": (0, 5, 1, 3), "k": (1, 7, 2, 0), "v": (0, 9, 0, 4), "gate": (1, 11, 1), "beta": (0, 13, 2)}[where]
     xs["q k v gate beta".split().index(where)][idx] = float("nan")
-    y, ref = sol.gated_recurrence(*xs), ref64(xs)
+    y, ref = run(sol, xs, algo), ref64(xs)
     assert torch.equal(torch.isnan(y), torch.isnan(ref))
     finite = ~torch.isnan(ref)
     assert rel_l2(y[finite], ref[finite]) <= 1e-5
@@ -153,3 +185,38 @@ def test_device_mismatch_names_argument(sol):
 def test_modelnew_matches_model(sol):
     xs = [x.cuda() for x in reference.get_inputs()]
     torch.testing.assert_close(sol.ModelNew()(*xs), reference.Model()(*xs), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("T", [0, 5, 300])
+@pytest.mark.parametrize("algo,config", [(None, ()), ("recurrent", ()), ("chunked", ()), ("chunked", (32, 64, 4))],
+                         ids=["planned", "recurrent", "chunked", "chunked-segments"])
+def test_initial_and_final_state(sol, algo, config, T):
+    """initial_state (strided) in, final state out, the same on both paths, against the float64 loop."""
+    import naive
+    xs = inputs(2, T, 3, 33, 20)
+    s0 = torch.randn(2, 3, 33, 40, device="cuda")[..., ::2]
+    if algo is None:
+        y, sT = sol.gated_recurrence(*xs, initial_state=s0, output_final_state=True)
+    else:
+        y, sT = sol.gated_recurrence_with(*xs, algorithm=algo, config=config, initial_state=s0,
+                                          output_final_state=True)
+    ry, rs = naive.recurrent_naive(*xs, initial_state=s0)
+    assert sT.dtype == torch.float32 and sT.shape == (2, 3, 33, 20)
+    assert rel_l2(sT, rs) <= 1e-5
+    if T:
+        assert rel_l2(y, ry) <= 1e-5
+
+
+def test_state_chains_across_calls(sol):
+    """Two calls chained through the state give the one-call answer (streaming use)."""
+    xs = inputs(1, 700, 2, 64, 64)
+    y, _ = sol.gated_recurrence(*xs, output_final_state=True)
+    a, sa = sol.gated_recurrence(*[x[:, :333] for x in xs], output_final_state=True)
+    b = sol.gated_recurrence(*[x[:, 333:] for x in xs], initial_state=sa)
+    assert rel_l2(torch.cat([a, b], 1), y) <= 1e-5
+
+
+@pytest.mark.parametrize("shape,kernel", [((2, 128, 4, 24, 24), "recurrent_v1"), ((2, 255, 4, 64, 64), "recurrent_v1"),
+                                          ((2, 256, 4, 64, 64), "chunk_v1"), ((8, 2048, 16, 128, 128), "chunk_v1")])
+def test_dispatch_boundary(sol, shape, kernel):
+    assert sol.plan(*shape).split()[0] == kernel
