@@ -1,6 +1,9 @@
 """Benchmark: ours vs eager reference vs torch.compile vs fla, same run, KernelBench timing.
 
-    python bench.py --out DIR [--shapes S0,S1,...] [--configs] [--compile] [--eager-max-s 1.0]
+    python bench.py --out DIR [--shapes S0,S1,...] [--sweep] [--configs] [--compile] [--eager-max-s 1.0]
+
+--sweep adds the T sweep (B=1, H=8, D=128, fp32, T = 256 .. 65536) and DIR/bench.png, time
+against T on log-log axes for ours, fla and eager.
 
 Per-call time: CUDA events around one call, synchronize after it, 256 MB L2 flush before it,
 3 warm-ups, median of --trials calls (KernelBench's method). Writes DIR/bench.json and
@@ -26,6 +29,7 @@ SHAPES = {  # name: (B, T, H, D, dtype)
     "S2-bf16": (8, 2048, 16, 128, torch.bfloat16),
     "S3-bf16": (1, 8192, 8, 128, torch.bfloat16),
 }
+SWEEP = {f"T{T}": (1, T, 8, 128, torch.float32) for T in (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)}
 
 
 def fla_peers():
@@ -126,12 +130,35 @@ def markdown(rows):
     return "\n".join(out)
 
 
+def plot(rows, path):
+    """Time against T (log-log) for the sweep rows: ours, fla's two kernels, eager where measured."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = [r for r in rows if r["shape"].startswith("T")]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for key, label in [("ours_ms", "ours (solution.py)"), ("fla_chunk_ms", "fla chunk_simple_gla"),
+                       ("fla_fused_recurrent_ms", "fla fused_recurrent_simple_gla"), ("eager_ms", "PyTorch eager")]:
+        pts = [(r["T"], r[key]) for r in rows if key in r]
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("T (B=1, H=8, D_k=D_v=128, fp32)")
+    ax.set_ylabel("ms per call (KernelBench median, L2 flushed)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--trials", type=int, default=100)
     ap.add_argument("--configs", action="store_true", help="also sweep recurrent_v1 launch configurations")
+    ap.add_argument("--sweep", action="store_true", help="add the T sweep and its plot (bench.png)")
     ap.add_argument("--compile", action="store_true", help="add torch.compile of the reference (compiles for minutes)")
     ap.add_argument("--eager-max-s", type=float, default=1.0, help="skip eager where one call would take longer")
     ap.add_argument("--no-check", dest="check", action="store_false")
@@ -142,8 +169,9 @@ def main():
     peers = fla_peers()
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), "rows": []}
-    for name in args.shapes.split(","):
-        row = bench_shape(name, SHAPES[name], args, sol, peers)
+    names = [n for n in args.shapes.split(",") if n] + (list(SWEEP) if args.sweep else [])
+    for name in names:
+        row = bench_shape(name, {**SHAPES, **SWEEP}[name], args, sol, peers)
         print(json.dumps(row), flush=True)
         result["rows"].append(row)
     if args.configs:
@@ -155,6 +183,8 @@ def main():
     with open(os.path.join(args.out, "bench.md"), "w") as f:
         f.write(md + "\n")
     print(md)
+    if args.sweep:
+        plot(result["rows"], os.path.join(args.out, "bench.png"))
 
 
 if __name__ == "__main__":

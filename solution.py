@@ -309,7 +309,7 @@ __global__ void __launch_bounds__(kMaxThreads) recurrent_v1_kernel(const Recurre
 //   S_new = A[C-1] S + sum_s (w[s] beta_s k_s) v_s^T
 // Decays are direct products of gates (never logs or quotients), so gates of 0, < 0 or > 1 are exact.
 // Matrix products run on TF32 tensor cores (wmma m16n16k8); for fp32 inputs every operand is split
-// into hi + lo TF32 parts and three products are summed (3xTF32, ~fp32 accuracy). The diagonal
+// into hi + lo TF32 parts and three products are summed (3xTF32, ~fp32 accuracy; see Strip::split). The diagonal
 // 16x16 blocks of the masked product use fp32 FMAs: a zero mask entry times a NaN or inf v_s
 // (s > t) would otherwise reach y_t, which the reference never lets happen.
 // Grid: one block per (b, h, segment, column tile of NV state columns); a block walks the chunks of
@@ -340,27 +340,30 @@ struct Strip {
       }
     }
   }
+  // x = hi + lo with hi = x truncated to TF32's 10 mantissa bits (exact) and lo = x - hi (exact). The
+  // tensor cores read the top 19 bits of each operand, so lo is truncated there too: the error of a
+  // product is ~2^-20 relative, and no conversion instructions are spent (__float_to_tf32 compiled
+  // to five instructions per element). Without SPLIT the operands go in as they are (truncated).
+  template <typename F>
+  __device__ __forceinline__ static void split(F& hi, F& lo) {
+#pragma unroll
+    for (int i = 0; i < hi.num_elements; ++i) {
+      const float x = hi.x[i], h = __uint_as_float(__float_as_uint(x) & 0xffffe000u);
+      hi.x[i] = h;
+      lo.x[i] = x - h;
+    }
+  }
   // One k-step of 8: A (16 x 8) at a; B (8 x 16) of tile n at b + n * bstep.
   __device__ __forceinline__ void step(const float* a, unsigned lda, const float* b, int bstep, unsigned ldb, int cnt) {
     wm::fragment<wm::matrix_a, 16, 16, 8, wm::precision::tf32, LA> a_hi, a_lo;
     wm::load_matrix_sync(a_hi, a, lda);
-#pragma unroll
-    for (int i = 0; i < a_hi.num_elements; ++i) {
-      const float x = a_hi.x[i], h = wm::__float_to_tf32(x);
-      a_hi.x[i] = h;
-      if constexpr (SPLIT) a_lo.x[i] = wm::__float_to_tf32(x - h);
-    }
+    if constexpr (SPLIT) split(a_hi, a_lo);
 #pragma unroll
     for (int n = 0; n < N; ++n) {
       if (n >= cnt) continue;
       wm::fragment<wm::matrix_b, 16, 16, 8, wm::precision::tf32, LB> b_hi, b_lo;
       wm::load_matrix_sync(b_hi, b + n * bstep, ldb);
-#pragma unroll
-      for (int i = 0; i < b_hi.num_elements; ++i) {
-        const float x = b_hi.x[i], h = wm::__float_to_tf32(x);
-        b_hi.x[i] = h;
-        if constexpr (SPLIT) b_lo.x[i] = wm::__float_to_tf32(x - h);
-      }
+      if constexpr (SPLIT) split(b_hi, b_lo);
       if constexpr (SPLIT) {
         wm::mma_sync(lo[n], a_lo, b_hi, lo[n]);
         wm::mma_sync(lo[n], a_hi, b_lo, lo[n]);
@@ -884,26 +887,25 @@ DeviceLimits device_limits() {
 
 inline int dk_padded(int64_t Dk) { return (int)ceil_div(Dk, 16) * 16; }
 
-// Largest chunk whose working set fits; column tiles of 32 for narrow states; enough segments per
-// (b, h) that the output phase fills every SM slot once (sequence parallelism when B * H is small).
+// Chunks of 32 steps, column tiles of 32 for narrow states, and about as many segments per (b, h) as
+// it takes for the output phase to fill every SM slot once (sequence parallelism when B * H is small).
 ChunkConfig plan_chunked(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, const DeviceLimits& lim) {
   ChunkConfig c;
   c.NV = Dv <= 32 ? 32 : 64;
-  c.C = dk_padded(Dk) <= 128 ? 64 : 32;
-  if (chunk_smem(c.C, c.NV, dk_padded(Dk)) > lim.smem) c.C = 32;
+  c.C = 32;  // two blocks per SM; beat C = 64 at S1, S2 and S3 in fp32 and bf16 (BENCHMARKS.md)
   const int64_t tiles = B * H * ceil_div(Dv, c.NV), chunks = std::max<int64_t>(1, ceil_div(T, c.C));
-  const int64_t per_sm = c.C == 32 ? 2 : 1;
-  const int64_t want = lim.sms * per_sm;
-  int64_t nseg = std::max<int64_t>(1, std::min<int64_t>(ceil_div(want, tiles), chunks));
+  const int64_t want = lim.sms * 2;  // blocks that fill every SM slot once
+  int64_t nseg = std::max<int64_t>(1, std::min<int64_t>((want + tiles / 2) / tiles, chunks));
   nseg = ceil_div(chunks, ceil_div(chunks, nseg));  // no empty segments
   c.nseg = (int)nseg;
   return c;
 }
 
-// Chunked once the sequence is long enough for the recurrent kernel's per-step latency to dominate.
+// Chunked once the sequence is long enough for the recurrent kernel's per-step latency to dominate,
+// or earlier for wide heads in large batches (the recurrent kernel then needs several waves).
 bool use_chunked(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv) {
-  (void)B; (void)H; (void)Dk; (void)Dv;
-  return T >= kChunkedMinT;
+  (void)Dv;
+  return T >= kChunkedMinT || (Dk >= 96 && T >= 32 && B * H * T >= 8192);
 }
 
 std::string plan_text(const RecurrentConfig& c) {
