@@ -19,14 +19,17 @@ Algorithms (the dispatch in the host section "dispatch" picks one per call; `pla
                                   layout allows (one barrier per C steps, none per step), then the
                                   lanes run the C steps and the G lanes of a column reduce q . S
                                   with warp shuffles (G is a template parameter).
-    chunk_v1        T >= 256      chunkwise-parallel form (see the section "chunk_v1 kernel"): per
-                                  chunk of C steps, masked (q k^T) v plus (decayed q) S and one state
-                                  update, on TF32 tensor cores; fp32 inputs use 3xTF32 (hi/lo split,
-                                  fp32-level error), fp16/bf16 inputs one TF32 product. Decays are
-                                  direct products of gates, exact for gates 0, < 0 and > 1.
-    state_scan_v1   with chunk_v1 sequence parallelism when B * H blocks cannot fill the GPU: the
-                    when segments  sequence is cut into segments, chunk_v1 first computes each
-                    > 1            segment's own state, this kernel chains them, and chunk_v1 then
+    chunk_v2        T >= 256, or  chunkwise-parallel form (section "chunk_v1 kernel" has the math): per
+                    D_k >= 96 and chunk of 32 steps, masked (q k^T) v plus (decayed q) S and one state
+                    B*H*T >= 8192 update, on TF32 mma.sync with fragments in registers; fp32 inputs use
+                                  3xTF32 (hi/lo split, fp32-level error), fp16/bf16 inputs one TF32
+                                  product. Decays are direct products of gates (exact for gates 0,
+                                  < 0 and > 1), applied to the fragments in registers.
+    chunk_v1        (comparison)  the same form on wmma 16x16x8 tiles with decay, mask and scale
+                                  passes over shared memory; selectable in gated_recurrence_with.
+    state_scan_v1   with chunk_v* sequence parallelism when B * H blocks cannot fill the GPU: the
+                    when segments  sequence is cut into segments, chunk_v* first computes each
+                    > 1            segment's own state, this kernel chains them, and chunk_v* then
                                   runs all segments at once from their start states.
 
 Measured on one H200, KernelBench timing (median per call, L2 flushed), BENCHMARKS.md has the
@@ -49,7 +52,7 @@ from torch.utils.cpp_extension import load_inline
 __all__ = ["ModelNew", "gated_recurrence", "gated_recurrence_with", "gated_recurrence_config", "plan", "KERNELS"]
 
 # Every kernel name the dispatch can return; tests check this list against the docstring and plan().
-KERNELS = ("recurrent_v1", "chunk_v1", "state_scan_v1")
+KERNELS = ("recurrent_v1", "chunk_v1", "chunk_v2", "state_scan_v1")
 
 # ---------------------------------------------------------------------------------------------
 # Source, in named sections. COMMON is seen by both translation units; KERNELS is the .cu file
@@ -114,16 +117,24 @@ struct ChunkParams {
   float* seg_decays;  // (B, H, nseg - 1)
 };
 
-struct ChunkConfig { int C, NV, nseg; };
+struct ChunkConfig { int version, C, NV, nseg; };  // version 1: chunk_v1, 2: chunk_v2 (C = 32)
 
 inline size_t chunk_smem(int C, int NV, int DKP) {
   return sizeof(float) * (size_t)(2 * C * (DKP + 4) + 2 * C * (NV + 8) + DKP * (NV + 8) + C * (C + 4) + 6 * C);
 }
 
-// (C, NV) pairs compiled.
+inline size_t chunk2_smem(int NV, int DKP) {
+  return sizeof(float) * (size_t)(2 * 32 * (DKP + 4) + 2 * 32 * (NV + 8) + DKP * (NV + 8) + 32 * 36 + 5 * 32 + 512);
+}
+inline size_t chunk_smem(const ChunkConfig& c, int DKP) {
+  return c.version == 2 ? chunk2_smem(c.NV, DKP) : chunk_smem(c.C, c.NV, DKP);
+}
+
+// (C, NV) pairs compiled for chunk_v1; chunk_v2 has C = 32 and NV = 32 or 64.
 #define GR_CHUNK_PAIRS(X) X(32, 32) X(32, 64) X(64, 32) X(64, 64)
 
 cudaError_t launch_chunk_v1(const ChunkParams& p, int C, int NV, DType dtype, int64_t blocks, cudaStream_t stream);
+cudaError_t launch_chunk_v2(const ChunkParams& p, int NV, DType dtype, int64_t blocks, cudaStream_t stream);
 cudaError_t launch_state_scan_v1(const ChunkParams& p, cudaStream_t stream);
 cudaError_t launch_recurrent_v1(const RecurrentParams& p, const RecurrentConfig& c, DType dtype, int64_t blocks,
                                 cudaStream_t stream);
@@ -387,10 +398,12 @@ struct Strip {
 // rows x cols (cols a multiple of V) of a strided source into dst (pitch ld) as float; zero outside
 // rows_valid x cols_valid. V > 1: 16-byte loads (the caller checked alignment and cols_valid % V == 0).
 // U jobs per thread are in flight at once.
+// Returns whether any staged value is NaN or inf (this thread's share).
 template <typename scalar_t, int V, int U = 8>
-__device__ __forceinline__ void load_tile(float* dst, int ld, const scalar_t* __restrict__ src, int64_t st,
+__device__ __forceinline__ bool load_tile(float* dst, int ld, const scalar_t* __restrict__ src, int64_t st,
                                           int64_t sd, int rows_valid, int cols_valid, int rows, int cols) {
   using Job = Chunk<scalar_t, (V > 1)>;
+  bool nonfinite = false;
   const int per_row = cols / V, total = rows * per_row;
   for (int base = threadIdx.x; base < total; base += U * blockDim.x) {
     Job buf[U];
@@ -415,17 +428,22 @@ __device__ __forceinline__ void load_tile(float* dst, int ld, const scalar_t* __
     for (int u = 0; u < U; ++u)
       if (off[u] >= 0) {
 #pragma unroll
-        for (int i = 0; i < Job::V; ++i) dst[off[u] + i] = to_float(buf[u].u.x[i]);
+        for (int i = 0; i < Job::V; ++i) {
+          const float x = to_float(buf[u].u.x[i]);
+          nonfinite |= !(fabsf(x) <= 3.4028235e38f);
+          dst[off[u] + i] = x;
+        }
       }
   }
+  return nonfinite;
 }
 
 template <typename scalar_t>
-__device__ __forceinline__ void load_tile_any(bool vec, float* dst, int ld, const scalar_t* src, int64_t st,
+__device__ __forceinline__ bool load_tile_any(bool vec, float* dst, int ld, const scalar_t* src, int64_t st,
                                               int64_t sd, int rows_valid, int cols_valid, int rows, int cols) {
   constexpr int V = 16 / (int)sizeof(scalar_t);
-  if (vec) load_tile<scalar_t, V>(dst, ld, src, st, sd, rows_valid, cols_valid, rows, cols);
-  else load_tile<scalar_t, 1>(dst, ld, src, st, sd, rows_valid, cols_valid, rows, cols);
+  if (vec) return load_tile<scalar_t, V>(dst, ld, src, st, sd, rows_valid, cols_valid, rows, cols);
+  return load_tile<scalar_t, 1>(dst, ld, src, st, sd, rows_valid, cols_valid, rows, cols);
 }
 
 // L[t][s] for s <= t from the in-block prefix (pin) and suffix (sout) products of 16-step blocks.
@@ -633,6 +651,329 @@ __global__ void __launch_bounds__(kMaxThreads, C == 32 ? 2 : 1) chunk_v1_kernel(
       for (int j = lane; j < nv; j += 32) dst[b * ds.b + h * ds.h + i * ds.i + (j0 + j) * ds.j] = Ss[i * LDV + j];
 }
 
+// ===================================== section: chunk_v2 kernel =============================
+// The chunkwise form of chunk_v1 with C = 32, on raw mma.sync m16n8k8 TF32 instead of wmma: wmma's
+// tf32 fragment loads compile to generic 64-bit loads even from shared memory, and __float_to_tf32
+// to five instructions per element. Here fragments are loaded with plain shared loads in the
+// documented layouts (g = lane / 4, q = lane % 4):
+//   A 16x8: a0 (g, q), a1 (g+8, q), a2 (g, q+4), a3 (g+8, q+4);  B 8x8: b0 (q, g), b1 (q+4, g);
+//   C 16x8: c0 (g, 2q), c1 (g, 2q+1), c2 (g+8, 2q), c3 (g+8, 2q+1).
+// Knowing the accumulator layout, the mask, the decays and beta are applied to P in registers, the
+// decayed q rows become a scale of the (q S) accumulator rows, and w[s] beta_s scales the k' fragment
+// as it is loaded, so no pass over shared memory rescales anything. The gates' products come from
+// warp shuffles (prefix, suffix and in-block products). The diagonal 16x16 blocks of the masked
+// product go through the tensor cores unless the chunk's v holds a NaN or inf (then fp32 FMAs, as
+// in chunk_v1, so that a masked zero never meets it).
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// hi = x truncated to TF32 (exact), lo = x - hi (exact; the tensor core truncates it in turn).
+template <int N>
+__device__ __forceinline__ void split_tf32(const float (&x)[N], uint32_t (&hi)[N], uint32_t (&lo)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    hi[i] = __float_as_uint(x[i]) & 0xffffe000u;
+    lo[i] = __float_as_uint(x[i] - __uint_as_float(hi[i]));
+  }
+}
+
+// d += a b with fp32-level accuracy (SPLIT: lo*hi + hi*lo + hi*hi) or one TF32 product.
+template <bool SPLIT>
+__device__ __forceinline__ void mma3(float (&d)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4],
+                                     const float (&b)[2]) {
+  uint32_t bh[2], bl[2];
+  if constexpr (SPLIT) {
+    split_tf32<2>(b, bh, bl);
+    mma_tf32(d, al, bh);
+    mma_tf32(d, ah, bl);
+  } else {
+    bh[0] = __float_as_uint(b[0]); bh[1] = __float_as_uint(b[1]);
+  }
+  mma_tf32(d, ah, bh);
+}
+
+template <bool SPLIT>
+__device__ __forceinline__ void prep_a(const float (&a)[4], uint32_t (&ah)[4], uint32_t (&al)[4]) {
+  if constexpr (SPLIT) {
+    split_tf32<4>(a, ah, al);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) { ah[i] = __float_as_uint(a[i]); al[i] = 0u; }
+  }
+}
+
+// 16x8 A fragment at A (row-major, pitch ld).
+__device__ __forceinline__ void frag_a(float (&a)[4], const float* A, int ld, int g, int q) {
+  a[0] = A[g * ld + q]; a[1] = A[(g + 8) * ld + q]; a[2] = A[g * ld + q + 4]; a[3] = A[(g + 8) * ld + q + 4];
+}
+
+// One warp's strip of S: rows 16 (at sp, pitch ldv) x N tiles of 8 columns.
+// S = decay * S + sum_s (kscale[s] k_s)^T v_s over the chunk's tc steps; kc: k at this row block.
+template <bool SPLIT, int N>
+__device__ __forceinline__ void s_update_strip(float* sp, int ldv, const float* kc, int ldk, const float* vc,
+                                               const float* kscale, float decay, int tc, int g, int q4) {
+  float acc[N][4];
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    const float2 lo2 = *reinterpret_cast<const float2*>(sp + g * ldv + n * 8 + 2 * q4);
+    const float2 hi2 = *reinterpret_cast<const float2*>(sp + (g + 8) * ldv + n * 8 + 2 * q4);
+    acc[n][0] = lo2.x * decay; acc[n][1] = lo2.y * decay; acc[n][2] = hi2.x * decay; acc[n][3] = hi2.y * decay;
+  }
+  for (int s0k = 0; s0k < tc; s0k += 8) {
+    const float w0 = kscale[s0k + q4], w1 = kscale[s0k + q4 + 4];
+    const float* k0 = kc + (s0k + q4) * ldk + g;
+    const float* k1 = kc + (s0k + q4 + 4) * ldk + g;
+    const float a[4] = {k0[0] * w0, k0[8] * w0, k1[0] * w1, k1[8] * w1};
+    uint32_t ah[4], al[4];
+    prep_a<SPLIT>(a, ah, al);
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      const float* bv = vc + s0k * ldv + n * 8 + g;
+      const float bb[2] = {bv[q4 * ldv], bv[(q4 + 4) * ldv]};
+      mma3<SPLIT>(acc[n], ah, al, bb);
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    *reinterpret_cast<float2*>(sp + g * ldv + n * 8 + 2 * q4) = make_float2(acc[n][0], acc[n][1]);
+    *reinterpret_cast<float2*>(sp + (g + 8) * ldv + n * 8 + 2 * q4) = make_float2(acc[n][2], acc[n][3]);
+  }
+}
+
+template <typename scalar_t, int NV>
+__global__ void __launch_bounds__(kMaxThreads, 2) chunk_v2_kernel(const ChunkParams p) {
+  constexpr int C = 32, WARPS = kMaxThreads / 32, NT8 = NV / 8, YN = NV / 32;
+  constexpr bool SPLIT = std::is_same<scalar_t, float>::value;
+  constexpr int LDV = NV + 8, LDC = C + 4;
+  extern __shared__ __align__(128) float chunk2_buf[];
+  const int DKP = p.DKP, LDK = DKP + 4;
+  float* Qs = chunk2_buf;        // C x LDK
+  float* Ks = Qs + C * LDK;      // C x LDK
+  float* Vs = Ks + C * LDK;      // C x LDV
+  float* Ys = Vs + C * LDV;      // C x LDV
+  float* Ss = Ys + C * LDV;      // DKP x LDV
+  float* Ps = Ss + DKP * LDV;    // C x LDC: masked, decayed, beta-weighted q . k
+  float* rowd = Ps + C * LDC;    // A[t] = prod g[0..t]
+  float* kscale = rowd + C;      // w[s] beta_s, w[s] = prod g[s+1..C-1]
+  float* pin = kscale + C;       // prod g[16*(t/16) .. t]
+  float* sout = pin + C;         // prod g[s+1 .. 16*(s/16)+15]
+  float* bsm = sout + C;         // beta
+  float* ltab = bsm + C;         // [t][s % 16]: prod g[s+1..t] for s <= t in one 16-block
+
+  const bool outputs = p.mode == 0;
+  int blk = blockIdx.x;
+  const int vt = blk % p.vtiles;
+  blk /= p.vtiles;
+  const int seg = blk % p.seg_launch;
+  blk /= p.seg_launch;
+  const int h = blk % p.H;
+  const int b = blk / p.H;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q4 = lane & 3;
+  const int j0 = vt * NV, nv = min(NV, p.Dv - j0);
+
+  const scalar_t* q = static_cast<const scalar_t*>(p.q) + b * p.sq.b + h * p.sq.h;
+  const scalar_t* k = static_cast<const scalar_t*>(p.k) + b * p.sk.b + h * p.sk.h;
+  const scalar_t* v = static_cast<const scalar_t*>(p.v) + b * p.sv.b + h * p.sv.h + j0 * p.sv.d;
+  const scalar_t* gate = static_cast<const scalar_t*>(p.gate) + b * p.sg.b + h * p.sg.h;
+  const scalar_t* beta = static_cast<const scalar_t*>(p.beta) + b * p.sb.b + h * p.sb.h;
+  scalar_t* y = static_cast<scalar_t*>(p.y) + b * p.sy.b + h * p.sy.h + j0 * p.sy.d;
+  const int64_t bh = (int64_t)b * p.H + h;
+  const int64_t seg_elems = (int64_t)p.Dk * p.Dv;
+
+  const float* s0 = nullptr;
+  StateStrides s0s{0, 0, 0, 0};
+  if (outputs && seg == 0) {
+    s0 = p.s_in; s0s = p.ssi;
+  } else if (outputs) {
+    s0 = p.seg_states + (bh * (p.nseg - 1) + seg - 1) * seg_elems;
+    s0s = {0, 0, p.Dv, 1};
+  }
+  for (int i = warp; i < DKP; i += WARPS)
+    for (int j = lane; j < NV; j += 32) {
+      float x = 0.f;
+      if (s0 != nullptr && i < p.Dk && j < nv) x = s0[b * s0s.b + h * s0s.h + i * s0s.i + (j0 + j) * s0s.j];
+      Ss[i * LDV + j] = x;
+    }
+  float seg_decay = 1.f;
+
+  // S update: row block mi of S, n-tiles n0 .. n0 + sgn - 1 (of 8 columns), ssplit strips per row block.
+  const int MI = DKP / 16;
+  int ssplit = 1;
+  while (ssplit * 2 <= NT8 && MI * ssplit * 2 <= WARPS) ssplit *= 2;
+  const int sgn = NT8 / ssplit, s_tasks = MI * ssplit;
+
+  const int c_begin = seg * p.seg_chunks;
+  const int c_end = min(c_begin + p.seg_chunks, (p.T + C - 1) / C);
+  for (int ch = c_begin; ch < c_end; ++ch) {
+    const int t0 = ch * C, tc = min(C, p.T - t0);
+    // ---- stage the chunk
+    float g_reg = 1.f, b_reg = 0.f;
+    if (tid < tc) {
+      g_reg = to_float(gate[(int64_t)(t0 + tid) * p.sg.t]);
+      b_reg = to_float(beta[(int64_t)(t0 + tid) * p.sb.t]);
+    }
+    load_tile_any<scalar_t>(p.vec_qk, Ks, LDK, k + (int64_t)t0 * p.sk.t, p.sk.t, p.sk.d, tc, p.Dk, C, DKP);
+    if (outputs) load_tile_any<scalar_t>(p.vec_qk, Qs, LDK, q + (int64_t)t0 * p.sq.t, p.sq.t, p.sq.d, tc, p.Dk, C, DKP);
+    const bool v_bad = load_tile_any<scalar_t>(p.vec_v, Vs, LDV, v + (int64_t)t0 * p.sv.t, p.sv.t, p.sv.d, tc, nv, C, NV);
+
+    // ---- gate products by shuffles: lane t of warp 0 holds step t
+    if (warp == 0) {
+      const unsigned full = 0xffffffffu;
+      float pre = g_reg, suf = g_reg, bpre = g_reg, bsuf = g_reg;
+#pragma unroll
+      for (int off = 1; off < 32; off <<= 1) {
+        const float x = __shfl_up_sync(full, pre, off), z = __shfl_down_sync(full, suf, off);
+        if (lane >= off) pre *= x;
+        if (lane + off < 32) suf *= z;
+        if (off < 16) {
+          const float x2 = __shfl_up_sync(full, bpre, off), z2 = __shfl_down_sync(full, bsuf, off);
+          if ((lane & 15) >= off) bpre *= x2;
+          if ((lane & 15) + off < 16) bsuf *= z2;
+        }
+      }
+      const float suf_ex = __shfl_down_sync(full, suf, 1), bsuf_ex = __shfl_down_sync(full, bsuf, 1);
+      rowd[lane] = pre;
+      kscale[lane] = b_reg * (lane == 31 ? 1.f : suf_ex);
+      pin[lane] = bpre;
+      sout[lane] = (lane & 15) == 15 ? 1.f : bsuf_ex;
+      bsm[lane] = b_reg;
+      const int base = lane & ~15, sl = lane & 15;  // lane = column s of its 16-block
+      float run = 1.f;
+#pragma unroll
+      for (int r = 0; r < 16; ++r) {
+        const float gt = __shfl_sync(full, g_reg, base + r);
+        if (r > sl) run *= gt;
+        ltab[(base + r) * 16 + sl] = r >= sl ? run : 0.f;
+      }
+    }
+    const bool vbad = __syncthreads_or(v_bad);  // B1
+    const float chunk_decay = rowd[C - 1];
+    seg_decay *= chunk_decay;
+
+    if (outputs) {
+      // ---- P tiles (16 x 8) on or below the diagonal, masked and decayed in registers
+      if (warp < 6) {
+        const int pb = warp < 2 ? 0 : 1, pn = warp < 2 ? warp : warp - 2;
+        float d[4] = {0.f, 0.f, 0.f, 0.f};
+        const float* A = Qs + pb * 16 * LDK;
+        const float* Bk = Ks + pn * 8 * LDK;
+        for (int kk = 0; kk < DKP; kk += 8) {
+          float a[4], bb[2] = {Bk[g * LDK + kk + q4], Bk[g * LDK + kk + q4 + 4]};
+          uint32_t ah[4], al[4];
+          frag_a(a, A + kk, LDK, g, q4);
+          prep_a<SPLIT>(a, ah, al);
+          mma3<SPLIT>(d, ah, al, bb);
+        }
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int t = pb * 16 + g + 8 * half;
+          float m[2];
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int s = pn * 8 + 2 * q4 + c;
+            float L = 0.f;
+            if (s <= t) L = ((t >> 4) == (s >> 4) ? ltab[t * 16 + (s & 15)] : pin[t] * sout[s]) * bsm[s];
+            m[c] = s <= t ? d[2 * half + c] * L : 0.f;
+          }
+          *reinterpret_cast<float2*>(Ps + t * LDC + pn * 8 + 2 * q4) = make_float2(m[0], m[1]);
+        }
+      }
+      __syncthreads();  // B2
+
+      // ---- Y = M V + A[t] (q S), staged in Ys
+      {
+        const int yb = warp >> 2, yn0 = (warp & 3) * YN;
+        float mv[YN][4], qs[YN][4];
+#pragma unroll
+        for (int n = 0; n < YN; ++n)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) { mv[n][i] = 0.f; qs[n][i] = 0.f; }
+        const int kmax = vbad ? yb * 16 : (yb + 1) * 16;
+        for (int s0k = 0; s0k < kmax; s0k += 8) {
+          float a[4];
+          uint32_t ah[4], al[4];
+          frag_a(a, Ps + yb * 16 * LDC + s0k, LDC, g, q4);
+          prep_a<SPLIT>(a, ah, al);
+#pragma unroll
+          for (int n = 0; n < YN; ++n) {
+            const float* Bv = Vs + s0k * LDV + (yn0 + n) * 8 + g;
+            const float bb[2] = {Bv[q4 * LDV], Bv[(q4 + 4) * LDV]};
+            mma3<SPLIT>(mv[n], ah, al, bb);
+          }
+        }
+        for (int kk = 0; kk < DKP; kk += 8) {
+          float a[4];
+          uint32_t ah[4], al[4];
+          frag_a(a, Qs + yb * 16 * LDK + kk, LDK, g, q4);
+          prep_a<SPLIT>(a, ah, al);
+#pragma unroll
+          for (int n = 0; n < YN; ++n) {
+            const float* Bs = Ss + kk * LDV + (yn0 + n) * 8 + g;
+            const float bb[2] = {Bs[q4 * LDV], Bs[(q4 + 4) * LDV]};
+            mma3<SPLIT>(qs[n], ah, al, bb);
+          }
+        }
+        const float r0 = rowd[yb * 16 + g], r1 = rowd[yb * 16 + g + 8];
+#pragma unroll
+        for (int n = 0; n < YN; ++n) {
+          const int col = (yn0 + n) * 8 + 2 * q4;
+          *reinterpret_cast<float2*>(Ys + (yb * 16 + g) * LDV + col) =
+              make_float2(fmaf(r0, qs[n][0], mv[n][0]), fmaf(r0, qs[n][1], mv[n][1]));
+          *reinterpret_cast<float2*>(Ys + (yb * 16 + g + 8) * LDV + col) =
+              make_float2(fmaf(r1, qs[n][2], mv[n][2]), fmaf(r1, qs[n][3], mv[n][3]));
+        }
+      }
+      __syncthreads();  // B3: Y staged, every read of the old S done
+    }
+
+    // ---- S = A[C-1] S + (w beta k)^T V: k' is scaled while its fragment loads
+    for (int task = warp; task < s_tasks; task += WARPS) {
+      const int mi = task / ssplit, n0 = (task - (task / ssplit) * ssplit) * sgn;
+      float* sp = Ss + mi * 16 * LDV + n0 * 8;
+      const float* kc = Ks + mi * 16;
+      const float* vc = Vs + n0 * 8;
+      switch (sgn) {  // the strip width as a constant: no per-tile branches between the mma chains
+        case 1: s_update_strip<SPLIT, 1>(sp, LDV, kc, LDK, vc, kscale, chunk_decay, tc, g, q4); break;
+        case 2: s_update_strip<SPLIT, 2>(sp, LDV, kc, LDK, vc, kscale, chunk_decay, tc, g, q4); break;
+        case 4: s_update_strip<SPLIT, 4>(sp, LDV, kc, LDK, vc, kscale, chunk_decay, tc, g, q4); break;
+        default: s_update_strip<SPLIT, NT8>(sp, LDV, kc, LDK, vc, kscale, chunk_decay, tc, g, q4); break;
+      }
+    }
+
+    // ---- y (fp32 FMAs on the diagonal blocks when this chunk's v is not finite)
+    if (outputs) {
+      for (int e = tid; e < C * NV; e += blockDim.x) {
+        const int t = e / NV, j = e % NV;
+        float acc = Ys[t * LDV + j];
+        if (vbad) {
+          const int s0d = t & ~15;
+#pragma unroll
+          for (int r = 0; r < 16; ++r)
+            if (s0d + r <= t) acc = fmaf(Ps[t * LDC + s0d + r], Vs[(s0d + r) * LDV + j], acc);
+        }
+        if (t < tc && j < nv) y[(int64_t)(t0 + t) * p.sy.t + j * p.sy.d] = from_float<scalar_t>(acc);
+      }
+    }
+    __syncthreads();  // B4
+  }
+
+  float* dst = nullptr;
+  StateStrides ds{0, 0, 0, 0};
+  if (outputs && seg == p.nseg - 1 && p.s_out != nullptr) {
+    dst = p.s_out; ds = p.sso;
+  } else if (!outputs) {
+    dst = p.seg_states + (bh * (p.nseg - 1) + seg) * seg_elems;
+    ds = {0, 0, p.Dv, 1};
+    if (vt == 0 && tid == 0) p.seg_decays[bh * (p.nseg - 1) + seg] = seg_decay;
+  }
+  if (dst != nullptr)
+    for (int i = warp; i < p.Dk; i += WARPS)
+      for (int j = lane; j < nv; j += 32) dst[b * ds.b + h * ds.h + i * ds.i + (j0 + j) * ds.j] = Ss[i * LDV + j];
+}
+
 // ===================================== section: state_scan_v1 kernel ========================
 // Turns each segment's own state contribution into the state at its end, in place:
 // S = initial (or 0); for each segment s but the last: S = decay_s S + contribution_s; store S.
@@ -714,6 +1055,30 @@ cudaError_t launch_chunk_v1(const ChunkParams& p, int C, int NV, DType dtype, in
   return cudaErrorInvalidValue;
 }
 
+template <typename scalar_t>
+cudaError_t launch_chunk2_typed(const ChunkParams& p, int NV, int64_t blocks, cudaStream_t s) {
+#define GR_CASE(NV_)                                                                              \
+  if (NV == NV_) {                                                                                \
+    static bool done[64] = {};                                                                    \
+    const cudaError_t err = allow_smem(chunk_v2_kernel<scalar_t, NV_>, done);                     \
+    if (err != cudaSuccess) return err;                                                           \
+    chunk_v2_kernel<scalar_t, NV_><<<(unsigned)blocks, kMaxThreads, chunk2_smem(NV_, p.DKP), s>>>(p); \
+    return cudaGetLastError();                                                                    \
+  }
+  GR_CASE(32) GR_CASE(64)
+#undef GR_CASE
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t launch_chunk_v2(const ChunkParams& p, int NV, DType dtype, int64_t blocks, cudaStream_t stream) {
+  switch (dtype) {
+    case DType::f32: return launch_chunk2_typed<float>(p, NV, blocks, stream);
+    case DType::f16: return launch_chunk2_typed<__half>(p, NV, blocks, stream);
+    case DType::bf16: return launch_chunk2_typed<__nv_bfloat16>(p, NV, blocks, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
 cudaError_t launch_state_scan_v1(const ChunkParams& p, cudaStream_t stream) {
   const int64_t n = p.BH * p.Dk * p.Dv;
   state_scan_v1_kernel<<<(unsigned)((n + kMaxThreads - 1) / kMaxThreads), kMaxThreads, 0, stream>>>(p);
@@ -739,7 +1104,8 @@ namespace gr {
 
 constexpr int kMaxDim = 256;
 constexpr size_t kSmemBudget = 48 * 1024;  // recurrent_v1 stays under the static limit
-constexpr int64_t kChunkedMinT = 256;      // use_chunked(): from the T sweep in BENCHMARKS.md
+constexpr int64_t kChunkedMinT = 256;      // use_chunked(): from the crossover sweep in BENCHMARKS.md
+constexpr int kChunkVersion = 2;           // the chunked kernel the plan uses (BENCHMARKS.md compares them)
 
 // Errors are returned, not thrown: the entry points return an undefined tensor (None in Python) and
 // last_error() gives "ExceptionName: message" for Python to raise. (On the device's torch 2.11 build
@@ -891,6 +1257,7 @@ inline int dk_padded(int64_t Dk) { return (int)ceil_div(Dk, 16) * 16; }
 // it takes for the output phase to fill every SM slot once (sequence parallelism when B * H is small).
 ChunkConfig plan_chunked(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, const DeviceLimits& lim) {
   ChunkConfig c;
+  c.version = kChunkVersion;
   c.NV = Dv <= 32 ? 32 : 64;
   c.C = 32;  // two blocks per SM; beat C = 64 at S1, S2 and S3 in fp32 and bf16 (BENCHMARKS.md)
   const int64_t tiles = B * H * ceil_div(Dv, c.NV), chunks = std::max<int64_t>(1, ceil_div(T, c.C));
@@ -913,7 +1280,7 @@ std::string plan_text(const RecurrentConfig& c) {
          " TC=" + std::to_string(c.TC);
 }
 std::string plan_text(const ChunkConfig& c) {
-  return "chunk_v1 C=" + std::to_string(c.C) + " NV=" + std::to_string(c.NV) + " segments=" + std::to_string(c.nseg) +
+  return "chunk_v" + std::to_string(c.version) + " C=" + std::to_string(c.C) + " NV=" + std::to_string(c.NV) + " segments=" + std::to_string(c.nseg) +
          (c.nseg > 1 ? " (+ state_scan_v1)" : "");
 }
 
@@ -993,14 +1360,18 @@ bool launch_chunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
     p.seg_states = work.data_ptr<float>();
     p.seg_decays = p.seg_states + n * Dk * Dv;
     p.mode = 1; p.seg_launch = p.nseg - 1;
-    cudaError_t err = launch_chunk_v1(p, c.C, c.NV, dt, p.BH * p.seg_launch * p.vtiles, stream);
-    GR_REQUIRE("RuntimeError", err == cudaSuccess, "chunk_v1 (state phase) launch failed: ", cudaGetErrorString(err));
+    const int64_t state_blocks = p.BH * p.seg_launch * p.vtiles;
+    cudaError_t err = c.version == 2 ? launch_chunk_v2(p, c.NV, dt, state_blocks, stream)
+                                     : launch_chunk_v1(p, c.C, c.NV, dt, state_blocks, stream);
+    GR_REQUIRE("RuntimeError", err == cudaSuccess, "chunk_v", c.version, " (state phase) launch failed: ",
+               cudaGetErrorString(err));
     err = launch_state_scan_v1(p, stream);
     GR_REQUIRE("RuntimeError", err == cudaSuccess, "state_scan_v1 launch failed: ", cudaGetErrorString(err));
   }
   p.mode = 0; p.seg_launch = p.nseg;
-  const cudaError_t err = launch_chunk_v1(p, c.C, c.NV, dt, blocks, stream);
-  GR_REQUIRE("RuntimeError", err == cudaSuccess, "chunk_v1 launch failed: ", cudaGetErrorString(err));
+  const cudaError_t err = c.version == 2 ? launch_chunk_v2(p, c.NV, dt, blocks, stream)
+                                         : launch_chunk_v1(p, c.C, c.NV, dt, blocks, stream);
+  GR_REQUIRE("RuntimeError", err == cudaSuccess, "chunk_v", c.version, " launch failed: ", cudaGetErrorString(err));
   return true;
 }
 
@@ -1042,13 +1413,14 @@ bool check_recurrent_config(const at::Tensor& q, const RecurrentConfig& c) {
 }
 
 bool check_chunk_config(const at::Tensor& q, const ChunkConfig& c) {
-  bool compiled = false;
-#define GR_IS(C_, NV_) compiled = compiled || (c.C == C_ && c.NV == NV_);
+  bool compiled = c.version == 2 ? (c.C == 32 && (c.NV == 32 || c.NV == 64)) : false;
+#define GR_IS(C_, NV_) compiled = compiled || (c.version == 1 && c.C == C_ && c.NV == NV_);
   GR_CHUNK_PAIRS(GR_IS)
 #undef GR_IS
-  GR_REQUIRE("ValueError", compiled, "(C, NV) = (", c.C, ", ", c.NV, ") is not a compiled pair (see GR_CHUNK_PAIRS)");
+  GR_REQUIRE("ValueError", compiled, "(C, NV) = (", c.C, ", ", c.NV, ") is not compiled for chunk_v", c.version,
+             " (see GR_CHUNK_PAIRS; chunk_v2 has C = 32, NV = 32 or 64)");
   GR_REQUIRE("ValueError", c.nseg >= 1, "segments must be at least 1, got ", c.nseg);
-  const size_t need = chunk_smem(c.C, c.NV, dk_padded(q.size(3))), have = device_limits().smem;
+  const size_t need = chunk_smem(c, dk_padded(q.size(3))), have = device_limits().smem;
   GR_REQUIRE("ValueError", need <= have, "C=", c.C, " NV=", c.NV, " needs ", need, " bytes of shared memory, over ",
              have);
   return true;
@@ -1063,17 +1435,18 @@ bool run_ex(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
   const at::Tensor* s_in = initial_state.has_value() && initial_state->defined() ? &*initial_state : nullptr;
   if (s_in && !check_state(*s_in, q, v)) return false;
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Dk = q.size(3), Dv = v.size(3);
-  GR_REQUIRE("ValueError", algorithm >= -1 && algorithm <= 1, "algorithm must be -1 (planned), 0 (recurrent) or 1 "
-             "(chunked), got ", algorithm);
-  const bool chunked = algorithm == 1 || (algorithm == -1 && use_chunked(B, T, H, Dk, Dv));
+  GR_REQUIRE("ValueError", algorithm >= -1 && algorithm <= 3, "algorithm must be -1 (planned), 0 (recurrent), 1 "
+             "(chunked, planned version), 2 (chunk_v1) or 3 (chunk_v2), got ", algorithm);
+  const bool chunked = algorithm >= 1 || (algorithm == -1 && use_chunked(B, T, H, Dk, Dv));
   RecurrentConfig rc = plan_recurrent(T, Dk, Dv);
   ChunkConfig cc = plan_chunked(B, T, H, Dk, Dv, device_limits());
+  if (algorithm >= 2) cc.version = (int)algorithm - 1;
   if (!config.empty()) {
     GR_REQUIRE("ValueError", algorithm != -1, "config needs an explicit algorithm");
     GR_REQUIRE("ValueError", config.size() == (chunked ? 3u : 4u), "config must be ",
                chunked ? "(C, NV, segments)" : "(R, G, JB, TC)", ", got ", config.size(), " values");
     if (chunked) {
-      cc = {(int)config[0], (int)config[1], (int)config[2]};
+      cc = {cc.version, (int)config[0], (int)config[1], (int)config[2]};
       if (!check_chunk_config(q, cc)) return false;
     } else {
       rc = {(int)config[0], (int)config[1], (int)config[2], (int)config[3]};
@@ -1176,7 +1549,7 @@ def _checked(y):
     return y
 
 
-_ALGORITHMS = {None: -1, "recurrent": 0, "chunked": 1}
+_ALGORITHMS = {None: -1, "recurrent": 0, "chunked": 1, "chunk_v1": 2, "chunk_v2": 3}
 
 
 def gated_recurrence(q, k, v, gate, beta, initial_state=None, output_final_state=False):
@@ -1193,11 +1566,12 @@ def gated_recurrence(q, k, v, gate, beta, initial_state=None, output_final_state
 
 def gated_recurrence_with(q, k, v, gate, beta, algorithm=None, config=(), initial_state=None,
                           output_final_state=False):
-    """Like gated_recurrence, with the algorithm ("recurrent" or "chunked") and its launch configuration
-    chosen by the caller (benchmarks and tests): (R, G, JB, TC) for recurrent_v1, (C, NV, segments) for
-    chunk_v1, () for the planned one. plan() shows the default."""
+    """Like gated_recurrence, with the algorithm ("recurrent", "chunked" (the planned chunk kernel),
+    "chunk_v1" or "chunk_v2") and its launch configuration chosen by the caller (benchmarks and tests):
+    (R, G, JB, TC) for recurrent_v1, (C, NV, segments) for the chunk kernels, () for the planned one.
+    plan() shows the default."""
     if algorithm not in _ALGORITHMS:
-        raise ValueError(f"algorithm must be None, 'recurrent' or 'chunked', got {algorithm!r}")
+        raise ValueError(f"algorithm must be one of {sorted(a for a in _ALGORITHMS if a)} or None, got {algorithm!r}")
     out = _checked(_ext.forward_ex(q, k, v, gate, beta, initial_state, bool(output_final_state),
                                    _ALGORITHMS[algorithm], [int(x) for x in config]))
     return (out[0], out[1]) if output_final_state else out[0]

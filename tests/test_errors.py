@@ -66,18 +66,19 @@ def test_bad_launch_configuration_is_a_value_error(sol, cfg, pattern):
         sol.gated_recurrence_config(*good(), *cfg)
 
 
-@pytest.mark.parametrize("cfg,pattern", [((48, 64, 1), "not a compiled pair"), ((64, 48, 1), "not a compiled pair"),
-                                         ((64, 64, 0), "segments must be at least 1"), ((64, 64), "config must be")],
-                         ids=["C", "NV", "segments", "length"])
-def test_bad_chunk_configuration_is_a_value_error(sol, cfg, pattern):
+@pytest.mark.parametrize("algo,cfg,pattern", [
+    ("chunk_v1", (48, 64, 1), "not compiled for chunk_v1"), ("chunk_v1", (64, 48, 1), "not compiled for chunk_v1"),
+    ("chunk_v2", (64, 64, 1), "not compiled for chunk_v2"), ("chunk_v2", (32, 64, 0), "segments must be at least 1"),
+    ("chunked", (32, 64), "config must be")], ids=["v1-C", "v1-NV", "v2-C", "segments", "length"])
+def test_bad_chunk_configuration_is_a_value_error(sol, algo, cfg, pattern):
     with pytest.raises(ValueError, match=pattern):
-        sol.gated_recurrence_with(*good(), algorithm="chunked", config=cfg)
+        sol.gated_recurrence_with(*good(), algorithm=algo, config=cfg)
 
 
 def test_chunk_configuration_over_shared_memory_is_a_value_error(sol):
     xs = inputs(1, 5, 1, 256, 64, device="cpu", seed=0)
     with pytest.raises(ValueError, match="bytes of shared memory"):
-        sol.gated_recurrence_with(*xs, algorithm="chunked", config=(64, 64, 1))
+        sol.gated_recurrence_with(*xs, algorithm="chunk_v1", config=(64, 64, 1))
 
 
 def test_unknown_algorithm_is_a_value_error(sol):

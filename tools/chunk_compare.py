@@ -1,0 +1,36 @@
+"""chunk_v1 against chunk_v2 (and recurrent_v1 where quick) at S1, S2, S3 in fp32 and bf16, same run:
+rel-L2 against float64 and KernelBench per-call median. Writes $OUT/chunk_compare.json.
+
+    python3 tools/chunk_compare.py [--trials 30]
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import reference  # noqa: E402
+import solution  # noqa: E402
+from timing import kernelbench_time, rel_l2  # noqa: E402
+
+SHAPES = {"S1": (4, 1024, 8, 64), "S2": (8, 2048, 16, 128), "S3": (1, 8192, 8, 128)}
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--trials", type=int, default=30)
+args = ap.parse_args()
+rows = []
+for name, (B, T, H, D) in SHAPES.items():
+    for dtype in (torch.float32, torch.bfloat16):
+        xs = reference.make_inputs(B, T, H, D, dtype=dtype, device="cuda")
+        with torch.no_grad():
+            ref = reference.Model()(*[x.double() for x in xs])
+        for algo in ("chunk_v1", "chunk_v2"):
+            fn = lambda *x, a=algo: solution.gated_recurrence_with(*x, algorithm=a)  # noqa: E731
+            row = {"shape": name, "dtype": str(dtype)[6:], "algo": algo, "err": rel_l2(fn(*xs), ref),
+                   "ms": kernelbench_time(fn, xs, trials=args.trials)["median"]}
+            rows.append(row)
+            print(f"{name} {row['dtype']:8s} {algo}: {row['ms'] * 1e3:8.1f} us  rel-L2 {row['err']:.2e}", flush=True)
+with open(os.path.join(os.environ.get("OUT", "."), "chunk_compare.json"), "w") as f:
+    json.dump(rows, f, indent=1)
