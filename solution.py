@@ -674,7 +674,12 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
 // pattern and clearing the 13 low bits rounds the magnitude to nearest (two integer instructions
 // where __float_to_tf32 takes five). Truncating instead (chunk_v1's Strip::split) doubles both
 // parts' errors: rel-L2 1.02e-5 with gates of 1.02 over 300 steps, over the 1e-5 bound.
-__device__ __forceinline__ uint32_t round_tf32(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
+// NaN and inf are only truncated: adding to CUDA's NaN, 0x7fffffff, would carry into the sign bit
+// and make it -0 (NaN inputs then stopped reaching y, measured on the H200).
+__device__ __forceinline__ uint32_t round_tf32(float x) {
+  const uint32_t u = __float_as_uint(x);
+  return ((u & 0x7f800000u) == 0x7f800000u ? u : u + 0x1000u) & 0xffffe000u;
+}
 
 template <int N>
 __device__ __forceinline__ void split_tf32(const float (&x)[N], uint32_t (&hi)[N], uint32_t (&lo)[N]) {
