@@ -137,7 +137,8 @@ def plot(rows, path):
     import matplotlib.pyplot as plt
     rows = [r for r in rows if r["shape"].startswith("T")]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for key, label in [("ours_ms", "ours (solution.py)"), ("fla_chunk_ms", "fla chunk_simple_gla"),
+    for key, label in [("ours_ms", "ours (solution.py)"), ("ours_v1_ms", "ours, chunk_v1 (earlier run)"),
+                       ("fla_chunk_ms", "fla chunk_simple_gla"),
                        ("fla_fused_recurrent_ms", "fla fused_recurrent_simple_gla"), ("eager_ms", "PyTorch eager")]:
         pts = [(r["T"], r[key]) for r in rows if key in r]
         if pts:

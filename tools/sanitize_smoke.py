@@ -20,12 +20,16 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16):
     xs = reference.make_inputs(1, 40, 2, 24, 24, dtype=dtype, device="cuda")
     solution.gated_recurrence_config(*xs, 6, 4, 8, 7)  # 6 chunks with a ragged last one
     # chunk_v1 in every compiled (C, NV), with segments (state phase + state_scan_v1) and states
-    for cfg in [(32, 32, 3), (32, 64, 4), (64, 32, 2), (64, 64, 3)]:
+    for algo, cfg in [("chunk_v1", (32, 32, 3)), ("chunk_v1", (32, 64, 4)), ("chunk_v1", (64, 32, 2)),
+                      ("chunk_v1", (64, 64, 3)), ("chunk_v2", (32, 32, 3)), ("chunk_v2", (32, 64, 4))]:
         for B, T, H, Dk, Dv in [(1, 150, 2, 33, 70), (2, 70, 1, 7, 5), (1, 40, 1, 100 if cfg[0] == 64 else 256, 40)]:
             xs = reference.make_inputs(B, T, H, Dk, Dv, dtype=dtype, device="cuda")
             s0 = torch.randn(B, H, Dk, Dv, device="cuda")
-            solution.gated_recurrence_with(*xs, algorithm="chunked", config=cfg, initial_state=s0,
+            solution.gated_recurrence_with(*xs, algorithm=algo, config=cfg, initial_state=s0,
                                            output_final_state=True)
+        xs = reference.make_inputs(1, 100, 1, 24, 20, dtype=dtype, device="cuda")
+        xs[2][0, 40, 0, 3] = float("nan")  # the fp32 diagonal path for a non-finite v
+        solution.gated_recurrence_with(*xs, algorithm=algo, config=cfg)
     xs = reference.make_inputs(1, 50, 2, 24, 24, dtype=dtype, device="cuda")
     solution.gated_recurrence_with(*xs, algorithm="recurrent", initial_state=torch.randn(1, 2, 24, 24, device="cuda"),
                                    output_final_state=True)
