@@ -468,6 +468,118 @@ __device__ __forceinline__ float pair_decay(const float* g, const float* pin, co
   return a;
 }
 
+// ---- what both chunk kernels share: the block's coordinates and pointers, its starting state, the
+// staging of one chunk, and where the state goes at the end.
+template <typename scalar_t>
+struct ChunkBlock {
+  int vt, seg, h, b, j0, nv;
+  int64_t bh;
+  const scalar_t *q, *k, *v, *gate, *beta;
+  scalar_t* y;
+  // Grid: one block per (b, h, segment, column tile of NV state columns), the column tile fastest.
+  __device__ __forceinline__ ChunkBlock(const ChunkParams& p, int NV) {
+    int blk = blockIdx.x;
+    vt = blk % p.vtiles;
+    blk /= p.vtiles;
+    seg = blk % p.seg_launch;
+    blk /= p.seg_launch;
+    h = blk % p.H;
+    b = blk / p.H;
+    j0 = vt * NV;
+    nv = min(NV, p.Dv - j0);
+    bh = (int64_t)b * p.H + h;
+    q = static_cast<const scalar_t*>(p.q) + b * p.sq.b + h * p.sq.h;
+    k = static_cast<const scalar_t*>(p.k) + b * p.sk.b + h * p.sk.h;
+    v = static_cast<const scalar_t*>(p.v) + b * p.sv.b + h * p.sv.h + j0 * p.sv.d;
+    gate = static_cast<const scalar_t*>(p.gate) + b * p.sg.b + h * p.sg.h;
+    beta = static_cast<const scalar_t*>(p.beta) + b * p.sb.b + h * p.sb.h;
+    y = static_cast<scalar_t*>(p.y) + b * p.sy.b + h * p.sy.h + j0 * p.sy.d;
+  }
+  __device__ __forceinline__ float* segment_state(const ChunkParams& p, int s) const {
+    return p.seg_states + (bh * (p.nseg - 1) + s) * ((int64_t)p.Dk * p.Dv);
+  }
+};
+
+// The state slice (DKP x NV, pitch ld) at the segment's start: the caller's initial state (segment 0 of
+// the output phase), the scanned end state of the previous segment, or zero (the state phase computes
+// each segment's own contribution).
+template <typename scalar_t>
+__device__ __forceinline__ void init_state(float* Ss, int ld, int DKP, int NV, const ChunkParams& p,
+                                           const ChunkBlock<scalar_t>& cb) {
+  const float* s0 = nullptr;
+  StateStrides s0s{0, 0, 0, 0};
+  if (p.mode == 0 && cb.seg == 0) {
+    s0 = p.s_in; s0s = p.ssi;
+  } else if (p.mode == 0) {
+    s0 = cb.segment_state(p, cb.seg - 1);
+    s0s = {0, 0, p.Dv, 1};
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  for (int i = warp; i < DKP; i += warps)
+    for (int j = lane; j < NV; j += 32) {
+      float x = 0.f;
+      if (s0 != nullptr && i < p.Dk && j < cb.nv) x = s0[cb.b * s0s.b + cb.h * s0s.h + i * s0s.i + (cb.j0 + j) * s0s.j];
+      Ss[i * ld + j] = x;
+    }
+}
+
+// After the last chunk: the final state (last segment of the output phase), or the segment's own
+// contribution and gate product (state phase).
+template <typename scalar_t>
+__device__ __forceinline__ void leave_state(const float* Ss, int ld, const ChunkParams& p,
+                                            const ChunkBlock<scalar_t>& cb, float seg_decay) {
+  float* dst = nullptr;
+  StateStrides ds{0, 0, 0, 0};
+  if (p.mode == 0 && cb.seg == p.nseg - 1 && p.s_out != nullptr) {
+    dst = p.s_out; ds = p.sso;
+  } else if (p.mode != 0) {
+    dst = cb.segment_state(p, cb.seg);
+    ds = {0, 0, p.Dv, 1};
+    if (cb.vt == 0 && threadIdx.x == 0) p.seg_decays[cb.bh * (p.nseg - 1) + cb.seg] = seg_decay;
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  if (dst != nullptr)
+    for (int i = warp; i < p.Dk; i += warps)
+      for (int j = lane; j < cb.nv; j += 32) dst[cb.b * ds.b + cb.h * ds.h + i * ds.i + (cb.j0 + j) * ds.j] = Ss[i * ld + j];
+}
+
+// Steps [t0, t0 + tc) into shared memory: k (and q with outputs) as C x DKP, v as C x NV; gate and
+// beta of step threadIdx.x into registers (1 and 0 past the end). Returns whether this thread saw a
+// non-finite v.
+template <typename scalar_t>
+__device__ __forceinline__ bool stage_chunk(float* Qs, float* Ks, int ldk, float* Vs, int ldv, int C, int DKP,
+                                            int NV, const ChunkParams& p, const ChunkBlock<scalar_t>& cb, int t0,
+                                            int tc, float& g_reg, float& b_reg) {
+  g_reg = 1.f;
+  b_reg = 0.f;
+  if ((int)threadIdx.x < tc) {  // issued first: in flight while the tiles load
+    g_reg = to_float(cb.gate[(int64_t)(t0 + threadIdx.x) * p.sg.t]);
+    b_reg = to_float(cb.beta[(int64_t)(t0 + threadIdx.x) * p.sb.t]);
+  }
+  load_tile_any<scalar_t>(p.vec_qk, Ks, ldk, cb.k + (int64_t)t0 * p.sk.t, p.sk.t, p.sk.d, tc, p.Dk, C, DKP);
+  if (p.mode == 0)
+    load_tile_any<scalar_t>(p.vec_qk, Qs, ldk, cb.q + (int64_t)t0 * p.sq.t, p.sq.t, p.sq.d, tc, p.Dk, C, DKP);
+  return load_tile_any<scalar_t>(p.vec_v, Vs, ldv, cb.v + (int64_t)t0 * p.sv.t, p.sv.t, p.sv.d, tc, cb.nv, C, NV);
+}
+
+// y for steps [t0, t0 + tc) from the staged Ys; with `diagonal`, plus the diagonal 16x16 blocks of
+// the masked product in fp32 FMAs (s <= t only: a masked zero never meets a non-finite v).
+template <typename scalar_t, int C, int NV>
+__device__ __forceinline__ void write_y(scalar_t* y, const ChunkParams& p, const float* Ys, int ldv, const float* Ps,
+                                        int ldc, const float* Vs, int t0, int tc, int nv, bool diagonal) {
+  for (int e = threadIdx.x; e < C * NV; e += blockDim.x) {
+    const int t = e / NV, j = e % NV;
+    float acc = Ys[t * ldv + j];
+    if (diagonal) {
+      const int s0d = t & ~15;
+#pragma unroll
+      for (int r = 0; r < 16; ++r)
+        if (s0d + r <= t) acc = fmaf(Ps[t * ldc + s0d + r], Vs[(s0d + r) * ldv + j], acc);
+    }
+    if (t < tc && j < nv) y[(int64_t)(t0 + t) * p.sy.t + j * p.sy.d] = from_float<scalar_t>(acc);
+  }
+}
+
 template <typename scalar_t, int C, int NV>
 __global__ void __launch_bounds__(kMaxThreads, C == 32 ? 2 : 1) chunk_v1_kernel(const ChunkParams p) {
   constexpr bool SPLIT = std::is_same<scalar_t, float>::value;
@@ -492,41 +604,11 @@ __global__ void __launch_bounds__(kMaxThreads, C == 32 ? 2 : 1) chunk_v1_kernel(
   float* kscale = rowd + C;      // w[s] beta_s
 
   const bool outputs = p.mode == 0;
-  int blk = blockIdx.x;
-  const int vt = blk % p.vtiles;
-  blk /= p.vtiles;
-  const int seg = blk % p.seg_launch;
-  blk /= p.seg_launch;
-  const int h = blk % p.H;
-  const int b = blk / p.H;
+  const ChunkBlock<scalar_t> cb(p, NV);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int j0 = vt * NV, nv = min(NV, p.Dv - j0);
-
-  const scalar_t* q = static_cast<const scalar_t*>(p.q) + b * p.sq.b + h * p.sq.h;
-  const scalar_t* k = static_cast<const scalar_t*>(p.k) + b * p.sk.b + h * p.sk.h;
-  const scalar_t* v = static_cast<const scalar_t*>(p.v) + b * p.sv.b + h * p.sv.h + j0 * p.sv.d;
-  const scalar_t* gate = static_cast<const scalar_t*>(p.gate) + b * p.sg.b + h * p.sg.h;
-  const scalar_t* beta = static_cast<const scalar_t*>(p.beta) + b * p.sb.b + h * p.sb.h;
-  scalar_t* y = static_cast<scalar_t*>(p.y) + b * p.sy.b + h * p.sy.h + j0 * p.sy.d;
-  const int64_t bh = (int64_t)b * p.H + h;
-  const int64_t seg_elems = (int64_t)p.Dk * p.Dv;
-
-  // Starting state: the caller's initial state (segment 0 of the output phase), the scanned state of
-  // the previous segment, or zero (the state phase computes each segment's own contribution).
-  const float* s0 = nullptr;
-  StateStrides s0s{0, 0, 0, 0};
-  if (outputs && seg == 0) {
-    s0 = p.s_in; s0s = p.ssi;
-  } else if (outputs) {
-    s0 = p.seg_states + (bh * (p.nseg - 1) + seg - 1) * seg_elems;
-    s0s = {0, 0, p.Dv, 1};
-  }
-  for (int i = warp; i < DKP; i += WARPS)
-    for (int j = lane; j < NV; j += 32) {
-      float x = 0.f;
-      if (s0 != nullptr && i < p.Dk && j < nv) x = s0[b * s0s.b + h * s0s.h + i * s0s.i + (j0 + j) * s0s.j];
-      Ss[i * LDV + j] = x;
-    }
+  const int nv = cb.nv;
+  scalar_t* y = cb.y;
+  init_state(Ss, LDV, DKP, NV, p, cb);
   float seg_decay = 1.f;
 
   // Warp roles in the three matrix phases (strips of tiles that share their A rows):
@@ -543,19 +625,13 @@ __global__ void __launch_bounds__(kMaxThreads, C == 32 ? 2 : 1) chunk_v1_kernel(
   const int sn = min(NT, s_fill >= 4 ? 4 : s_fill >= 2 ? 2 : 1);  // tiles per S strip, divides NT
   const int s_strips = (DKP / 16) * (NT / sn);
 
-  const int c_begin = seg * p.seg_chunks;
+  const int c_begin = cb.seg * p.seg_chunks;
   const int c_end = min(c_begin + p.seg_chunks, (p.T + C - 1) / C);
   for (int ch = c_begin; ch < c_end; ++ch) {
     const int t0 = ch * C, tc = min(C, p.T - t0);
     // ---- stage the chunk (barrier B5 of the previous chunk, or the state init, came before)
-    float g_reg = 1.f, b_reg = 0.f;  // in flight while the tiles load
-    if (tid < tc) {
-      g_reg = to_float(gate[(int64_t)(t0 + tid) * p.sg.t]);
-      b_reg = to_float(beta[(int64_t)(t0 + tid) * p.sb.t]);
-    }
-    load_tile_any<scalar_t>(p.vec_qk, Ks, LDK, k + (int64_t)t0 * p.sk.t, p.sk.t, p.sk.d, tc, p.Dk, C, DKP);
-    if (outputs) load_tile_any<scalar_t>(p.vec_qk, Qs, LDK, q + (int64_t)t0 * p.sq.t, p.sq.t, p.sq.d, tc, p.Dk, C, DKP);
-    load_tile_any<scalar_t>(p.vec_v, Vs, LDV, v + (int64_t)t0 * p.sv.t, p.sv.t, p.sv.d, tc, nv, C, NV);
+    float g_reg, b_reg;
+    stage_chunk(Qs, Ks, LDK, Vs, LDV, C, DKP, NV, p, cb, t0, tc, g_reg, b_reg);
     if (tid < C) { gs[tid] = g_reg; bs[tid] = b_reg; }
     __syncthreads();  // B1
 
@@ -628,33 +704,11 @@ __global__ void __launch_bounds__(kMaxThreads, C == 32 ? 2 : 1) chunk_v1_kernel(
     }
 
     // ---- diagonal blocks in fp32 (s <= t only), then y
-    if (outputs) {
-      for (int e = tid; e < C * NV; e += blockDim.x) {
-        const int t = e / NV, j = e % NV;
-        float acc = Ys[t * LDV + j];
-        const int s0d = t & ~15;
-#pragma unroll
-        for (int r = 0; r < 16; ++r)
-          if (s0d + r <= t) acc = fmaf(Ps[t * LDC + s0d + r], Vs[(s0d + r) * LDV + j], acc);
-        if (t < tc && j < nv) y[(int64_t)(t0 + t) * p.sy.t + j * p.sy.d] = from_float<scalar_t>(acc);
-      }
-    }
+    if (outputs) write_y<scalar_t, C, NV>(y, p, Ys, LDV, Ps, LDC, Vs, t0, tc, nv, true);
     __syncthreads();  // B5
   }
 
-  // ---- the state leaves: the final state (last segment), or this segment's contribution and decay
-  float* dst = nullptr;
-  StateStrides ds{0, 0, 0, 0};
-  if (outputs && seg == p.nseg - 1 && p.s_out != nullptr) {
-    dst = p.s_out; ds = p.sso;
-  } else if (!outputs) {
-    dst = p.seg_states + (bh * (p.nseg - 1) + seg) * seg_elems;
-    ds = {0, 0, p.Dv, 1};
-    if (vt == 0 && tid == 0) p.seg_decays[bh * (p.nseg - 1) + seg] = seg_decay;
-  }
-  if (dst != nullptr)
-    for (int i = warp; i < p.Dk; i += WARPS)
-      for (int j = lane; j < nv; j += 32) dst[b * ds.b + h * ds.h + i * ds.i + (j0 + j) * ds.j] = Ss[i * LDV + j];
+  leave_state(Ss, LDV, p, cb, seg_decay);
 }
 
 // ===================================== section: chunk_v2 kernel =============================
@@ -726,6 +780,24 @@ __device__ __forceinline__ void frag_a(float (&a)[4], const float* A, int ld, in
   a[0] = A[g * ld + q]; a[1] = A[(g + 8) * ld + q]; a[2] = A[g * ld + q + 4]; a[3] = A[(g + 8) * ld + q + 4];
 }
 
+// acc[n] += A (16 x kend, row-major at a, pitch lda) times B (kend x 8, row-major at b + n * 8, pitch ldb).
+template <bool SPLIT, int N>
+__device__ __forceinline__ void row_strip(float (&acc)[N][4], const float* a, int lda, const float* b, int ldb,
+                                          int kend, int g, int q4) {
+  for (int k0 = 0; k0 < kend; k0 += 8) {
+    float af[4];
+    uint32_t ah[4], al[4];
+    frag_a(af, a + k0, lda, g, q4);
+    prep_a<SPLIT>(af, ah, al);
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      const float* bp = b + k0 * ldb + n * 8 + g;
+      const float bb[2] = {bp[q4 * ldb], bp[(q4 + 4) * ldb]};
+      mma3<SPLIT>(acc[n], ah, al, bb);
+    }
+  }
+}
+
 // One warp's strip of S: rows 16 (at sp, pitch ldv) x N tiles of 8 columns.
 // S = decay * S + sum_s (kscale[s] k_s)^T v_s over the chunk's tc steps; kc: k at this row block.
 template <bool SPLIT, int N>
@@ -780,39 +852,11 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v2_kernel(const ChunkPar
   float* ltab = bsm + C;         // [t][s % 16]: prod g[s+1..t] for s <= t in one 16-block
 
   const bool outputs = p.mode == 0;
-  int blk = blockIdx.x;
-  const int vt = blk % p.vtiles;
-  blk /= p.vtiles;
-  const int seg = blk % p.seg_launch;
-  blk /= p.seg_launch;
-  const int h = blk % p.H;
-  const int b = blk / p.H;
+  const ChunkBlock<scalar_t> cb(p, NV);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q4 = lane & 3;
-  const int j0 = vt * NV, nv = min(NV, p.Dv - j0);
-
-  const scalar_t* q = static_cast<const scalar_t*>(p.q) + b * p.sq.b + h * p.sq.h;
-  const scalar_t* k = static_cast<const scalar_t*>(p.k) + b * p.sk.b + h * p.sk.h;
-  const scalar_t* v = static_cast<const scalar_t*>(p.v) + b * p.sv.b + h * p.sv.h + j0 * p.sv.d;
-  const scalar_t* gate = static_cast<const scalar_t*>(p.gate) + b * p.sg.b + h * p.sg.h;
-  const scalar_t* beta = static_cast<const scalar_t*>(p.beta) + b * p.sb.b + h * p.sb.h;
-  scalar_t* y = static_cast<scalar_t*>(p.y) + b * p.sy.b + h * p.sy.h + j0 * p.sy.d;
-  const int64_t bh = (int64_t)b * p.H + h;
-  const int64_t seg_elems = (int64_t)p.Dk * p.Dv;
-
-  const float* s0 = nullptr;
-  StateStrides s0s{0, 0, 0, 0};
-  if (outputs && seg == 0) {
-    s0 = p.s_in; s0s = p.ssi;
-  } else if (outputs) {
-    s0 = p.seg_states + (bh * (p.nseg - 1) + seg - 1) * seg_elems;
-    s0s = {0, 0, p.Dv, 1};
-  }
-  for (int i = warp; i < DKP; i += WARPS)
-    for (int j = lane; j < NV; j += 32) {
-      float x = 0.f;
-      if (s0 != nullptr && i < p.Dk && j < nv) x = s0[b * s0s.b + h * s0s.h + i * s0s.i + (j0 + j) * s0s.j];
-      Ss[i * LDV + j] = x;
-    }
+  const int nv = cb.nv;
+  scalar_t* y = cb.y;
+  init_state(Ss, LDV, DKP, NV, p, cb);
   float seg_decay = 1.f;
 
   // S update: row block mi of S, n-tiles n0 .. n0 + sgn - 1 (of 8 columns), ssplit strips per row block.
@@ -821,19 +865,13 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v2_kernel(const ChunkPar
   while (ssplit * 2 <= NT8 && MI * ssplit * 2 <= WARPS) ssplit *= 2;
   const int sgn = NT8 / ssplit, s_tasks = MI * ssplit;
 
-  const int c_begin = seg * p.seg_chunks;
+  const int c_begin = cb.seg * p.seg_chunks;
   const int c_end = min(c_begin + p.seg_chunks, (p.T + C - 1) / C);
   for (int ch = c_begin; ch < c_end; ++ch) {
     const int t0 = ch * C, tc = min(C, p.T - t0);
     // ---- stage the chunk
-    float g_reg = 1.f, b_reg = 0.f;
-    if (tid < tc) {
-      g_reg = to_float(gate[(int64_t)(t0 + tid) * p.sg.t]);
-      b_reg = to_float(beta[(int64_t)(t0 + tid) * p.sb.t]);
-    }
-    load_tile_any<scalar_t>(p.vec_qk, Ks, LDK, k + (int64_t)t0 * p.sk.t, p.sk.t, p.sk.d, tc, p.Dk, C, DKP);
-    if (outputs) load_tile_any<scalar_t>(p.vec_qk, Qs, LDK, q + (int64_t)t0 * p.sq.t, p.sq.t, p.sq.d, tc, p.Dk, C, DKP);
-    const bool v_bad = load_tile_any<scalar_t>(p.vec_v, Vs, LDV, v + (int64_t)t0 * p.sv.t, p.sv.t, p.sv.d, tc, nv, C, NV);
+    float g_reg, b_reg;
+    const bool v_bad = stage_chunk(Qs, Ks, LDK, Vs, LDV, C, DKP, NV, p, cb, t0, tc, g_reg, b_reg);
 
     // ---- gate products by shuffles: lane t of warp 0 holds step t
     if (warp == 0) {
@@ -908,30 +946,8 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v2_kernel(const ChunkPar
 #pragma unroll
           for (int i = 0; i < 4; ++i) { mv[n][i] = 0.f; qs[n][i] = 0.f; }
         const int kmax = vbad ? yb * 16 : (yb + 1) * 16;
-        for (int s0k = 0; s0k < kmax; s0k += 8) {
-          float a[4];
-          uint32_t ah[4], al[4];
-          frag_a(a, Ps + yb * 16 * LDC + s0k, LDC, g, q4);
-          prep_a<SPLIT>(a, ah, al);
-#pragma unroll
-          for (int n = 0; n < YN; ++n) {
-            const float* Bv = Vs + s0k * LDV + (yn0 + n) * 8 + g;
-            const float bb[2] = {Bv[q4 * LDV], Bv[(q4 + 4) * LDV]};
-            mma3<SPLIT>(mv[n], ah, al, bb);
-          }
-        }
-        for (int kk = 0; kk < DKP; kk += 8) {
-          float a[4];
-          uint32_t ah[4], al[4];
-          frag_a(a, Qs + yb * 16 * LDK + kk, LDK, g, q4);
-          prep_a<SPLIT>(a, ah, al);
-#pragma unroll
-          for (int n = 0; n < YN; ++n) {
-            const float* Bs = Ss + kk * LDV + (yn0 + n) * 8 + g;
-            const float bb[2] = {Bs[q4 * LDV], Bs[(q4 + 4) * LDV]};
-            mma3<SPLIT>(qs[n], ah, al, bb);
-          }
-        }
+        row_strip<SPLIT, YN>(mv, Ps + yb * 16 * LDC, LDC, Vs + yn0 * 8, LDV, kmax, g, q4);
+        row_strip<SPLIT, YN>(qs, Qs + yb * 16 * LDK, LDK, Ss + yn0 * 8, LDV, DKP, g, q4);
         const float r0 = rowd[yb * 16 + g], r1 = rowd[yb * 16 + g + 8];
 #pragma unroll
         for (int n = 0; n < YN; ++n) {
@@ -960,34 +976,11 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v2_kernel(const ChunkPar
     }
 
     // ---- y (fp32 FMAs on the diagonal blocks when this chunk's v is not finite)
-    if (outputs) {
-      for (int e = tid; e < C * NV; e += blockDim.x) {
-        const int t = e / NV, j = e % NV;
-        float acc = Ys[t * LDV + j];
-        if (vbad) {
-          const int s0d = t & ~15;
-#pragma unroll
-          for (int r = 0; r < 16; ++r)
-            if (s0d + r <= t) acc = fmaf(Ps[t * LDC + s0d + r], Vs[(s0d + r) * LDV + j], acc);
-        }
-        if (t < tc && j < nv) y[(int64_t)(t0 + t) * p.sy.t + j * p.sy.d] = from_float<scalar_t>(acc);
-      }
-    }
+    if (outputs) write_y<scalar_t, C, NV>(y, p, Ys, LDV, Ps, LDC, Vs, t0, tc, nv, vbad);
     __syncthreads();  // B4
   }
 
-  float* dst = nullptr;
-  StateStrides ds{0, 0, 0, 0};
-  if (outputs && seg == p.nseg - 1 && p.s_out != nullptr) {
-    dst = p.s_out; ds = p.sso;
-  } else if (!outputs) {
-    dst = p.seg_states + (bh * (p.nseg - 1) + seg) * seg_elems;
-    ds = {0, 0, p.Dv, 1};
-    if (vt == 0 && tid == 0) p.seg_decays[bh * (p.nseg - 1) + seg] = seg_decay;
-  }
-  if (dst != nullptr)
-    for (int i = warp; i < p.Dk; i += WARPS)
-      for (int j = lane; j < nv; j += 32) dst[b * ds.b + h * ds.h + i * ds.i + (j0 + j) * ds.j] = Ss[i * LDV + j];
+  leave_state(Ss, LDV, p, cb, seg_decay);
 }
 
 // ===================================== section: state_scan_v1 kernel ========================
