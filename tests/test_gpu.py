@@ -228,8 +228,3 @@ def test_state_chains_across_calls(sol):
     b = sol.gated_recurrence(*[x[:, 333:] for x in xs], initial_state=sa)
     assert rel_l2(torch.cat([a, b], 1), y) <= 1e-5
 
-
-@pytest.mark.parametrize("shape,kernel", [((2, 128, 4, 24, 24), "recurrent_v1"), ((2, 255, 4, 64, 64), "recurrent_v1"),
-                                          ((2, 256, 4, 64, 64), "chunk_v2"), ((8, 2048, 16, 128, 128), "chunk_v2")])
-def test_dispatch_boundary(sol, shape, kernel):
-    assert sol.plan(*shape).split()[0] == kernel

@@ -45,3 +45,13 @@ def test_docstring_numbers_are_the_benchmarked_ones(sol):
     quoted = re.search(r"\(2, 128, 4, 24\) fp32\s+([0-9.]+) ms", sol.__doc__).group(1)
     table = open(os.path.join(ROOT, "BENCHMARKS.md")).read()
     assert f"**{quoted} ms**" in table
+
+
+@pytest.mark.parametrize("shape,kernel", [((2, 128, 4, 24, 24), "recurrent_v1"), ((2, 255, 4, 64, 64), "recurrent_v1"),
+                                          ((2, 256, 4, 64, 64), "chunk_v2"), ((8, 2048, 16, 128, 128), "chunk_v2"),
+                                          ((8, 64, 16, 128, 128), "chunk_v2"), ((1, 64, 8, 128, 128), "recurrent_v1")])
+def test_dispatch_boundary_is_the_documented_one(sol, shape, kernel):
+    """The docstring's "serves" column: recurrent below T = 256, chunk_v2 from 256 and for wide heads
+    (D_k >= 96) when B*H*T >= 8192."""
+    assert sol.plan(*shape).split()[0] == kernel
+    assert "T >= 256" in sol.__doc__ and "D_k >= 96" in sol.__doc__ and "B*H*T >= 8192" in sol.__doc__
