@@ -326,9 +326,9 @@ __global__ void __launch_bounds__(kMaxThreads) recurrent_v1_kernel(const Recurre
 //   S_new = A[C-1] S + sum_s (w[s] beta_s k_s) v_s^T
 // Decays are direct products of gates (never logs or quotients), so gates of 0, < 0 or > 1 are exact.
 // Matrix products run on TF32 tensor cores (wmma m16n16k8); for fp32 inputs every operand is split
-// into hi + lo TF32 parts and three products are summed (3xTF32, ~fp32 accuracy; see Strip::split). The diagonal
-// 16x16 blocks of the masked product use fp32 FMAs: a zero mask entry times a NaN or inf v_s
-// (s > t) would otherwise reach y_t, which the reference never lets happen.
+// into hi + lo TF32 parts and three products are summed (3xTF32, ~fp32 accuracy; see Strip::split).
+// The diagonal 16x16 blocks of the masked product use fp32 FMAs: a zero mask entry times a NaN or
+// inf v_s (s > t) would otherwise reach y_t, which the reference never lets happen.
 // Grid: one block per (b, h, segment, column tile of NV state columns); a block walks the chunks of
 // its segment in order, with its Dk x NV slice of S in shared memory.
 namespace wm = nvcuda::wmma;
@@ -612,9 +612,9 @@ __global__ void __launch_bounds__(kMaxThreads, C == 32 ? 2 : 1) chunk_v1_kernel(
   float seg_decay = 1.f;
 
   // Warp roles in the three matrix phases (strips of tiles that share their A rows):
-  //   P = Q K^T:  row block pb, tiles pq0, pq0 + pstep, ... <= pb (on or below the diagonal)
+  //   P = Q K^T:  row block pb, tiles pq0, pq0 + PW, ... <= pb (on or below the diagonal)
   //   Y:          row block yb, column tiles yn0 .. yn0 + YN - 1
-  //   S update:   row block of S and column tiles, SN per strip
+  //   S update:   row block of S and column tiles, sn per strip
   constexpr int PW = WARPS / NB;                 // warps per row block of P
   const int pb = warp / PW, pq0 = warp % PW;
   const int p_cnt = (pb < NB && pq0 <= pb) ? (pb - pq0) / PW + 1 : 0;
