@@ -1441,6 +1441,8 @@ bool run_ex(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
             const at::Tensor& beta, const c10::optional<at::Tensor>& initial_state, bool want_final,
             int64_t algorithm, const std::vector<int64_t>& config, std::vector<at::Tensor>& out) {
   if (!check_shapes(q, k, v, gate, beta)) return false;
+  c10::cuda::OptionalCUDAGuard guard;  // q's device before anything reads device limits (plan, config checks)
+  if (q.is_cuda()) guard.set_device(q.device());
   const at::Tensor* s_in = initial_state.has_value() && initial_state->defined() ? &*initial_state : nullptr;
   if (s_in && !check_state(*s_in, q, v)) return false;
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Dk = q.size(3), Dv = v.size(3);
@@ -1465,7 +1467,6 @@ bool run_ex(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
   if (!check_devices(q, k, v, gate, beta)) return false;
   GR_REQUIRE("ValueError", !s_in || s_in->device() == q.device(), "initial_state is on ", device_str(*s_in),
              " but q is on ", device_str(q));
-  const c10::cuda::CUDAGuard guard(q.device());
   at::Tensor y = at::empty({B, T, H, Dv}, q.options());
   at::Tensor fin;
   if (want_final)
