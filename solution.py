@@ -1003,6 +1003,17 @@ __global__ void __launch_bounds__(kMaxThreads) state_scan_v1_kernel(const ChunkP
 }
 
 // ===================================== section: launcher ====================================
+// Calls f with a value of the scalar type that `dtype` names (one dtype switch for every launcher).
+template <typename F>
+cudaError_t with_scalar(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::f32: return f(float{});
+    case DType::f16: return f(__half{});
+    case DType::bf16: return f(__nv_bfloat16{});
+  }
+  return cudaErrorInvalidValue;
+}
+
 template <typename scalar_t>
 cudaError_t launch_typed(const RecurrentParams& p, const RecurrentConfig& c, int64_t blocks, cudaStream_t s) {
   // Always kMaxThreads: threads past G * JB only stage, which keeps more loads in flight.
@@ -1018,12 +1029,7 @@ cudaError_t launch_typed(const RecurrentParams& p, const RecurrentConfig& c, int
 
 cudaError_t launch_recurrent_v1(const RecurrentParams& p, const RecurrentConfig& c, DType dtype, int64_t blocks,
                                 cudaStream_t stream) {
-  switch (dtype) {
-    case DType::f32: return launch_typed<float>(p, c, blocks, stream);
-    case DType::f16: return launch_typed<__half>(p, c, blocks, stream);
-    case DType::bf16: return launch_typed<__nv_bfloat16>(p, c, blocks, stream);
-  }
-  return cudaErrorInvalidValue;
+  return with_scalar(dtype, [&](auto x) { return launch_typed<decltype(x)>(p, c, blocks, stream); });
 }
 
 // One attribute call per kernel and device: the chunked kernels need more than 48 KB of shared memory.
@@ -1056,12 +1062,7 @@ cudaError_t launch_chunk_typed(const ChunkParams& p, int C, int NV, int64_t bloc
 }
 
 cudaError_t launch_chunk_v1(const ChunkParams& p, int C, int NV, DType dtype, int64_t blocks, cudaStream_t stream) {
-  switch (dtype) {
-    case DType::f32: return launch_chunk_typed<float>(p, C, NV, blocks, stream);
-    case DType::f16: return launch_chunk_typed<__half>(p, C, NV, blocks, stream);
-    case DType::bf16: return launch_chunk_typed<__nv_bfloat16>(p, C, NV, blocks, stream);
-  }
-  return cudaErrorInvalidValue;
+  return with_scalar(dtype, [&](auto x) { return launch_chunk_typed<decltype(x)>(p, C, NV, blocks, stream); });
 }
 
 template <typename scalar_t>
@@ -1080,12 +1081,7 @@ cudaError_t launch_chunk2_typed(const ChunkParams& p, int NV, int64_t blocks, cu
 }
 
 cudaError_t launch_chunk_v2(const ChunkParams& p, int NV, DType dtype, int64_t blocks, cudaStream_t stream) {
-  switch (dtype) {
-    case DType::f32: return launch_chunk2_typed<float>(p, NV, blocks, stream);
-    case DType::f16: return launch_chunk2_typed<__half>(p, NV, blocks, stream);
-    case DType::bf16: return launch_chunk2_typed<__nv_bfloat16>(p, NV, blocks, stream);
-  }
-  return cudaErrorInvalidValue;
+  return with_scalar(dtype, [&](auto x) { return launch_chunk2_typed<decltype(x)>(p, NV, blocks, stream); });
 }
 
 cudaError_t launch_state_scan_v1(const ChunkParams& p, cudaStream_t stream) {
