@@ -730,23 +730,20 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// hi = x rounded to TF32, lo = x - hi (exact) rounded to TF32: adding half a TF32 ulp to the bit
-// pattern and clearing the 13 low bits rounds the magnitude to nearest (two integer instructions
-// where __float_to_tf32 takes five). Truncating instead (chunk_v1's Strip::split) doubles both
-// parts' errors: rel-L2 1.02e-5 with gates of 1.02 over 300 steps, over the 1e-5 bound.
-// NaN and inf are only truncated: adding to CUDA's NaN, 0x7fffffff, would carry into the sign bit
-// and make it -0 (NaN inputs then stopped reaching y, measured on the H200).
-__device__ __forceinline__ uint32_t round_tf32(float x) {
-  const uint32_t u = __float_as_uint(x);
-  return ((u & 0x7f800000u) == 0x7f800000u ? u : u + 0x1000u) & 0xffffe000u;
-}
+// hi = x rounded to TF32 (adding half a TF32 ulp to the bit pattern and clearing the 13 low bits
+// rounds the magnitude to nearest: two integer instructions where __float_to_tf32 takes five);
+// lo = x - hi (exact) as raw fp32 bits, which the tensor core truncates to TF32. Truncating hi
+// instead (chunk_v1's Strip::split) doubled the error: rel-L2 1.02e-5 with gates of 1.02 over 300
+// steps, over the 1e-5 bound. NaN survives in lo: CUDA's NaN 0x7fffffff plus half an ulp carries into
+// the sign bit (hi = -0), but x - hi is NaN again; rounding lo too would lose it (measured).
+__device__ __forceinline__ uint32_t round_tf32(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
 
 template <int N>
 __device__ __forceinline__ void split_tf32(const float (&x)[N], uint32_t (&hi)[N], uint32_t (&lo)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) {
     hi[i] = round_tf32(x[i]);
-    lo[i] = round_tf32(x[i] - __uint_as_float(hi[i]));
+    lo[i] = __float_as_uint(x[i] - __uint_as_float(hi[i]));
   }
 }
 
@@ -784,6 +781,7 @@ __device__ __forceinline__ void frag_a(float (&a)[4], const float* A, int ld, in
 template <bool SPLIT, int N>
 __device__ __forceinline__ void row_strip(float (&acc)[N][4], const float* a, int lda, const float* b, int ldb,
                                           int kend, int g, int q4) {
+#pragma unroll
   for (int k0 = 0; k0 < kend; k0 += 8) {
     float af[4];
     uint32_t ah[4], al[4];
@@ -799,10 +797,11 @@ __device__ __forceinline__ void row_strip(float (&acc)[N][4], const float* a, in
 }
 
 // One warp's strip of S: rows 16 (at sp, pitch ldv) x N tiles of 8 columns.
-// S = decay * S + sum_s (kscale[s] k_s)^T v_s over the chunk's tc steps; kc: k at this row block.
+// S = decay * S + sum_s (kscale[s] k_s)^T v_s over the chunk's 32 steps (staged as zeros, with
+// kscale 0, past the end of the sequence); kc: k at this row block.
 template <bool SPLIT, int N>
 __device__ __forceinline__ void s_update_strip(float* sp, int ldv, const float* kc, int ldk, const float* vc,
-                                               const float* kscale, float decay, int tc, int g, int q4) {
+                                               const float* kscale, float decay, int g, int q4) {
   float acc[N][4];
 #pragma unroll
   for (int n = 0; n < N; ++n) {
@@ -810,7 +809,8 @@ __device__ __forceinline__ void s_update_strip(float* sp, int ldv, const float* 
     const float2 hi2 = *reinterpret_cast<const float2*>(sp + (g + 8) * ldv + n * 8 + 2 * q4);
     acc[n][0] = lo2.x * decay; acc[n][1] = lo2.y * decay; acc[n][2] = hi2.x * decay; acc[n][3] = hi2.y * decay;
   }
-  for (int s0k = 0; s0k < tc; s0k += 8) {
+#pragma unroll
+  for (int s0k = 0; s0k < 32; s0k += 8) {
     const float w0 = kscale[s0k + q4], w1 = kscale[s0k + q4 + 4];
     const float* k0 = kc + (s0k + q4) * ldk + g;
     const float* k1 = kc + (s0k + q4 + 4) * ldk + g;
@@ -831,13 +831,21 @@ __device__ __forceinline__ void s_update_strip(float* sp, int ldv, const float* 
   }
 }
 
-template <typename scalar_t, int NV>
+// Strips per row block of S in the S update: as many as the warps allow (a power of two <= NT8).
+__host__ __device__ constexpr int s_splits(int MI, int NT8, int warps) {
+  int ssplit = 1;
+  while (ssplit * 2 <= NT8 && MI * ssplit * 2 <= warps) ssplit *= 2;
+  return ssplit;
+}
+
+// DK: D_k padded to 16 as a compile-time constant (every loop unrolls), or 0 for any D_k at run time.
+template <typename scalar_t, int NV, int DK>
 __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v2_kernel(const ChunkParams p) {
   constexpr int C = 32, WARPS = kMaxThreads / 32, NT8 = NV / 8, YN = NV / 32;
   constexpr bool SPLIT = std::is_same<scalar_t, float>::value;
   constexpr int LDV = NV + 8, LDC = C + 4;
   extern __shared__ __align__(128) float chunk2_buf[];
-  const int DKP = p.DKP, LDK = DKP + 4;
+  const int DKP = DK > 0 ? DK : p.DKP, LDK = DKP + 4;
   float* Qs = chunk2_buf;        // C x LDK
   float* Ks = Qs + C * LDK;      // C x LDK
   float* Vs = Ks + C * LDK;      // C x LDV
@@ -853,16 +861,17 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v2_kernel(const ChunkPar
 
   const bool outputs = p.mode == 0;
   const ChunkBlock<scalar_t> cb(p, NV);
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q4 = lane & 3;
+  // The warp index through a shuffle: provably warp-uniform, so the mma.sync under `warp` branches
+  // needs no convergence handling (WARPSYNC / ENDCOLLECTIVE stubs in the SASS otherwise).
+  const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid >> 5, 0), lane = tid & 31;
+  const int g = lane >> 2, q4 = lane & 3;
   const int nv = cb.nv;
   scalar_t* y = cb.y;
   init_state(Ss, LDV, DKP, NV, p, cb);
   float seg_decay = 1.f;
 
   // S update: row block mi of S, n-tiles n0 .. n0 + sgn - 1 (of 8 columns), ssplit strips per row block.
-  const int MI = DKP / 16;
-  int ssplit = 1;
-  while (ssplit * 2 <= NT8 && MI * ssplit * 2 <= WARPS) ssplit *= 2;
+  const int MI = DKP / 16, ssplit = s_splits(MI, NT8, WARPS);
   const int sgn = NT8 / ssplit, s_tasks = MI * ssplit;
 
   const int c_begin = cb.seg * p.seg_chunks;
@@ -911,16 +920,23 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v2_kernel(const ChunkPar
       // ---- P tiles (16 x 8) on or below the diagonal, masked and decayed in registers
       if (warp < 6) {
         const int pb = warp < 2 ? 0 : 1, pn = warp < 2 ? warp : warp - 2;
-        float d[4] = {0.f, 0.f, 0.f, 0.f};
+        float d[4] = {0.f, 0.f, 0.f, 0.f}, d2[4] = {0.f, 0.f, 0.f, 0.f};  // even / odd k: two chains
         const float* A = Qs + pb * 16 * LDK;
         const float* Bk = Ks + pn * 8 * LDK;
-        for (int kk = 0; kk < DKP; kk += 8) {
-          float a[4], bb[2] = {Bk[g * LDK + kk + q4], Bk[g * LDK + kk + q4 + 4]};
-          uint32_t ah[4], al[4];
+#pragma unroll 4
+        for (int kk = 0; kk < DKP; kk += 16) {  // DKP is a multiple of 16
+          float a[4], a2[4], bb[2] = {Bk[g * LDK + kk + q4], Bk[g * LDK + kk + q4 + 4]};
+          const float bb2[2] = {Bk[g * LDK + kk + 8 + q4], Bk[g * LDK + kk + 12 + q4]};
+          uint32_t ah[4], al[4], ah2[4], al2[4];
           frag_a(a, A + kk, LDK, g, q4);
+          frag_a(a2, A + kk + 8, LDK, g, q4);
           prep_a<SPLIT>(a, ah, al);
+          prep_a<SPLIT>(a2, ah2, al2);
           mma3<SPLIT>(d, ah, al, bb);
+          mma3<SPLIT>(d2, ah2, al2, bb2);
         }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) d[i] += d2[i];
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int t = pb * 16 + g + 8 * half;
@@ -945,8 +961,12 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v2_kernel(const ChunkPar
         for (int n = 0; n < YN; ++n)
 #pragma unroll
           for (int i = 0; i < 4; ++i) { mv[n][i] = 0.f; qs[n][i] = 0.f; }
-        const int kmax = vbad ? yb * 16 : (yb + 1) * 16;
-        row_strip<SPLIT, YN>(mv, Ps + yb * 16 * LDC, LDC, Vs + yn0 * 8, LDV, kmax, g, q4);
+        // The masked product's k range: up to the diagonal block (included unless v is not finite);
+        // each range a constant, so the strip unrolls.
+        const float* pr = Ps + yb * 16 * LDC;
+        const float* vr = Vs + yn0 * 8;
+        if (yb + (vbad ? 0 : 1) == 2) row_strip<SPLIT, YN>(mv, pr, LDC, vr, LDV, 32, g, q4);
+        else if (yb + (vbad ? 0 : 1) == 1) row_strip<SPLIT, YN>(mv, pr, LDC, vr, LDV, 16, g, q4);
         row_strip<SPLIT, YN>(qs, Qs + yb * 16 * LDK, LDK, Ss + yn0 * 8, LDV, DKP, g, q4);
         const float r0 = rowd[yb * 16 + g], r1 = rowd[yb * 16 + g + 8];
 #pragma unroll
@@ -968,10 +988,10 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v2_kernel(const ChunkPar
       const float* kc = Ks + mi * 16;
       const float* vc = Vs + n0 * 8;
       switch (sgn) {  // the strip width as a constant: no per-tile branches between the mma chains
-        case 1: s_update_strip<SPLIT, 1>(sp, LDV, kc, LDK, vc, kscale, chunk_decay, tc, g, q4); break;
-        case 2: s_update_strip<SPLIT, 2>(sp, LDV, kc, LDK, vc, kscale, chunk_decay, tc, g, q4); break;
-        case 4: s_update_strip<SPLIT, 4>(sp, LDV, kc, LDK, vc, kscale, chunk_decay, tc, g, q4); break;
-        default: s_update_strip<SPLIT, NT8>(sp, LDV, kc, LDK, vc, kscale, chunk_decay, tc, g, q4); break;
+        case 1: s_update_strip<SPLIT, 1>(sp, LDV, kc, LDK, vc, kscale, chunk_decay, g, q4); break;
+        case 2: s_update_strip<SPLIT, 2>(sp, LDV, kc, LDK, vc, kscale, chunk_decay, g, q4); break;
+        case 4: s_update_strip<SPLIT, 4>(sp, LDV, kc, LDK, vc, kscale, chunk_decay, g, q4); break;
+        default: s_update_strip<SPLIT, NT8>(sp, LDV, kc, LDK, vc, kscale, chunk_decay, g, q4); break;
       }
     }
 
@@ -1065,17 +1085,18 @@ cudaError_t launch_chunk_v1(const ChunkParams& p, int C, int NV, DType dtype, in
   return with_scalar(dtype, [&](auto x) { return launch_chunk_typed<decltype(x)>(p, C, NV, blocks, stream); });
 }
 
+// D_k padded to 64 or 128 runs an instantiation with every loop unrolled; other widths the general one.
 template <typename scalar_t>
 cudaError_t launch_chunk2_typed(const ChunkParams& p, int NV, int64_t blocks, cudaStream_t s) {
-#define GR_CASE(NV_)                                                                              \
-  if (NV == NV_) {                                                                                \
-    static bool done[64] = {};                                                                    \
-    const cudaError_t err = allow_smem(chunk_v2_kernel<scalar_t, NV_>, done);                     \
-    if (err != cudaSuccess) return err;                                                           \
-    chunk_v2_kernel<scalar_t, NV_><<<(unsigned)blocks, kMaxThreads, chunk2_smem(NV_, p.DKP), s>>>(p); \
-    return cudaGetLastError();                                                                    \
+#define GR_CASE(NV_, DK_)                                                                             \
+  if (NV == NV_ && (DK_ == 0 || p.DKP == DK_)) {                                                      \
+    static bool done[64] = {};                                                                        \
+    const cudaError_t err = allow_smem(chunk_v2_kernel<scalar_t, NV_, DK_>, done);                    \
+    if (err != cudaSuccess) return err;                                                               \
+    chunk_v2_kernel<scalar_t, NV_, DK_><<<(unsigned)blocks, kMaxThreads, chunk2_smem(NV_, p.DKP), s>>>(p); \
+    return cudaGetLastError();                                                                        \
   }
-  GR_CASE(32) GR_CASE(64)
+  GR_CASE(32, 64) GR_CASE(32, 128) GR_CASE(64, 64) GR_CASE(64, 128) GR_CASE(32, 0) GR_CASE(64, 0)
 #undef GR_CASE
   return cudaErrorInvalidValue;
 }

@@ -78,8 +78,9 @@ def test_long_sequence_uses_segments(sol):
 @pytest.mark.parametrize("gate", [0.0, -0.5, 1.0, 1.02, (-1.2, 1.2), (0.0, 0.05), (0.99, 1.0)],
                          ids=["zero", "negative", "one", "above1", "mixed-sign", "near0", "near1"])
 @pytest.mark.parametrize("algo", ["recurrent", "chunk_v1", "chunk_v2"])
-@pytest.mark.parametrize("shape", [(2, 63, 3, 24, 24), (1, 100, 2, 100, 33), (1, 300, 2, 32, 32)],
-                         ids=["63x24", "100x100x33", "300x32"])
+@pytest.mark.parametrize("shape", [(2, 63, 3, 24, 24), (1, 100, 2, 100, 33), (1, 300, 2, 32, 32), (1, 130, 2, 64, 40),
+                                   (1, 100, 1, 128, 64)],
+                         ids=["63x24", "100x100x33", "300x32", "130x64x40", "100x128x64"])
 def test_gate_strength_sweep(sol, shape, gate, algo):
     check(sol, inputs(*shape, gate=gate), algo=algo)
 
@@ -154,10 +155,11 @@ def test_deterministic_bitwise(sol, T):
     assert torch.equal(sol.gated_recurrence(*xs), sol.gated_recurrence(*xs))
 
 
+@pytest.mark.parametrize("dk", [24, 64, 128], ids=["dk24", "dk64", "dk128"])  # chunk_v2: run-time and compiled D_k
 @pytest.mark.parametrize("algo", ["recurrent", "chunk_v1", "chunk_v2"])
 @pytest.mark.parametrize("where", ["q", "k", "v", "gate", "beta"])
-def test_nan_propagates_like_reference(sol, where, algo):
-    xs = inputs(2, 80, 3, 24, 20)
+def test_nan_propagates_like_reference(sol, where, algo, dk):
+    xs = inputs(2, 80, 3, dk, 20)
     idx = {"q": (0, 5, 1, 3), "k": (1, 7, 2, 0), "v": (0, 41, 0, 4), "gate": (1, 11, 1), "beta": (0, 13, 2)}[where]
     xs["q k v gate beta".split().index(where)][idx] = float("nan")
     y, ref = run(sol, xs, algo), ref64(xs)
