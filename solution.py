@@ -116,7 +116,7 @@ struct ChunkParams {
   int nseg, seg_chunks;
   int seg_launch;   // segments in this launch: nseg (outputs) or nseg - 1 (states)
   int mode;         // 0: outputs, 1: segment states only
-  int vec_qk, vec_v;  // 16-byte loads are legal for q and k / for v
+  int vec_qk, vec_v, vec_y;  // 16-byte accesses are legal for q and k / v / y
   const float* s_in; StateStrides ssi;
   float* s_out; StateStrides sso;
   float* seg_states;  // (B, H, nseg - 1, D_k, D_v): contributions, then (after the scan) end states
@@ -543,10 +543,49 @@ __device__ __forceinline__ void leave_state(const float* Ss, int ld, const Chunk
       for (int j = lane; j < cb.nv; j += 32) dst[cb.b * ds.b + cb.h * ds.h + i * ds.i + (cb.j0 + j) * ds.j] = Ss[i * ld + j];
 }
 
+// A ROWS x COLS tile (compile-time) of a source with unit column stride and 16-byte aligned rows,
+// held in registers between load() and store(): a caller issues every tile's loads before the first
+// store, so a chunk waits for one memory round trip, not one per tile. Zero outside
+// rows_valid x cols_valid (cols_valid a multiple of 16 bytes' worth).
+template <typename scalar_t, int ROWS, int COLS>
+struct TileRegs {
+  static constexpr int V = 16 / (int)sizeof(scalar_t), PER_ROW = COLS / V, TOTAL = ROWS * PER_ROW;
+  static constexpr int N = (TOTAL + kMaxThreads - 1) / kMaxThreads;
+  uint4 buf[N];
+  __device__ __forceinline__ void load(const scalar_t* __restrict__ src, int64_t st, int rows_valid, int cols_valid) {
+#pragma unroll
+    for (int u = 0; u < N; ++u) {
+      const int e = threadIdx.x + u * kMaxThreads, r = e / PER_ROW, c = (e % PER_ROW) * V;
+      buf[u] = make_uint4(0u, 0u, 0u, 0u);
+      if (e < TOTAL && r < rows_valid && c < cols_valid) buf[u] = __ldg(reinterpret_cast<const uint4*>(src + r * st + c));
+    }
+  }
+  // As float at pitch ld (a multiple of 4); returns whether a stored value is NaN or inf (CHECK only).
+  template <bool CHECK>
+  __device__ __forceinline__ bool store(float* dst, int ld) const {
+    bool bad = false;
+#pragma unroll
+    for (int u = 0; u < N; ++u) {
+      const int e = threadIdx.x + u * kMaxThreads, r = e / PER_ROW, c = (e % PER_ROW) * V;
+      if (TOTAL % kMaxThreads == 0 || e < TOTAL) {
+        union { uint4 raw; scalar_t x[V]; } w;
+        w.raw = buf[u];
+#pragma unroll
+        for (int i = 0; i < V; i += 4) {
+          const float4 f = make_float4(to_float(w.x[i]), to_float(w.x[i + 1]), to_float(w.x[i + 2]), to_float(w.x[i + 3]));
+          if (CHECK) bad |= !(fmaxf(fmaxf(fabsf(f.x), fabsf(f.y)), fmaxf(fabsf(f.z), fabsf(f.w))) <= 3.4028235e38f);
+          *reinterpret_cast<float4*>(dst + r * ld + c + i) = f;
+        }
+      }
+    }
+    return bad;
+  }
+};
+
 // Steps [t0, t0 + tc) into shared memory: k (and q with outputs) as C x DKP, v as C x NV; gate and
 // beta of step threadIdx.x into registers (1 and 0 past the end). Returns whether this thread saw a
-// non-finite v.
-template <typename scalar_t>
+// non-finite v. DK > 0 (D_k padded, compile-time) with 16-byte aligned rows takes the TileRegs path.
+template <typename scalar_t, int DK = 0, int NVT = 0>
 __device__ __forceinline__ bool stage_chunk(float* Qs, float* Ks, int ldk, float* Vs, int ldv, int C, int DKP,
                                             int NV, const ChunkParams& p, const ChunkBlock<scalar_t>& cb, int t0,
                                             int tc, float& g_reg, float& b_reg) {
@@ -555,6 +594,18 @@ __device__ __forceinline__ bool stage_chunk(float* Qs, float* Ks, int ldk, float
   if ((int)threadIdx.x < tc) {  // issued first: in flight while the tiles load
     g_reg = to_float(cb.gate[(int64_t)(t0 + threadIdx.x) * p.sg.t]);
     b_reg = to_float(cb.beta[(int64_t)(t0 + threadIdx.x) * p.sb.t]);
+  }
+  if constexpr (DK > 0) {
+    if (p.vec_qk && p.vec_v) {
+      TileRegs<scalar_t, 32, DK> kr, qr;
+      TileRegs<scalar_t, 32, NVT> vr;
+      kr.load(cb.k + (int64_t)t0 * p.sk.t, p.sk.t, tc, p.Dk);
+      if (p.mode == 0) qr.load(cb.q + (int64_t)t0 * p.sq.t, p.sq.t, tc, p.Dk);
+      vr.load(cb.v + (int64_t)t0 * p.sv.t, p.sv.t, tc, cb.nv);
+      kr.template store<false>(Ks, ldk);
+      if (p.mode == 0) qr.template store<false>(Qs, ldk);
+      return vr.template store<true>(Vs, ldv);
+    }
   }
   load_tile_any<scalar_t>(p.vec_qk, Ks, ldk, cb.k + (int64_t)t0 * p.sk.t, p.sk.t, p.sk.d, tc, p.Dk, C, DKP);
   if (p.mode == 0)
@@ -577,6 +628,23 @@ __device__ __forceinline__ void write_y(scalar_t* y, const ChunkParams& p, const
         if (s0d + r <= t) acc = fmaf(Ps[t * ldc + s0d + r], Vs[(s0d + r) * ldv + j], acc);
     }
     if (t < tc && j < nv) y[(int64_t)(t0 + t) * p.sy.t + j * p.sy.d] = from_float<scalar_t>(acc);
+  }
+}
+
+// write_y without the diagonal, 16 bytes a store (y's rows 16-byte aligned, unit column stride).
+template <typename scalar_t, int C, int NV>
+__device__ __forceinline__ void write_y_vec(scalar_t* y, const ChunkParams& p, const float* Ys, int ldv, int t0,
+                                            int tc, int nv) {
+  constexpr int V = 16 / (int)sizeof(scalar_t), PER_ROW = NV / V, N = (C * PER_ROW + kMaxThreads - 1) / kMaxThreads;
+#pragma unroll
+  for (int u = 0; u < N; ++u) {
+    const int e = threadIdx.x + u * kMaxThreads, t = e / PER_ROW, j = (e % PER_ROW) * V;
+    if (t < tc && j < nv) {  // t < tc also bounds e
+      union { uint4 raw; scalar_t x[V]; } w;
+#pragma unroll
+      for (int i = 0; i < V; ++i) w.x[i] = from_float<scalar_t>(Ys[t * ldv + j + i]);
+      *reinterpret_cast<uint4*>(y + (int64_t)(t0 + t) * p.sy.t + j) = w.raw;
+    }
   }
 }
 
@@ -880,7 +948,7 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v2_kernel(const ChunkPar
     const int t0 = ch * C, tc = min(C, p.T - t0);
     // ---- stage the chunk
     float g_reg, b_reg;
-    const bool v_bad = stage_chunk(Qs, Ks, LDK, Vs, LDV, C, DKP, NV, p, cb, t0, tc, g_reg, b_reg);
+    const bool v_bad = stage_chunk<scalar_t, DK, NV>(Qs, Ks, LDK, Vs, LDV, C, DKP, NV, p, cb, t0, tc, g_reg, b_reg);
 
     // ---- gate products by shuffles: lane t of warp 0 holds step t
     if (warp == 0) {
@@ -996,7 +1064,10 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v2_kernel(const ChunkPar
     }
 
     // ---- y (fp32 FMAs on the diagonal blocks when this chunk's v is not finite)
-    if (outputs) write_y<scalar_t, C, NV>(y, p, Ys, LDV, Ps, LDC, Vs, t0, tc, nv, vbad);
+    if (outputs) {
+      if (DK > 0 && p.vec_y && !vbad) write_y_vec<scalar_t, C, NV>(y, p, Ys, LDV, t0, tc, nv);
+      else write_y<scalar_t, C, NV>(y, p, Ys, LDV, Ps, LDC, Vs, t0, tc, nv, vbad);
+    }
     __syncthreads();  // B4
   }
 
@@ -1372,6 +1443,7 @@ bool launch_chunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   p.nseg = (int)ceil_div(chunks, p.seg_chunks);
   p.vec_qk = rows_aligned(q, Dk) && rows_aligned(k, Dk);
   p.vec_v = rows_aligned(v, c.NV);
+  p.vec_y = rows_aligned(y, c.NV);
   p.s_in = s_in ? s_in->data_ptr<float>() : nullptr; p.ssi = state_strides(s_in);
   p.s_out = s_out ? s_out->data_ptr<float>() : nullptr; p.sso = state_strides(s_out);
   p.seg_states = nullptr; p.seg_decays = nullptr;
