@@ -129,10 +129,8 @@ inline size_t chunk_smem(int C, int NV, int DKP) {
   return sizeof(float) * (size_t)(2 * C * (DKP + 4) + 2 * C * (NV + 8) + DKP * (NV + 8) + C * (C + 4) + 6 * C);
 }
 
-// pre: q and v staged as (hi, lo) pairs, y sharing q's space (fp32 with a compile-time D_k).
-inline size_t chunk2_smem(int NV, int DKP, bool pre = false) {
-  const size_t qkvy = pre ? 3 * 32 * (DKP + 4) + 2 * 32 * (NV + 4) : 2 * 32 * (DKP + 4) + 2 * 32 * (NV + 8);
-  return sizeof(float) * (qkvy + (size_t)(DKP * (NV + 8) + 32 * 36 + 5 * 32 + 512));
+inline size_t chunk2_smem(int NV, int DKP) {
+  return sizeof(float) * (size_t)(2 * 32 * (DKP + 4) + 2 * 32 * (NV + 8) + DKP * (NV + 8) + 32 * 36 + 5 * 32 + 512);
 }
 inline size_t chunk_smem(const ChunkConfig& c, int DKP) {
   return c.version == 2 ? chunk2_smem(c.NV, DKP) : chunk_smem(c.C, c.NV, DKP);
@@ -545,17 +543,6 @@ __device__ __forceinline__ void leave_state(const float* Ss, int ld, const Chunk
       for (int j = lane; j < cb.nv; j += 32) dst[cb.b * ds.b + cb.h * ds.h + i * ds.i + (cb.j0 + j) * ds.j] = Ss[i * ld + j];
 }
 
-// Four consecutive floats into shared memory, as they are or as (hi, lo) TF32 pairs: split once here,
-// not in every fragment load that reads them (the round_tf32 split of chunk_v2).
-__device__ __forceinline__ uint32_t round_tf32(float x);
-__device__ __forceinline__ void put4(float* d, float4 f) { *reinterpret_cast<float4*>(d) = f; }
-__device__ __forceinline__ void put4(float2* d, float4 f) {
-  const float h0 = __uint_as_float(round_tf32(f.x)), h1 = __uint_as_float(round_tf32(f.y));
-  const float h2 = __uint_as_float(round_tf32(f.z)), h3 = __uint_as_float(round_tf32(f.w));
-  reinterpret_cast<float4*>(d)[0] = make_float4(h0, f.x - h0, h1, f.y - h1);
-  reinterpret_cast<float4*>(d)[1] = make_float4(h2, f.z - h2, h3, f.w - h3);
-}
-
 // A ROWS x COLS tile (compile-time) of a source with unit column stride and 16-byte aligned rows,
 // held in registers between load() and store(): a caller issues every tile's loads before the first
 // store, so a chunk waits for one memory round trip, not one per tile. Zero outside
@@ -573,10 +560,9 @@ struct TileRegs {
       if (e < TOTAL && r < rows_valid && c < cols_valid) buf[u] = __ldg(reinterpret_cast<const uint4*>(src + r * st + c));
     }
   }
-  // As float, or as (hi, lo) TF32 pairs (D = float2), at pitch ld (even; a multiple of 4 for float).
-  // Returns whether a stored value is NaN or inf (CHECK only).
-  template <bool CHECK, typename D>
-  __device__ __forceinline__ bool store(D* dst, int ld) const {
+  // As float at pitch ld (a multiple of 4); returns whether a stored value is NaN or inf (CHECK only).
+  template <bool CHECK>
+  __device__ __forceinline__ bool store(float* dst, int ld) const {
     bool bad = false;
 #pragma unroll
     for (int u = 0; u < N; ++u) {
@@ -587,10 +573,8 @@ struct TileRegs {
 #pragma unroll
         for (int i = 0; i < V; i += 4) {
           const float4 f = make_float4(to_float(w.x[i]), to_float(w.x[i + 1]), to_float(w.x[i + 2]), to_float(w.x[i + 3]));
-          // Each value compared on its own: fmaxf drops a NaN operand (measured: NaN in v went unnoticed).
-          constexpr float M = 3.4028235e38f;
-          if (CHECK) bad |= !(fabsf(f.x) <= M && fabsf(f.y) <= M && fabsf(f.z) <= M && fabsf(f.w) <= M);
-          put4(dst + r * ld + c + i, f);
+          if (CHECK) bad |= !(fmaxf(fmaxf(fabsf(f.x), fabsf(f.y)), fmaxf(fabsf(f.z), fabsf(f.w))) <= 3.4028235e38f);
+          *reinterpret_cast<float4*>(dst + r * ld + c + i) = f;
         }
       }
     }
@@ -600,10 +584,9 @@ struct TileRegs {
 
 // Steps [t0, t0 + tc) into shared memory: k (and q with outputs) as C x DKP, v as C x NV; gate and
 // beta of step threadIdx.x into registers (1 and 0 past the end). Returns whether this thread saw a
-// non-finite v. DK > 0 (D_k padded, compile-time; the launcher checked that q, k and v rows are 16-byte
-// aligned) takes the TileRegs path, and can stage q and v as (hi, lo) pairs (QT = float2).
-template <typename scalar_t, int DK = 0, int NVT = 0, typename QT = float>
-__device__ __forceinline__ bool stage_chunk(QT* Qs, float* Ks, int ldk, QT* Vs, int ldv, int C, int DKP,
+// non-finite v. DK > 0 (D_k padded, compile-time) with 16-byte aligned rows takes the TileRegs path.
+template <typename scalar_t, int DK = 0, int NVT = 0>
+__device__ __forceinline__ bool stage_chunk(float* Qs, float* Ks, int ldk, float* Vs, int ldv, int C, int DKP,
                                             int NV, const ChunkParams& p, const ChunkBlock<scalar_t>& cb, int t0,
                                             int tc, float& g_reg, float& b_reg) {
   g_reg = 1.f;
@@ -613,30 +596,28 @@ __device__ __forceinline__ bool stage_chunk(QT* Qs, float* Ks, int ldk, QT* Vs, 
     b_reg = to_float(cb.beta[(int64_t)(t0 + threadIdx.x) * p.sb.t]);
   }
   if constexpr (DK > 0) {
-    TileRegs<scalar_t, 32, DK> kr, qr;
-    TileRegs<scalar_t, 32, NVT> vr;
-    kr.load(cb.k + (int64_t)t0 * p.sk.t, p.sk.t, tc, p.Dk);
-    if (p.mode == 0) qr.load(cb.q + (int64_t)t0 * p.sq.t, p.sq.t, tc, p.Dk);
-    vr.load(cb.v + (int64_t)t0 * p.sv.t, p.sv.t, tc, cb.nv);
-    kr.template store<false>(Ks, ldk);
-    if (p.mode == 0) qr.template store<false>(Qs, ldk);
-    return vr.template store<true>(Vs, ldv);
-  } else {
+    if (p.vec_qk && p.vec_v) {
+      TileRegs<scalar_t, 32, DK> kr, qr;
+      TileRegs<scalar_t, 32, NVT> vr;
+      kr.load(cb.k + (int64_t)t0 * p.sk.t, p.sk.t, tc, p.Dk);
+      if (p.mode == 0) qr.load(cb.q + (int64_t)t0 * p.sq.t, p.sq.t, tc, p.Dk);
+      vr.load(cb.v + (int64_t)t0 * p.sv.t, p.sv.t, tc, cb.nv);
+      kr.template store<false>(Ks, ldk);
+      if (p.mode == 0) qr.template store<false>(Qs, ldk);
+      return vr.template store<true>(Vs, ldv);
+    }
+  }
   load_tile_any<scalar_t>(p.vec_qk, Ks, ldk, cb.k + (int64_t)t0 * p.sk.t, p.sk.t, p.sk.d, tc, p.Dk, C, DKP);
   if (p.mode == 0)
     load_tile_any<scalar_t>(p.vec_qk, Qs, ldk, cb.q + (int64_t)t0 * p.sq.t, p.sq.t, p.sq.d, tc, p.Dk, C, DKP);
   return load_tile_any<scalar_t>(p.vec_v, Vs, ldv, cb.v + (int64_t)t0 * p.sv.t, p.sv.t, p.sv.d, tc, cb.nv, C, NV);
-  }
 }
-
-__device__ __forceinline__ float value_of(float x) { return x; }
-__device__ __forceinline__ float value_of(float2 x) { return x.x + x.y; }  // exact: lo = x - hi
 
 // y for steps [t0, t0 + tc) from the staged Ys; with `diagonal`, plus the diagonal 16x16 blocks of
 // the masked product in fp32 FMAs (s <= t only: a masked zero never meets a non-finite v).
-template <typename scalar_t, int C, int NV, typename TV>
+template <typename scalar_t, int C, int NV>
 __device__ __forceinline__ void write_y(scalar_t* y, const ChunkParams& p, const float* Ys, int ldv, const float* Ps,
-                                        int ldc, const TV* Vs, int ldvs, int t0, int tc, int nv, bool diagonal) {
+                                        int ldc, const float* Vs, int t0, int tc, int nv, bool diagonal) {
   for (int e = threadIdx.x; e < C * NV; e += blockDim.x) {
     const int t = e / NV, j = e % NV;
     float acc = Ys[t * ldv + j];
@@ -644,7 +625,7 @@ __device__ __forceinline__ void write_y(scalar_t* y, const ChunkParams& p, const
       const int s0d = t & ~15;
 #pragma unroll
       for (int r = 0; r < 16; ++r)
-        if (s0d + r <= t) acc = fmaf(Ps[t * ldc + s0d + r], value_of(Vs[(s0d + r) * ldvs + j]), acc);
+        if (s0d + r <= t) acc = fmaf(Ps[t * ldc + s0d + r], Vs[(s0d + r) * ldv + j], acc);
     }
     if (t < tc && j < nv) y[(int64_t)(t0 + t) * p.sy.t + j * p.sy.d] = from_float<scalar_t>(acc);
   }
@@ -791,7 +772,7 @@ __global__ void __launch_bounds__(kMaxThreads, C == 32 ? 2 : 1) chunk_v1_kernel(
     }
 
     // ---- diagonal blocks in fp32 (s <= t only), then y
-    if (outputs) write_y<scalar_t, C, NV>(y, p, Ys, LDV, Ps, LDC, Vs, LDV, t0, tc, nv, true);
+    if (outputs) write_y<scalar_t, C, NV>(y, p, Ys, LDV, Ps, LDC, Vs, t0, tc, nv, true);
     __syncthreads();  // B5
   }
 
@@ -825,75 +806,69 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
 // the sign bit (hi = -0), but x - hi is NaN again; rounding lo too would lose it (measured).
 __device__ __forceinline__ uint32_t round_tf32(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
 
-// One operand element as TF32 (hi, lo): from fp32 (SPLIT: split now; otherwise hi = x, lo unused) or
-// from a (hi, lo) pair split once when it was staged (chunk_v2's "pre-split" shared layout, fp32 only).
-template <bool SPLIT>
-__device__ __forceinline__ void tf32_parts(float x, uint32_t& hi, uint32_t& lo) {
-  if constexpr (SPLIT) {
-    hi = round_tf32(x);
-    lo = __float_as_uint(x - __uint_as_float(hi));
-  } else {
-    hi = __float_as_uint(x);
-    lo = 0u;
+template <int N>
+__device__ __forceinline__ void split_tf32(const float (&x)[N], uint32_t (&hi)[N], uint32_t (&lo)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    hi[i] = round_tf32(x[i]);
+    lo[i] = __float_as_uint(x[i] - __uint_as_float(hi[i]));
   }
 }
-template <bool SPLIT>
-__device__ __forceinline__ void tf32_parts(const float* p, uint32_t& hi, uint32_t& lo) { tf32_parts<SPLIT>(*p, hi, lo); }
-template <bool SPLIT>
-__device__ __forceinline__ void tf32_parts(const float2* p, uint32_t& hi, uint32_t& lo) {
-  const float2 x = *p;
-  hi = __float_as_uint(x.x);
-  lo = __float_as_uint(x.y);
-}
+
 // d += a b with fp32-level accuracy (SPLIT: lo*hi + hi*lo + hi*hi) or one TF32 product.
 template <bool SPLIT>
 __device__ __forceinline__ void mma3(float (&d)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4],
-                                     const uint32_t (&bh)[2], const uint32_t (&bl)[2]) {
+                                     const float (&b)[2]) {
+  uint32_t bh[2], bl[2];
   if constexpr (SPLIT) {
+    split_tf32<2>(b, bh, bl);
     mma_tf32(d, al, bh);
     mma_tf32(d, ah, bl);
+  } else {
+    bh[0] = __float_as_uint(b[0]); bh[1] = __float_as_uint(b[1]);
   }
   mma_tf32(d, ah, bh);
 }
 
-// 16x8 A fragment at A (row-major, pitch ld; T = float or a pre-split float2).
-template <bool SPLIT, typename T>
-__device__ __forceinline__ void frag_a(uint32_t (&ah)[4], uint32_t (&al)[4], const T* A, int ld, int g, int q) {
-  tf32_parts<SPLIT>(A + g * ld + q, ah[0], al[0]);
-  tf32_parts<SPLIT>(A + (g + 8) * ld + q, ah[1], al[1]);
-  tf32_parts<SPLIT>(A + g * ld + q + 4, ah[2], al[2]);
-  tf32_parts<SPLIT>(A + (g + 8) * ld + q + 4, ah[3], al[3]);
+template <bool SPLIT>
+__device__ __forceinline__ void prep_a(const float (&a)[4], uint32_t (&ah)[4], uint32_t (&al)[4]) {
+  if constexpr (SPLIT) {
+    split_tf32<4>(a, ah, al);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) { ah[i] = __float_as_uint(a[i]); al[i] = 0u; }
+  }
 }
 
-// 8x8 B fragment of a row-major B (k rows, pitch ld) at column bcol = tile column + g.
-template <bool SPLIT, typename T>
-__device__ __forceinline__ void frag_b(uint32_t (&bh)[2], uint32_t (&bl)[2], const T* bcol, int ld, int q) {
-  tf32_parts<SPLIT>(bcol + q * ld, bh[0], bl[0]);
-  tf32_parts<SPLIT>(bcol + (q + 4) * ld, bh[1], bl[1]);
+// 16x8 A fragment at A (row-major, pitch ld).
+__device__ __forceinline__ void frag_a(float (&a)[4], const float* A, int ld, int g, int q) {
+  a[0] = A[g * ld + q]; a[1] = A[(g + 8) * ld + q]; a[2] = A[g * ld + q + 4]; a[3] = A[(g + 8) * ld + q + 4];
 }
 
 // acc[n] += A (16 x kend, row-major at a, pitch lda) times B (kend x 8, row-major at b + n * 8, pitch ldb).
-template <bool SPLIT, int N, typename TA, typename TB>
-__device__ __forceinline__ void row_strip(float (&acc)[N][4], const TA* a, int lda, const TB* b, int ldb, int kend,
-                                          int g, int q4) {
+template <bool SPLIT, int N>
+__device__ __forceinline__ void row_strip(float (&acc)[N][4], const float* a, int lda, const float* b, int ldb,
+                                          int kend, int g, int q4) {
 #pragma unroll
   for (int k0 = 0; k0 < kend; k0 += 8) {
+    float af[4];
     uint32_t ah[4], al[4];
-    frag_a<SPLIT>(ah, al, a + k0, lda, g, q4);
+    frag_a(af, a + k0, lda, g, q4);
+    prep_a<SPLIT>(af, ah, al);
 #pragma unroll
     for (int n = 0; n < N; ++n) {
-      uint32_t bh[2], bl[2];
-      frag_b<SPLIT>(bh, bl, b + k0 * ldb + n * 8 + g, ldb, q4);
-      mma3<SPLIT>(acc[n], ah, al, bh, bl);
+      const float* bp = b + k0 * ldb + n * 8 + g;
+      const float bb[2] = {bp[q4 * ldb], bp[(q4 + 4) * ldb]};
+      mma3<SPLIT>(acc[n], ah, al, bb);
     }
   }
 }
 
 // One warp's strip of S: rows 16 (at sp, pitch ldv) x N tiles of 8 columns.
 // S = decay * S + sum_s (kscale[s] k_s)^T v_s over the chunk's 32 steps (staged as zeros, with
-// kscale 0, past the end of the sequence); kc: k at this row block; vc: v (pitch ldvc).
-template <bool SPLIT, int N, typename TV>
-__device__ __forceinline__ void s_update_strip(float* sp, int ldv, const float* kc, int ldk, const TV* vc, int ldvc,
+// kscale 0, past the end of the sequence); kc: k at this row block.
+template <bool SPLIT, int N>
+__device__ __forceinline__ void s_update_strip(float* sp, int ldv, const float* kc, int ldk, const float* vc,
                                                const float* kscale, float decay, int g, int q4) {
   float acc[N][4];
 #pragma unroll
@@ -907,16 +882,14 @@ __device__ __forceinline__ void s_update_strip(float* sp, int ldv, const float* 
     const float w0 = kscale[s0k + q4], w1 = kscale[s0k + q4 + 4];
     const float* k0 = kc + (s0k + q4) * ldk + g;
     const float* k1 = kc + (s0k + q4 + 4) * ldk + g;
+    const float a[4] = {k0[0] * w0, k0[8] * w0, k1[0] * w1, k1[8] * w1};
     uint32_t ah[4], al[4];
-    tf32_parts<SPLIT>(k0[0] * w0, ah[0], al[0]);
-    tf32_parts<SPLIT>(k0[8] * w0, ah[1], al[1]);
-    tf32_parts<SPLIT>(k1[0] * w1, ah[2], al[2]);
-    tf32_parts<SPLIT>(k1[8] * w1, ah[3], al[3]);
+    prep_a<SPLIT>(a, ah, al);
 #pragma unroll
     for (int n = 0; n < N; ++n) {
-      uint32_t bh[2], bl[2];
-      frag_b<SPLIT>(bh, bl, vc + s0k * ldvc + n * 8 + g, ldvc, q4);
-      mma3<SPLIT>(acc[n], ah, al, bh, bl);
+      const float* bv = vc + s0k * ldv + n * 8 + g;
+      const float bb[2] = {bv[q4 * ldv], bv[(q4 + 4) * ldv]};
+      mma3<SPLIT>(acc[n], ah, al, bb);
     }
   }
 #pragma unroll
@@ -938,21 +911,14 @@ template <typename scalar_t, int NV, int DK>
 __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v2_kernel(const ChunkParams p) {
   constexpr int C = 32, WARPS = kMaxThreads / 32, NT8 = NV / 8, YN = NV / 32;
   constexpr bool SPLIT = std::is_same<scalar_t, float>::value;
-  // PRE (fp32 with a compile-time D_k): q and v are staged as (hi, lo) pairs, split once per chunk
-  // instead of in each of the 4-8 warps whose fragments read them; y then shares q's space.
-  constexpr bool PRE = SPLIT && DK > 0;
-  using QT = std::conditional_t<PRE, float2, float>;
-  // Pitches: 4 mod 32 floats (4 mod 16 pairs) for q, k, P; 8 mod 32 floats (4 mod 16 pairs) for v, S:
-  // the fragment loads of a half-warp then hit distinct banks.
-  constexpr int LDV = NV + 8, LDVS = PRE ? NV + 4 : NV + 8, LDC = C + 4;
+  constexpr int LDV = NV + 8, LDC = C + 4;
   extern __shared__ __align__(128) float chunk2_buf[];
   const int DKP = DK > 0 ? DK : p.DKP, LDK = DKP + 4;
-  QT* Qs = reinterpret_cast<QT*>(chunk2_buf);                        // C x LDK
-  float* Ks = reinterpret_cast<float*>(Qs + C * LDK);                // C x LDK
-  QT* Vs = reinterpret_cast<QT*>(Ks + C * LDK);                      // C x LDVS
-  float* after_v = reinterpret_cast<float*>(Vs + C * LDVS);
-  float* Ys = PRE ? reinterpret_cast<float*>(Qs) : after_v;          // C x LDV
-  float* Ss = PRE ? after_v : after_v + C * LDV;                     // DKP x LDV
+  float* Qs = chunk2_buf;        // C x LDK
+  float* Ks = Qs + C * LDK;      // C x LDK
+  float* Vs = Ks + C * LDK;      // C x LDV
+  float* Ys = Vs + C * LDV;      // C x LDV
+  float* Ss = Ys + C * LDV;      // DKP x LDV
   float* Ps = Ss + DKP * LDV;    // C x LDC: masked, decayed, beta-weighted q . k
   float* rowd = Ps + C * LDC;    // A[t] = prod g[0..t]
   float* kscale = rowd + C;      // w[s] beta_s, w[s] = prod g[s+1..C-1]
@@ -982,7 +948,7 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v2_kernel(const ChunkPar
     const int t0 = ch * C, tc = min(C, p.T - t0);
     // ---- stage the chunk
     float g_reg, b_reg;
-    const bool v_bad = stage_chunk<scalar_t, DK, NV>(Qs, Ks, LDK, Vs, LDVS, C, DKP, NV, p, cb, t0, tc, g_reg, b_reg);
+    const bool v_bad = stage_chunk<scalar_t, DK, NV>(Qs, Ks, LDK, Vs, LDV, C, DKP, NV, p, cb, t0, tc, g_reg, b_reg);
 
     // ---- gate products by shuffles: lane t of warp 0 holds step t
     if (warp == 0) {
@@ -1023,17 +989,19 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v2_kernel(const ChunkPar
       if (warp < 6) {
         const int pb = warp < 2 ? 0 : 1, pn = warp < 2 ? warp : warp - 2;
         float d[4] = {0.f, 0.f, 0.f, 0.f}, d2[4] = {0.f, 0.f, 0.f, 0.f};  // even / odd k: two chains
-        const QT* A = Qs + pb * 16 * LDK;
-        const float* Bk = Ks + (pn * 8 + g) * LDK;  // B = k^T: b0 = (k = q4, n = g) is k[g][q4]
+        const float* A = Qs + pb * 16 * LDK;
+        const float* Bk = Ks + pn * 8 * LDK;
 #pragma unroll 4
         for (int kk = 0; kk < DKP; kk += 16) {  // DKP is a multiple of 16
-          uint32_t ah[4], al[4], ah2[4], al2[4], bh[2], bl[2], bh2[2], bl2[2];
-          frag_a<SPLIT>(ah, al, A + kk, LDK, g, q4);
-          frag_a<SPLIT>(ah2, al2, A + kk + 8, LDK, g, q4);
-          frag_b<SPLIT>(bh, bl, Bk + kk, 1, q4);
-          frag_b<SPLIT>(bh2, bl2, Bk + kk + 8, 1, q4);
-          mma3<SPLIT>(d, ah, al, bh, bl);
-          mma3<SPLIT>(d2, ah2, al2, bh2, bl2);
+          float a[4], a2[4], bb[2] = {Bk[g * LDK + kk + q4], Bk[g * LDK + kk + q4 + 4]};
+          const float bb2[2] = {Bk[g * LDK + kk + 8 + q4], Bk[g * LDK + kk + 12 + q4]};
+          uint32_t ah[4], al[4], ah2[4], al2[4];
+          frag_a(a, A + kk, LDK, g, q4);
+          frag_a(a2, A + kk + 8, LDK, g, q4);
+          prep_a<SPLIT>(a, ah, al);
+          prep_a<SPLIT>(a2, ah2, al2);
+          mma3<SPLIT>(d, ah, al, bb);
+          mma3<SPLIT>(d2, ah2, al2, bb2);
         }
 #pragma unroll
         for (int i = 0; i < 4; ++i) d[i] += d2[i];
@@ -1064,12 +1032,11 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v2_kernel(const ChunkPar
         // The masked product's k range: up to the diagonal block (included unless v is not finite);
         // each range a constant, so the strip unrolls.
         const float* pr = Ps + yb * 16 * LDC;
-        const QT* vr = Vs + yn0 * 8;
-        if (yb + (vbad ? 0 : 1) == 2) row_strip<SPLIT, YN>(mv, pr, LDC, vr, LDVS, 32, g, q4);
-        else if (yb + (vbad ? 0 : 1) == 1) row_strip<SPLIT, YN>(mv, pr, LDC, vr, LDVS, 16, g, q4);
+        const float* vr = Vs + yn0 * 8;
+        if (yb + (vbad ? 0 : 1) == 2) row_strip<SPLIT, YN>(mv, pr, LDC, vr, LDV, 32, g, q4);
+        else if (yb + (vbad ? 0 : 1) == 1) row_strip<SPLIT, YN>(mv, pr, LDC, vr, LDV, 16, g, q4);
         row_strip<SPLIT, YN>(qs, Qs + yb * 16 * LDK, LDK, Ss + yn0 * 8, LDV, DKP, g, q4);
         const float r0 = rowd[yb * 16 + g], r1 = rowd[yb * 16 + g + 8];
-        if constexpr (PRE) __syncthreads();  // B2b: Ys overwrites q, which other warps may still read
 #pragma unroll
         for (int n = 0; n < YN; ++n) {
           const int col = (yn0 + n) * 8 + 2 * q4;
@@ -1087,19 +1054,19 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v2_kernel(const ChunkPar
       const int mi = task / ssplit, n0 = (task - (task / ssplit) * ssplit) * sgn;
       float* sp = Ss + mi * 16 * LDV + n0 * 8;
       const float* kc = Ks + mi * 16;
-      const QT* vc = Vs + n0 * 8;
+      const float* vc = Vs + n0 * 8;
       switch (sgn) {  // the strip width as a constant: no per-tile branches between the mma chains
-        case 1: s_update_strip<SPLIT, 1>(sp, LDV, kc, LDK, vc, LDVS, kscale, chunk_decay, g, q4); break;
-        case 2: s_update_strip<SPLIT, 2>(sp, LDV, kc, LDK, vc, LDVS, kscale, chunk_decay, g, q4); break;
-        case 4: s_update_strip<SPLIT, 4>(sp, LDV, kc, LDK, vc, LDVS, kscale, chunk_decay, g, q4); break;
-        default: s_update_strip<SPLIT, NT8>(sp, LDV, kc, LDK, vc, LDVS, kscale, chunk_decay, g, q4); break;
+        case 1: s_update_strip<SPLIT, 1>(sp, LDV, kc, LDK, vc, kscale, chunk_decay, g, q4); break;
+        case 2: s_update_strip<SPLIT, 2>(sp, LDV, kc, LDK, vc, kscale, chunk_decay, g, q4); break;
+        case 4: s_update_strip<SPLIT, 4>(sp, LDV, kc, LDK, vc, kscale, chunk_decay, g, q4); break;
+        default: s_update_strip<SPLIT, NT8>(sp, LDV, kc, LDK, vc, kscale, chunk_decay, g, q4); break;
       }
     }
 
     // ---- y (fp32 FMAs on the diagonal blocks when this chunk's v is not finite)
     if (outputs) {
       if (DK > 0 && p.vec_y && !vbad) write_y_vec<scalar_t, C, NV>(y, p, Ys, LDV, t0, tc, nv);
-      else write_y<scalar_t, C, NV>(y, p, Ys, LDV, Ps, LDC, Vs, LDVS, t0, tc, nv, vbad);
+      else write_y<scalar_t, C, NV>(y, p, Ys, LDV, Ps, LDC, Vs, t0, tc, nv, vbad);
     }
     __syncthreads();  // B4
   }
@@ -1189,19 +1156,15 @@ cudaError_t launch_chunk_v1(const ChunkParams& p, int C, int NV, DType dtype, in
   return with_scalar(dtype, [&](auto x) { return launch_chunk_typed<decltype(x)>(p, C, NV, blocks, stream); });
 }
 
-// D_k padded to 64 or 128, with 16-byte aligned rows of q, k and v, runs an instantiation with every
-// loop unrolled (and, for fp32, q and v pre-split); anything else the general one.
+// D_k padded to 64 or 128 runs an instantiation with every loop unrolled; other widths the general one.
 template <typename scalar_t>
 cudaError_t launch_chunk2_typed(const ChunkParams& p, int NV, int64_t blocks, cudaStream_t s) {
-  const bool fixed = p.vec_qk && p.vec_v;
-  constexpr bool f32 = std::is_same<scalar_t, float>::value;
 #define GR_CASE(NV_, DK_)                                                                             \
-  if (NV == NV_ && (DK_ == 0 || (fixed && p.DKP == DK_))) {                                           \
+  if (NV == NV_ && (DK_ == 0 || p.DKP == DK_)) {                                                      \
     static bool done[64] = {};                                                                        \
     const cudaError_t err = allow_smem(chunk_v2_kernel<scalar_t, NV_, DK_>, done);                    \
     if (err != cudaSuccess) return err;                                                               \
-    const size_t smem = chunk2_smem(NV_, p.DKP, f32 && DK_ > 0);                                      \
-    chunk_v2_kernel<scalar_t, NV_, DK_><<<(unsigned)blocks, kMaxThreads, smem, s>>>(p);               \
+    chunk_v2_kernel<scalar_t, NV_, DK_><<<(unsigned)blocks, kMaxThreads, chunk2_smem(NV_, p.DKP), s>>>(p); \
     return cudaGetLastError();                                                                        \
   }
   GR_CASE(32, 64) GR_CASE(32, 128) GR_CASE(64, 64) GR_CASE(64, 128) GR_CASE(32, 0) GR_CASE(64, 0)
