@@ -573,7 +573,9 @@ struct TileRegs {
 #pragma unroll
         for (int i = 0; i < V; i += 4) {
           const float4 f = make_float4(to_float(w.x[i]), to_float(w.x[i + 1]), to_float(w.x[i + 2]), to_float(w.x[i + 3]));
-          if (CHECK) bad |= !(fmaxf(fmaxf(fabsf(f.x), fabsf(f.y)), fmaxf(fabsf(f.z), fabsf(f.w))) <= 3.4028235e38f);
+          // Each value compared on its own: fmaxf drops a NaN operand (measured: NaN in v went unnoticed).
+          constexpr float M = 3.4028235e38f;
+          if (CHECK) bad |= !(fabsf(f.x) <= M && fabsf(f.y) <= M && fabsf(f.z) <= M && fabsf(f.w) <= M);
           *reinterpret_cast<float4*>(dst + r * ld + c + i) = f;
         }
       }
