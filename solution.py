@@ -24,7 +24,10 @@ Algorithms (the dispatch in the host section "dispatch" picks one per call; `pla
                     B*H*T >= 8192 update, on TF32 mma.sync with fragments in registers; fp32 inputs use
                                   3xTF32 (hi/lo split, fp32-level error), fp16/bf16 inputs one TF32
                                   product. Decays are direct products of gates (exact for gates 0,
-                                  < 0 and > 1), applied to the fragments in registers.
+                                  < 0 and > 1), applied to the fragments in registers. D_k padded
+                                  to 64 or 128 with D_v > 32 runs an instantiation with every loop
+                                  unrolled, and with 16-byte aligned rows all of a chunk's loads are
+                                  in flight at once.
     chunk_v1        (comparison)  the same form on wmma 16x16x8 tiles with decay, mask and scale
                                   passes over shared memory; selectable in gated_recurrence_with.
     state_scan_v1   with chunk_v* sequence parallelism when B * H blocks cannot fill the GPU: the
@@ -33,15 +36,17 @@ Algorithms (the dispatch in the host section "dispatch" picks one per call; `pla
                                   runs all segments at once from their start states.
 
 Measured on one H200, KernelBench timing (median per call, L2 flushed); BENCHMARKS.md has the
-commands, the peers and the T sweep:
+commands, the peers (from the same run) and the T sweep:
 
-    recurrent_v1    (2, 128, 4, 24) fp32   0.0224 ms   (eager 8.45 ms, torch.compile 1.44 ms,
-                                                        fla fused_recurrent 0.132 ms)
-    chunk_v2        (4, 1024, 8, 64) fp32  0.082 ms    (chunk_v1 0.116 ms, fla chunk 0.237 ms)
-                    (8, 2048, 16, 128) fp32 1.07 ms    (chunk_v1 1.71 ms, fla chunk 0.568 ms)
-                    (1, 8192, 8, 128) fp32 0.390 ms    (chunk_v1 0.587 ms, fla chunk 0.369 ms)
-                    (1, 8192, 8, 128) bf16 0.262 ms    (chunk_v1 0.423 ms, fla chunk 0.491 ms)
-    fp32 rel-L2 error against float64: about 1e-6 on the chunked path, 1e-7 on the recurrent one.
+    recurrent_v1    (2, 128, 4, 24) fp32   0.0225 ms   (eager 16.9 ms, torch.compile 1.44 ms,
+                                                        fla fused_recurrent 0.241 ms)
+    chunk_v2        (4, 1024, 8, 64) fp32  0.053 ms    (chunk_v1 0.115 ms, fla chunk 0.303 ms)
+                    (8, 2048, 16, 128) fp32 0.692 ms   (chunk_v1 1.66 ms, fla chunk 0.599 ms)
+                    (1, 8192, 8, 128) fp32 0.268 ms    (chunk_v1 0.580 ms, fla chunk 0.537 ms)
+                    (8, 2048, 16, 128) bf16 0.417 ms   (chunk_v1 1.19 ms, fla chunk 0.712 ms)
+                    (1, 8192, 8, 128) bf16 0.174 ms    (chunk_v1 0.424 ms, fla chunk 0.596 ms)
+    fp32 rel-L2 error against float64: 3e-7 to 5e-7 on the chunked path, 1e-7 on the recurrent one
+    (fla chunk: 1.5e-3).
 
 Functional API: `gated_recurrence(q, k, v, gate, beta, initial_state=None, output_final_state=False)`
 -> y, or (y, final_state). `ModelNew` is a shell over it.
@@ -1158,7 +1163,8 @@ cudaError_t launch_chunk_v1(const ChunkParams& p, int C, int NV, DType dtype, in
   return with_scalar(dtype, [&](auto x) { return launch_chunk_typed<decltype(x)>(p, C, NV, blocks, stream); });
 }
 
-// D_k padded to 64 or 128 runs an instantiation with every loop unrolled; other widths the general one.
+// D_k padded to 64 or 128 (with NV = 64) runs an instantiation with every loop unrolled; anything else the
+// general one. Each instantiation costs build time (the first import compiles them all).
 template <typename scalar_t>
 cudaError_t launch_chunk2_typed(const ChunkParams& p, int NV, int64_t blocks, cudaStream_t s) {
 #define GR_CASE(NV_, DK_)                                                                             \
@@ -1169,7 +1175,7 @@ cudaError_t launch_chunk2_typed(const ChunkParams& p, int NV, int64_t blocks, cu
     chunk_v2_kernel<scalar_t, NV_, DK_><<<(unsigned)blocks, kMaxThreads, chunk2_smem(NV_, p.DKP), s>>>(p); \
     return cudaGetLastError();                                                                        \
   }
-  GR_CASE(32, 64) GR_CASE(32, 128) GR_CASE(64, 64) GR_CASE(64, 128) GR_CASE(32, 0) GR_CASE(64, 0)
+  GR_CASE(64, 64) GR_CASE(64, 128) GR_CASE(32, 0) GR_CASE(64, 0)  // NV = 32 (D_v <= 32) is rare with wide keys
 #undef GR_CASE
   return cudaErrorInvalidValue;
 }
