@@ -1,6 +1,7 @@
 """Benchmark: ours vs eager reference vs torch.compile vs fla, same run, KernelBench timing.
 
     python bench.py --out DIR [--shapes S0,S1,...] [--sweep] [--configs] [--compile] [--eager-max-s 1.0]
+                    [--benchmarks BENCHMARKS.md] [--from-json DIR/bench.json]
 
 --sweep adds the T sweep (B=1, H=8, D=128, fp32, T = 256 .. 65536) and DIR/bench.png, time
 against T on log-log axes for ours, fla and eager.
@@ -9,6 +10,11 @@ Per-call time: CUDA events around one call, synchronize after it, 256 MB L2 flus
 3 warm-ups, median of --trials calls (KernelBench's method). Writes DIR/bench.json and
 DIR/bench.md (the table for BENCHMARKS.md). fla runs when importable, with g = log(gate),
 k * beta and scale = 1.0 prepared outside the timed region.
+
+--benchmarks FILE puts the table (with the command, date, card and torch version) into FILE between
+the lines BEGIN_MARK and END_MARK, leaving the rest of the file alone. --from-json FILE skips the
+measurements and regenerates the table (and, with --sweep, the plot) from an earlier bench.json, so
+that step runs on a machine without a GPU.
 """
 import argparse
 import json
@@ -130,6 +136,24 @@ def markdown(rows):
     return "\n".join(out)
 
 
+BEGIN_MARK = "<!-- bench.py: generated table, begin -->"
+END_MARK = "<!-- bench.py: generated table, end -->"
+
+
+def update_benchmarks(path, result):
+    """Replace the generated section of a BENCHMARKS.md with this result's table; True if it was there."""
+    text = open(path).read()
+    if BEGIN_MARK not in text or END_MARK not in text:
+        return False
+    head, rest = text.split(BEGIN_MARK, 1)
+    tail = rest.split(END_MARK, 1)[1]
+    body = (f"`python3 {result['command']}` on {result['date']}, {result['device']}, torch {result['torch']}.\n\n"
+            + markdown(result["rows"]))
+    with open(path, "w") as f:
+        f.write(head + BEGIN_MARK + "\n" + body + "\n" + END_MARK + tail)
+    return True
+
+
 def plot(rows, path):
     """Time against T (log-log) for the sweep rows: ours, fla's two kernels, eager where measured."""
     import matplotlib
@@ -163,13 +187,32 @@ def main():
     ap.add_argument("--compile", action="store_true", help="add torch.compile of the reference (compiles for minutes)")
     ap.add_argument("--eager-max-s", type=float, default=1.0, help="skip eager where one call would take longer")
     ap.add_argument("--no-check", dest="check", action="store_false")
+    ap.add_argument("--benchmarks", help="a BENCHMARKS.md whose generated section gets the table")
+    ap.add_argument("--from-json", help="regenerate the table and plot from this bench.json; measure nothing")
     args = ap.parse_args()
+    if args.from_json:
+        result = json.load(open(args.from_json))
+    else:
+        result = measure(args)
+    os.makedirs(args.out, exist_ok=True)
+    md = markdown(result["rows"])
+    with open(os.path.join(args.out, "bench.md"), "w") as f:
+        f.write(md + "\n")
+    print(md)
+    if args.sweep:
+        plot(result["rows"], os.path.join(args.out, "bench.png"))
+    if args.benchmarks and not update_benchmarks(args.benchmarks, result):
+        sys.exit(f"{args.benchmarks} has no '{BEGIN_MARK}' ... '{END_MARK}' section")
+
+
+def measure(args):
+    """Every requested shape, ours and the peers in one process; writes and returns bench.json's dict."""
     if not torch.cuda.is_available():
-        sys.exit("bench.py needs a CUDA device")
+        sys.exit("bench.py needs a CUDA device (or --from-json)")
     import solution as sol
     peers = fla_peers()
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), "rows": []}
+              "date": time.strftime("%Y-%m-%d"), "command": " ".join(["bench.py"] + sys.argv[1:]), "rows": []}
     names = [n for n in args.shapes.split(",") if n] + (list(SWEEP) if args.sweep else [])
     for name in names:
         row = bench_shape(name, {**SHAPES, **SWEEP}[name], args, sol, peers)
@@ -180,12 +223,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "bench.json"), "w") as f:
         json.dump(result, f, indent=1, default=str)
-    md = markdown(result["rows"])
-    with open(os.path.join(args.out, "bench.md"), "w") as f:
-        f.write(md + "\n")
-    print(md)
-    if args.sweep:
-        plot(result["rows"], os.path.join(args.out, "bench.png"))
+    return result
 
 
 if __name__ == "__main__":
