@@ -55,6 +55,8 @@ Bad arguments raise ValueError / TypeError naming the argument (checked in C++).
 import hashlib
 import importlib.util
 import os
+import re
+import subprocess
 import sys
 
 import torch
@@ -1615,6 +1617,17 @@ def _arch_list():
     return os.environ.get("TORCH_CUDA_ARCH_LIST", "9.0")
 
 
+def _split_compile_flags():
+    """nvcc >= 12.1 optimizes the kernels in parallel, one thread per core (the first import is
+    mostly nvcc). The SASS of every kernel but state_scan_v1's address arithmetic is the same with
+    and without it, so it is left out of the build key. Older nvcc: no flag."""
+    from torch.utils.cpp_extension import CUDA_HOME
+    nvcc = os.path.join(CUDA_HOME or "/usr/local/cuda", "bin", "nvcc")
+    out = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout if os.path.exists(nvcc) else ""
+    found = re.search(r"release (\d+)\.(\d+)", out)
+    return ["--split-compile=0"] if found and (int(found.group(1)), int(found.group(2))) >= (12, 1) else []
+
+
 def _build():
     arch = _arch_list()
     key = "\n".join([COMMON_SRC, KERNELS_SRC, HOST_SRC, " ".join(CUDA_FLAGS), torch.__version__,
@@ -1636,7 +1649,7 @@ def _build():
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", arch)
     return load_inline(name=name, cpp_sources=COMMON_SRC + HOST_SRC, cuda_sources=COMMON_SRC + KERNELS_SRC,
                        functions=["forward", "forward_ex", "plan", "last_error"], extra_cflags=["-O3"],
-                       extra_cuda_cflags=CUDA_FLAGS, build_directory=build_dir,
+                       extra_cuda_cflags=CUDA_FLAGS + _split_compile_flags(), build_directory=build_dir,
                        verbose=os.environ.get("GATED_RECURRENCE_VERBOSE_BUILD") == "1")
 
 
