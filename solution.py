@@ -124,6 +124,7 @@ struct ChunkParams {
   int seg_launch;   // segments in this launch: nseg (outputs) or nseg - 1 (states)
   int mode;         // 0: outputs, 1: segment states only
   int vec_qk, vec_v, vec_y;  // 16-byte accesses are legal for q and k / v / y
+  int pdl;          // launch as a programmatic dependent of the previous kernel (our own, sm_90+)
   const float* s_in; StateStrides ssi;
   float* s_out; StateStrides sso;
   float* seg_states;  // (B, H, nseg - 1, D_k, D_v): contributions, then (after the scan) end states
@@ -170,6 +171,20 @@ template <typename T> __device__ __forceinline__ T from_float(float x);
 template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
 template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// Programmatic dependent launch (sm_90+): a kernel launched with pdl may start while the previous
+// kernel in the stream still runs; it waits here before it touches memory, and the previous kernel
+// lets it start by calling griddep_launch. Both are no-ops for a kernel launched without pdl.
+__device__ __forceinline__ void griddep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void griddep_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
 
 // One load job: V consecutive elements (16 bytes when vectorised) of a row of q, k or v.
 template <typename scalar_t, bool VEC>
@@ -593,7 +608,8 @@ struct TileRegs {
 
 // Steps [t0, t0 + tc) into shared memory: k (and q with outputs) as C x DKP, v as C x NV; gate and
 // beta of step threadIdx.x into registers (1 and 0 past the end). Returns whether this thread saw a
-// non-finite v. DK > 0 (D_k padded, compile-time) with 16-byte aligned rows takes the TileRegs path.
+// non-finite v. DK > 0 (D_k padded, compile-time; the launcher sends it only inputs whose rows are
+// 16-byte aligned) issues all of a chunk's loads before the first store (TileRegs).
 template <typename scalar_t, int DK = 0, int NVT = 0>
 __device__ __forceinline__ bool stage_chunk(float* Qs, float* Ks, int ldk, float* Vs, int ldv, int C, int DKP,
                                             int NV, const ChunkParams& p, const ChunkBlock<scalar_t>& cb, int t0,
@@ -605,28 +621,42 @@ __device__ __forceinline__ bool stage_chunk(float* Qs, float* Ks, int ldk, float
     b_reg = to_float(cb.beta[(int64_t)(t0 + threadIdx.x) * p.sb.t]);
   }
   if constexpr (DK > 0) {
-    if (p.vec_qk && p.vec_v) {
-      TileRegs<scalar_t, 32, DK> kr, qr;
-      TileRegs<scalar_t, 32, NVT> vr;
-      kr.load(cb.k + (int64_t)t0 * p.sk.t, p.sk.t, tc, p.Dk);
-      if (p.mode == 0) qr.load(cb.q + (int64_t)t0 * p.sq.t, p.sq.t, tc, p.Dk);
-      vr.load(cb.v + (int64_t)t0 * p.sv.t, p.sv.t, tc, cb.nv);
-      kr.template store<false>(Ks, ldk);
-      if (p.mode == 0) qr.template store<false>(Qs, ldk);
-      return vr.template store<true>(Vs, ldv);
-    }
+    TileRegs<scalar_t, 32, DK> kr, qr;
+    TileRegs<scalar_t, 32, NVT> vr;
+    kr.load(cb.k + (int64_t)t0 * p.sk.t, p.sk.t, tc, p.Dk);
+    if (p.mode == 0) qr.load(cb.q + (int64_t)t0 * p.sq.t, p.sq.t, tc, p.Dk);
+    vr.load(cb.v + (int64_t)t0 * p.sv.t, p.sv.t, tc, cb.nv);
+    kr.template store<false>(Ks, ldk);
+    if (p.mode == 0) qr.template store<false>(Qs, ldk);
+    return vr.template store<true>(Vs, ldv);
+  } else {
+    load_tile_any<scalar_t>(p.vec_qk, Ks, ldk, cb.k + (int64_t)t0 * p.sk.t, p.sk.t, p.sk.d, tc, p.Dk, C, DKP);
+    if (p.mode == 0)
+      load_tile_any<scalar_t>(p.vec_qk, Qs, ldk, cb.q + (int64_t)t0 * p.sq.t, p.sq.t, p.sq.d, tc, p.Dk, C, DKP);
+    return load_tile_any<scalar_t>(p.vec_v, Vs, ldv, cb.v + (int64_t)t0 * p.sv.t, p.sv.t, p.sv.d, tc, cb.nv, C, NV);
   }
-  load_tile_any<scalar_t>(p.vec_qk, Ks, ldk, cb.k + (int64_t)t0 * p.sk.t, p.sk.t, p.sk.d, tc, p.Dk, C, DKP);
-  if (p.mode == 0)
-    load_tile_any<scalar_t>(p.vec_qk, Qs, ldk, cb.q + (int64_t)t0 * p.sq.t, p.sq.t, p.sq.d, tc, p.Dk, C, DKP);
-  return load_tile_any<scalar_t>(p.vec_v, Vs, ldv, cb.v + (int64_t)t0 * p.sv.t, p.sv.t, p.sv.d, tc, cb.nv, C, NV);
 }
 
 // y for steps [t0, t0 + tc) from the staged Ys; with `diagonal`, plus the diagonal 16x16 blocks of
-// the masked product in fp32 FMAs (s <= t only: a masked zero never meets a non-finite v).
-template <typename scalar_t, int C, int NV>
+// the masked product in fp32 FMAs (s <= t only: a masked zero never meets a non-finite v). VEC (y's
+// rows 16-byte aligned, unit column stride): without the diagonal, 16 bytes a store.
+template <typename scalar_t, int C, int NV, bool VEC>
 __device__ __forceinline__ void write_y(scalar_t* y, const ChunkParams& p, const float* Ys, int ldv, const float* Ps,
                                         int ldc, const float* Vs, int t0, int tc, int nv, bool diagonal) {
+  if (VEC && !diagonal) {
+    constexpr int V = 16 / (int)sizeof(scalar_t), PER_ROW = NV / V, N = (C * PER_ROW + kMaxThreads - 1) / kMaxThreads;
+#pragma unroll
+    for (int u = 0; u < N; ++u) {
+      const int e = threadIdx.x + u * kMaxThreads, t = e / PER_ROW, j = (e % PER_ROW) * V;
+      if (t < tc && j < nv) {  // t < tc also bounds e
+        union { uint4 raw; scalar_t x[V]; } w;
+#pragma unroll
+        for (int i = 0; i < V; ++i) w.x[i] = from_float<scalar_t>(Ys[t * ldv + j + i]);
+        *reinterpret_cast<uint4*>(y + (int64_t)(t0 + t) * p.sy.t + j) = w.raw;
+      }
+    }
+    return;
+  }
   for (int e = threadIdx.x; e < C * NV; e += blockDim.x) {
     const int t = e / NV, j = e % NV;
     float acc = Ys[t * ldv + j];
@@ -637,23 +667,6 @@ __device__ __forceinline__ void write_y(scalar_t* y, const ChunkParams& p, const
         if (s0d + r <= t) acc = fmaf(Ps[t * ldc + s0d + r], Vs[(s0d + r) * ldv + j], acc);
     }
     if (t < tc && j < nv) y[(int64_t)(t0 + t) * p.sy.t + j * p.sy.d] = from_float<scalar_t>(acc);
-  }
-}
-
-// write_y without the diagonal, 16 bytes a store (y's rows 16-byte aligned, unit column stride).
-template <typename scalar_t, int C, int NV>
-__device__ __forceinline__ void write_y_vec(scalar_t* y, const ChunkParams& p, const float* Ys, int ldv, int t0,
-                                            int tc, int nv) {
-  constexpr int V = 16 / (int)sizeof(scalar_t), PER_ROW = NV / V, N = (C * PER_ROW + kMaxThreads - 1) / kMaxThreads;
-#pragma unroll
-  for (int u = 0; u < N; ++u) {
-    const int e = threadIdx.x + u * kMaxThreads, t = e / PER_ROW, j = (e % PER_ROW) * V;
-    if (t < tc && j < nv) {  // t < tc also bounds e
-      union { uint4 raw; scalar_t x[V]; } w;
-#pragma unroll
-      for (int i = 0; i < V; ++i) w.x[i] = from_float<scalar_t>(Ys[t * ldv + j + i]);
-      *reinterpret_cast<uint4*>(y + (int64_t)(t0 + t) * p.sy.t + j) = w.raw;
-    }
   }
 }
 
@@ -781,7 +794,7 @@ __global__ void __launch_bounds__(kMaxThreads, C == 32 ? 2 : 1) chunk_v1_kernel(
     }
 
     // ---- diagonal blocks in fp32 (s <= t only), then y
-    if (outputs) write_y<scalar_t, C, NV>(y, p, Ys, LDV, Ps, LDC, Vs, t0, tc, nv, true);
+    if (outputs) write_y<scalar_t, C, NV, false>(y, p, Ys, LDV, Ps, LDC, Vs, t0, tc, nv, true);
     __syncthreads();  // B5
   }
 
@@ -936,6 +949,9 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v2_kernel(const ChunkPar
   float* bsm = sout + C;         // beta
   float* ltab = bsm + C;         // [t][s % 16]: prod g[s+1..t] for s <= t in one 16-block
 
+  // The output phase after state_scan_v1 starts early (pdl): it waits here for the scanned states.
+  griddep_wait();
+  griddep_launch();
   const bool outputs = p.mode == 0;
   const ChunkBlock<scalar_t> cb(p, NV);
   // The warp index through a shuffle: provably warp-uniform, so the mma.sync under `warp` branches
@@ -1074,8 +1090,7 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v2_kernel(const ChunkPar
 
     // ---- y (fp32 FMAs on the diagonal blocks when this chunk's v is not finite)
     if (outputs) {
-      if (DK > 0 && p.vec_y && !vbad) write_y_vec<scalar_t, C, NV>(y, p, Ys, LDV, t0, tc, nv);
-      else write_y<scalar_t, C, NV>(y, p, Ys, LDV, Ps, LDC, Vs, t0, tc, nv, vbad);
+      write_y<scalar_t, C, NV, (DK > 0)>(y, p, Ys, LDV, Ps, LDC, Vs, t0, tc, nv, vbad);
     }
     __syncthreads();  // B4
   }
@@ -1087,6 +1102,8 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v2_kernel(const ChunkPar
 // Turns each segment's own state contribution into the state at its end, in place:
 // S = initial (or 0); for each segment s but the last: S = decay_s S + contribution_s; store S.
 __global__ void __launch_bounds__(kMaxThreads) state_scan_v1_kernel(const ChunkParams p) {
+  griddep_wait();  // launched with pdl behind the state phase
+  griddep_launch();
   const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   const int64_t per_head = (int64_t)p.Dk * p.Dv;
   if (e >= p.BH * per_head) return;
@@ -1165,17 +1182,35 @@ cudaError_t launch_chunk_v1(const ChunkParams& p, int C, int NV, DType dtype, in
   return with_scalar(dtype, [&](auto x) { return launch_chunk_typed<decltype(x)>(p, C, NV, blocks, stream); });
 }
 
-// D_k padded to 64 or 128 (with NV = 64) runs an instantiation with every loop unrolled; anything else the
-// general one. Each instantiation costs build time (the first import compiles them all).
+// D_k padded to 64 or 128 (with NV = 64) and q, k, v, y rows 16-byte aligned run an instantiation with
+// every loop unrolled and vector staging only; anything else the general one. Each instantiation costs
+// build time (the first import compiles them all).
+// <<<grid, block, smem, stream>>>(args), as a programmatic dependent launch when pdl is set.
+template <typename... Args>
+cudaError_t launch_ex(void (*kernel)(Args...), int64_t blocks, size_t smem, cudaStream_t stream, bool pdl,
+                      const Args&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)blocks);
+  cfg.blockDim = dim3(kMaxThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
 template <typename scalar_t>
 cudaError_t launch_chunk2_typed(const ChunkParams& p, int NV, int64_t blocks, cudaStream_t s) {
+  const bool aligned = p.vec_qk && p.vec_v && p.vec_y;
 #define GR_CASE(NV_, DK_)                                                                             \
-  if (NV == NV_ && (DK_ == 0 || p.DKP == DK_)) {                                                      \
+  if (NV == NV_ && (DK_ == 0 || (p.DKP == DK_ && aligned))) {                                        \
     static bool done[64] = {};                                                                        \
     const cudaError_t err = allow_smem(chunk_v2_kernel<scalar_t, NV_, DK_>, done);                    \
     if (err != cudaSuccess) return err;                                                               \
-    chunk_v2_kernel<scalar_t, NV_, DK_><<<(unsigned)blocks, kMaxThreads, chunk2_smem(NV_, p.DKP), s>>>(p); \
-    return cudaGetLastError();                                                                        \
+    return launch_ex(chunk_v2_kernel<scalar_t, NV_, DK_>, blocks, chunk2_smem(NV_, p.DKP), s, p.pdl != 0, p); \
   }
   GR_CASE(64, 64) GR_CASE(64, 128) GR_CASE(32, 0) GR_CASE(64, 0)  // NV = 32 (D_v <= 32) is rare with wide keys
 #undef GR_CASE
@@ -1188,8 +1223,7 @@ cudaError_t launch_chunk_v2(const ChunkParams& p, int NV, DType dtype, int64_t b
 
 cudaError_t launch_state_scan_v1(const ChunkParams& p, cudaStream_t stream) {
   const int64_t n = p.BH * p.Dk * p.Dv;
-  state_scan_v1_kernel<<<(unsigned)((n + kMaxThreads - 1) / kMaxThreads), kMaxThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_ex(state_scan_v1_kernel, (n + kMaxThreads - 1) / kMaxThreads, 0, stream, p.pdl != 0, p);
 }
 
 }  // namespace gr
@@ -1343,17 +1377,18 @@ RecurrentConfig plan_recurrent(int64_t T, int64_t Dk, int64_t Dv) {
 
 // The current device's SM count and opt-in shared memory per block (an H200's without a device, so
 // that plan() also answers on a machine with no GPU).
-struct DeviceLimits { int64_t sms; size_t smem; };
+struct DeviceLimits { int64_t sms; size_t smem; bool pdl; };  // pdl: sm_90 or newer
 DeviceLimits device_limits() {
   static DeviceLimits cache[64] = {};
-  if (c10::cuda::device_count() == 0) return {132, 232448};
+  if (c10::cuda::device_count() == 0) return {132, 232448, false};
   const int dev = c10::cuda::current_device();
   if (dev < 64 && cache[dev].sms > 0) return cache[dev];
-  int sms = 0, smem = 0;
+  int sms = 0, smem = 0, major = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-    return {132, 232448};
-  const DeviceLimits lim{sms, (size_t)smem};
+      cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+    return {132, 232448, false};
+  const DeviceLimits lim{sms, (size_t)smem, major >= 9};
   if (dev < 64) cache[dev] = lim;
   return lim;
 }
@@ -1458,6 +1493,7 @@ bool launch_chunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   p.s_in = s_in ? s_in->data_ptr<float>() : nullptr; p.ssi = state_strides(s_in);
   p.s_out = s_out ? s_out->data_ptr<float>() : nullptr; p.sso = state_strides(s_out);
   p.seg_states = nullptr; p.seg_decays = nullptr;
+  p.pdl = 0;
   const int64_t blocks = p.BH * p.nseg * p.vtiles;
   GR_REQUIRE("ValueError", blocks <= INT32_MAX, "B * H = ", p.BH, " is too large for one launch");
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
@@ -1474,10 +1510,14 @@ bool launch_chunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
                                      : launch_chunk_v1(p, c.C, c.NV, dt, state_blocks, stream);
     GR_REQUIRE("RuntimeError", err == cudaSuccess, "chunk_v", c.version, " (state phase) launch failed: ",
                cudaGetErrorString(err));
+    // The scan and the output phase follow our own kernels: programmatic dependent launches (each
+    // waits for its predecessor before touching memory), which hides their launch latency.
+    p.pdl = device_limits().pdl ? 1 : 0;
     err = launch_state_scan_v1(p, stream);
     GR_REQUIRE("RuntimeError", err == cudaSuccess, "state_scan_v1 launch failed: ", cudaGetErrorString(err));
   }
   p.mode = 0; p.seg_launch = p.nseg;
+  if (c.version != 2) p.pdl = 0;  // chunk_v1 does not wait
   const cudaError_t err = c.version == 2 ? launch_chunk_v2(p, c.NV, dt, blocks, stream)
                                          : launch_chunk_v1(p, c.C, c.NV, dt, blocks, stream);
   GR_REQUIRE("RuntimeError", err == cudaSuccess, "chunk_v", c.version, " launch failed: ", cudaGetErrorString(err));
