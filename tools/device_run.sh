@@ -1,0 +1,26 @@
+#!/bin/bash
+# One device call: build once (timed), then the steps named in $@, each with a time limit, output in $OUT.
+#   bash tools/device_run.sh tests mma bench eval sanitize sweep configs
+set -u
+export TORCH_EXTENSIONS_DIR=/tmp/ext PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site
+fi
+t0=$(date +%s.%N)
+python3 -c "import solution" 2>&1 | tail -2
+echo "first import (build) $(python3 -c "print(round($(date +%s.%N) - $t0, 1))") s" | tee -a $OUT/log.txt
+for step in "$@"; do
+  echo "== $step" | tee -a $OUT/log.txt
+  case $step in
+    tests) timeout 240 python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tail -4 | tee -a $OUT/log.txt ;;
+    mma) timeout 120 python3 tools/mma_peak.py 2>&1 | tail -8 | tee -a $OUT/log.txt ;;
+    bench) timeout 300 python3 bench.py --shapes S1,S2,S3,S2-bf16,S3-bf16 --trials 30 --out $OUT 2>&1 | tail -8 | tee -a $OUT/log.txt ;;
+    sweep) timeout 400 python3 bench.py --sweep --trials 30 --out $OUT 2>&1 | tail -20 | tee -a $OUT/log.txt ;;
+    eval) timeout 120 python3 eval.py 2>&1 | tail -15 | tee -a $OUT/log.txt ;;
+    configs) timeout 300 python3 tools/chunk_configs.py --trials 15 2>&1 | tail -60 | tee -a $OUT/log.txt ;;
+    sanitize)
+      timeout 200 compute-sanitizer --tool memcheck python3 tools/sanitize_smoke.py 2>&1 | tail -3 | tee -a $OUT/log.txt
+      timeout 200 compute-sanitizer --tool racecheck python3 tools/sanitize_smoke.py 2>&1 | tail -3 | tee -a $OUT/log.txt ;;
+  esac
+done
