@@ -163,6 +163,7 @@ KERNELS_SRC = r"""
 #include <type_traits>
 
 namespace gr {
+namespace {  // internal linkage up to the entry points (see there)
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
@@ -1192,11 +1193,6 @@ cudaError_t launch_typed(const RecurrentParams& p, const RecurrentConfig& c, int
   return cudaErrorInvalidValue;
 }
 
-cudaError_t launch_recurrent_v1(const RecurrentParams& p, const RecurrentConfig& c, DType dtype, int64_t blocks,
-                                cudaStream_t stream) {
-  return with_scalar(dtype, [&](auto x) { return launch_typed<decltype(x)>(p, c, blocks, stream); });
-}
-
 // One attribute call per kernel and device: the chunked kernels need more than 48 KB of shared memory.
 // `done` is one flag per device, owned by the caller's kernel instantiation.
 template <typename K>
@@ -1224,10 +1220,6 @@ cudaError_t launch_chunk_typed(const ChunkParams& p, int C, int NV, int64_t bloc
   GR_CHUNK_PAIRS(GR_CASE)
 #undef GR_CASE
   return cudaErrorInvalidValue;
-}
-
-cudaError_t launch_chunk_v1(const ChunkParams& p, int C, int NV, DType dtype, int64_t blocks, cudaStream_t stream) {
-  return with_scalar(dtype, [&](auto x) { return launch_chunk_typed<decltype(x)>(p, C, NV, blocks, stream); });
 }
 
 // D_k padded to 64 or 128 (with NV = 64) and q, k, v, y rows 16-byte aligned run an instantiation with
@@ -1263,6 +1255,22 @@ cudaError_t launch_chunk2_typed(const ChunkParams& p, int NV, int64_t blocks, cu
   GR_CASE(64, 64) GR_CASE(64, 128) GR_CASE(32, 0) GR_CASE(64, 0)  // NV = 32 (D_v <= 32) is rare with wide keys
 #undef GR_CASE
   return cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+// ===================================== section: entry points ================================
+// The launchers the host file calls (declared in "common"); everything above has internal linkage, so
+// two builds of this file loaded in one process (a notebook re-running an edited copy) keep their own
+// kernels and their own per-kernel flags (a static in a template function is otherwise one
+// process-wide GNU-unique symbol: the second build skipped its shared-memory opt-in, measured).
+cudaError_t launch_recurrent_v1(const RecurrentParams& p, const RecurrentConfig& c, DType dtype, int64_t blocks,
+                                cudaStream_t stream) {
+  return with_scalar(dtype, [&](auto x) { return launch_typed<decltype(x)>(p, c, blocks, stream); });
+}
+
+cudaError_t launch_chunk_v1(const ChunkParams& p, int C, int NV, DType dtype, int64_t blocks, cudaStream_t stream) {
+  return with_scalar(dtype, [&](auto x) { return launch_chunk_typed<decltype(x)>(p, C, NV, blocks, stream); });
 }
 
 cudaError_t launch_chunk_v2(const ChunkParams& p, int NV, DType dtype, int64_t blocks, cudaStream_t stream) {
@@ -1441,6 +1449,11 @@ DeviceLimits device_limits() {
   return lim;
 }
 
+// Programmatic dependent launch of state_scan_v1 and the output phase (0 to measure without).
+#ifndef GR_PDL
+#define GR_PDL 1
+#endif
+
 inline int dk_padded(int64_t Dk) { return (int)ceil_div(Dk, 16) * 16; }
 
 // Chunks of 32 steps, column tiles of 32 for narrow states, and as many segments per (b, h) as fit
@@ -1560,7 +1573,7 @@ bool launch_chunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
                cudaGetErrorString(err));
     // The scan and the output phase follow our own kernels: programmatic dependent launches (each
     // waits for its predecessor before touching memory), which hides their launch latency.
-    p.pdl = device_limits().pdl ? 1 : 0;
+    p.pdl = GR_PDL && device_limits().pdl ? 1 : 0;
     err = launch_state_scan_v1(p, stream);
     GR_REQUIRE("RuntimeError", err == cudaSuccess, "state_scan_v1 launch failed: ", cudaGetErrorString(err));
   }
