@@ -187,19 +187,6 @@ __device__ __forceinline__ void griddep_launch() {
 #endif
 }
 
-// Hints that memory is about to be read: [p, p + bytes) (16-byte aligned, bytes a multiple of 16)
-// and the line holding p, fetched into L2 while the current chunk computes. No-ops before sm_90.
-__device__ __forceinline__ void prefetch_l2_bulk(const void* p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
-#endif
-}
-
 // One load job: V consecutive elements (16 bytes when vectorised) of a row of q, k or v.
 template <typename scalar_t, bool VEC>
 struct Chunk {
@@ -651,26 +638,6 @@ __device__ __forceinline__ bool stage_chunk(float* Qs, float* Ks, int ldk, float
   }
 }
 
-// The rows of steps [t0, t0 + 32) that stage_chunk<DK > 0> will read, prefetched into L2 (one row or
-// one gate / beta element a thread): the next chunk's memory latency overlaps this chunk's work.
-// Set GR_L2_PREFETCH to 0 to measure without.
-#ifndef GR_L2_PREFETCH
-#define GR_L2_PREFETCH 1
-#endif
-template <typename scalar_t>
-__device__ __forceinline__ void prefetch_chunk(const ChunkParams& p, const ChunkBlock<scalar_t>& cb, int t0) {
-  if (!GR_L2_PREFETCH) return;
-  const int r = threadIdx.x & 31, which = threadIdx.x >> 5;
-  const int64_t t = t0 + r;
-  if (t >= p.T) return;
-  const uint32_t es = sizeof(scalar_t);
-  if (which == 0) prefetch_l2_bulk(cb.k + t * p.sk.t, p.Dk * es);
-  else if (which == 1 && p.mode == 0) prefetch_l2_bulk(cb.q + t * p.sq.t, p.Dk * es);
-  else if (which == 2) prefetch_l2_bulk(cb.v + t * p.sv.t, cb.nv * es);
-  else if (which == 3) prefetch_l2(cb.gate + t * p.sg.t);
-  else if (which == 4) prefetch_l2(cb.beta + t * p.sb.t);
-}
-
 // y for steps [t0, t0 + tc) from the staged Ys; with `diagonal`, plus the diagonal 16x16 blocks of
 // the masked product in fp32 FMAs (s <= t only: a masked zero never meets a non-finite v). VEC (y's
 // rows 16-byte aligned, unit column stride): without the diagonal, 16 bytes a store.
@@ -1007,7 +974,6 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v2_kernel(const ChunkPar
   const int c_end = min(c_begin + p.seg_chunks, (p.T + C - 1) / C);
   for (int ch = c_begin; ch < c_end; ++ch) {
     const int t0 = ch * C, tc = min(C, p.T - t0);
-    if (DK > 0 && ch + 1 < c_end) prefetch_chunk(p, cb, t0 + C);
     // ---- stage the chunk
     float g_reg, b_reg;
     const bool v_bad = stage_chunk<scalar_t, DK, NV>(Qs, Ks, LDK, Vs, LDV, C, DKP, NV, p, cb, t0, tc, g_reg, b_reg);

@@ -18,7 +18,11 @@ for step in "$@"; do
     bench) timeout 300 python3 bench.py --shapes S1,S2,S3,S2-bf16,S3-bf16 --trials 30 --out $OUT 2>&1 | tail -8 | tee -a $OUT/log.txt ;;
     sweep) timeout 400 python3 bench.py --sweep --trials 30 --out $OUT 2>&1 | tail -20 | tee -a $OUT/log.txt ;;
     eval) timeout 120 python3 eval.py 2>&1 | tail -15 | tee -a $OUT/log.txt ;;
-    variants) timeout 400 python3 tools/variants.py ${VARIANTS:-GR_L2_PREFETCH=0} --trials 30 2>&1 | grep -v Warn | tail -20 | tee -a $OUT/log.txt ;;
+    variants) timeout 400 python3 tools/variants.py ${VARIANTS:-GR_PDL=0} --trials 30 2>&1 | grep -v Warn | tail -20 | tee -a $OUT/log.txt ;;
+    ncu)
+      for dt in bfloat16 float32; do
+        timeout 120 bash tools/ncu_metrics.sh chunk_v2 8 2048 16 128 $dt 2>&1 | grep -v "^==PROF==\|Warn" | tail -24 | tee -a $OUT/log.txt
+      done ;;
     configs) timeout 300 python3 tools/chunk_configs.py --trials 15 2>&1 | tail -60 | tee -a $OUT/log.txt ;;
     sanitize)
       timeout 200 compute-sanitizer --tool memcheck python3 tools/sanitize_smoke.py 2>&1 | tail -3 | tee -a $OUT/log.txt

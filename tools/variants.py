@@ -2,7 +2,7 @@
 solution.py with `#define NAME VALUE` lines changed (its own extension build), timed at the issue's
 shapes against the unchanged file, calls interleaved so that drift hits both alike.
 
-    python3 tools/variants.py GR_L2_PREFETCH=0 [--trials 30]     (writes $OUT/variants.json)
+    python3 tools/variants.py GR_PDL=0 [--trials 30]     (writes $OUT/variants.json)
 """
 import argparse
 import importlib.util
