@@ -864,9 +864,23 @@ __device__ __forceinline__ void prep_a(const float (&a)[4], uint32_t (&ah)[4], u
   }
 }
 
-// 16x8 A fragment at A (row-major, pitch ld).
+// Four 8x4 fp32 tiles of shared memory in one instruction: to ldmatrix each is an 8x8 b16 matrix, and
+// lane l receives element (l / 4, l % 4) of tile i in r[i], the mma fragment layout. `row` is this
+// lane's address: row l % 8 of tile l / 8 (16-byte aligned). A quarter of the shared-load
+// instructions of four scalar loads per tile (the bf16 kernel was MIO-throttled on them, ncu).
+__device__ __forceinline__ void ldm_x4(float (&r)[4], const float* row) {
+  uint32_t x0, x1, x2, x3;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3)
+               : "r"((uint32_t)__cvta_generic_to_shared(row)));
+  r[0] = __uint_as_float(x0); r[1] = __uint_as_float(x1); r[2] = __uint_as_float(x2); r[3] = __uint_as_float(x3);
+}
+
+// 16x8 A fragment at A (row-major, pitch ld a multiple of 4, A 16-byte aligned): tiles rows 0-7 /
+// 8-15 by columns 0-3 / 4-7 give a0 (g, q), a1 (g+8, q), a2 (g, q+4), a3 (g+8, q+4).
 __device__ __forceinline__ void frag_a(float (&a)[4], const float* A, int ld, int g, int q) {
-  a[0] = A[g * ld + q]; a[1] = A[(g + 8) * ld + q]; a[2] = A[g * ld + q + 4]; a[3] = A[(g + 8) * ld + q + 4];
+  const int lane = 4 * g + q;
+  ldm_x4(a, A + ((lane & 7) + ((lane >> 3) & 1) * 8) * ld + (lane >> 4) * 4);
 }
 
 // acc[n] += A (16 x kend, row-major at a, pitch lda) times B (kend x 8, row-major at b + n * 8, pitch ldb).
@@ -1021,8 +1035,10 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v2_kernel(const ChunkPar
         const float* Bk = Ks + pn * 8 * LDK;
 #pragma unroll 4
         for (int kk = 0; kk < DKP; kk += 16) {  // DKP is a multiple of 16
-          float a[4], a2[4], bb[2] = {Bk[g * LDK + kk + q4], Bk[g * LDK + kk + q4 + 4]};
-          const float bb2[2] = {Bk[g * LDK + kk + 8 + q4], Bk[g * LDK + kk + 12 + q4]};
+          // B = K^T: rows n of K are its columns, so k's 8 rows x 16 columns are four 8x4 tiles.
+          float a[4], a2[4], kb[4];
+          ldm_x4(kb, Bk + (lane & 7) * LDK + kk + (lane >> 3) * 4);
+          const float bb[2] = {kb[0], kb[1]}, bb2[2] = {kb[2], kb[3]};
           uint32_t ah[4], al[4], ah2[4], al2[4];
           frag_a(a, A + kk, LDK, g, q4);
           frag_a(a2, A + kk + 8, LDK, g, q4);

@@ -2,7 +2,7 @@
 solution.py with `#define NAME VALUE` lines changed (its own extension build), timed at the issue's
 shapes against the unchanged file, calls interleaved so that drift hits both alike.
 
-    python3 tools/variants.py GR_PDL=0 [--trials 30]     (writes $OUT/variants.json)
+    python3 tools/variants.py GR_PDL=0 [old/solution.py ...] [--trials 30]     (writes $OUT/variants.json)
 """
 import argparse
 import importlib.util
@@ -24,8 +24,11 @@ SHAPES = [("S1", (4, 1024, 8, 64), torch.float32), ("S2", (8, 2048, 16, 128), to
 
 
 def load_variant(defines):
-    src = open(os.path.join(ROOT, "solution.py")).read()
-    tag = "base"
+    """solution.py with `#define`s changed, or (one argument ending in .py) another copy of it."""
+    if len(defines) == 1 and defines[0].endswith(".py"):
+        src, tag, defines = open(defines[0]).read(), os.path.basename(defines[0])[:-3], []
+    else:
+        src, tag = open(os.path.join(ROOT, "solution.py")).read(), "base"
     for d in defines:
         name, value = d.split("=")
         src, n = re.subn(rf"#define {name} \S+", f"#define {name} {value}", src)
@@ -42,7 +45,7 @@ def load_variant(defines):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("variants", nargs="+", help="NAME=VALUE[,NAME=VALUE] per variant")
+    ap.add_argument("variants", nargs="+", help="NAME=VALUE[,NAME=VALUE] or a .py file, per variant")
     ap.add_argument("--trials", type=int, default=30)
     args = ap.parse_args()
     mods = [load_variant([])] + [load_variant(v.split(",")) for v in args.variants]
