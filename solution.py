@@ -24,27 +24,29 @@ Algorithms (the dispatch in the host section "dispatch" picks one per call; `pla
                     B*H*T >= 8192 update, on TF32 mma.sync with fragments in registers; fp32 inputs use
                                   3xTF32 (hi/lo split, fp32-level error), fp16/bf16 inputs one TF32
                                   product. Decays are direct products of gates (exact for gates 0,
-                                  < 0 and > 1), applied to the fragments in registers. D_k padded
-                                  to 64 or 128 with D_v > 32 runs an instantiation with every loop
-                                  unrolled, and with 16-byte aligned rows all of a chunk's loads are
+                                  < 0 and > 1), applied to the fragments in registers; row-major
+                                  A fragments load with ldmatrix. D_k padded to 64 or 128 with
+                                  D_v > 32 and 16-byte aligned rows of q, k, v and y runs an
+                                  instantiation with every loop unrolled and all of a chunk's loads
                                   in flight at once.
     chunk_v1        (comparison)  the same form on wmma 16x16x8 tiles with decay, mask and scale
                                   passes over shared memory; selectable in gated_recurrence_with.
     state_scan_v1   with chunk_v* sequence parallelism when B * H blocks cannot fill the GPU: the
                     when segments  sequence is cut into segments, chunk_v* first computes each
                     > 1            segment's own state, this kernel chains them, and chunk_v* then
-                                  runs all segments at once from their start states.
+                                  runs all segments at once from their start states (the scan and
+                                  that phase are programmatic dependent launches on sm_90).
 
 Measured on one H200, KernelBench timing (median per call, L2 flushed); BENCHMARKS.md has the
-commands, the peers (from the same run) and the T sweep:
+commands, the peers (fla from one run; chunk_v1 from an earlier session) and the T sweep:
 
-    recurrent_v1    (2, 128, 4, 24) fp32   0.0225 ms   (eager 16.9 ms, torch.compile 1.44 ms,
-                                                        fla fused_recurrent 0.241 ms)
-    chunk_v2        (4, 1024, 8, 64) fp32  0.053 ms    (chunk_v1 0.115 ms, fla chunk 0.303 ms)
-                    (8, 2048, 16, 128) fp32 0.692 ms   (chunk_v1 1.66 ms, fla chunk 0.599 ms)
-                    (1, 8192, 8, 128) fp32 0.268 ms    (chunk_v1 0.580 ms, fla chunk 0.537 ms)
-                    (8, 2048, 16, 128) bf16 0.417 ms   (chunk_v1 1.19 ms, fla chunk 0.712 ms)
-                    (1, 8192, 8, 128) bf16 0.174 ms    (chunk_v1 0.424 ms, fla chunk 0.596 ms)
+    recurrent_v1    (2, 128, 4, 24) fp32   0.0224 ms   (eager 8.99 ms, torch.compile 1.44 ms,
+                                                        fla fused_recurrent 0.182 ms)
+    chunk_v2        (4, 1024, 8, 64) fp32  0.0459 ms   (chunk_v1 0.115 ms, fla chunk 0.433 ms)
+                    (8, 2048, 16, 128) fp32 0.573 ms   (chunk_v1 1.66 ms, fla chunk 0.723 ms)
+                    (1, 8192, 8, 128) fp32 0.224 ms    (chunk_v1 0.580 ms, fla chunk 0.395 ms)
+                    (8, 2048, 16, 128) bf16 0.384 ms   (chunk_v1 1.19 ms, fla chunk 0.357 ms)
+                    (1, 8192, 8, 128) bf16 0.161 ms    (chunk_v1 0.424 ms, fla chunk 0.500 ms)
     fp32 rel-L2 error against float64: 3e-7 to 5e-7 on the chunked path, 1e-7 on the recurrent one
     (fla chunk: 1.5e-3).
 
