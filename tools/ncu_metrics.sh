@@ -8,4 +8,4 @@ M=$M,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,laun
 for r in barrier short_scoreboard long_scoreboard math_pipe_throttle mio_throttle wait not_selected selected dispatch_stall lg_throttle no_instruction branch_resolving; do
   M=$M,${R}_${r}_per_issue_active.ratio
 done
-ncu -k regex:"$K" -c 1 --metrics "$M" python3 "$(dirname "$0")/ncu_chunk.py" "$@"
+ncu --clock-control none -k regex:"$K" -c 1 --metrics "$M" python3 "$(dirname "$0")/ncu_chunk.py" "$@"
