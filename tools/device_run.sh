@@ -1,6 +1,6 @@
 #!/bin/bash
 # One device call: build once (timed), then the steps named in $@, each with a time limit, output in $OUT.
-#   bash tools/device_run.sh tests mma bench eval sanitize sweep configs
+#   bash tools/device_run.sh tests mma wgmma bench eval sanitize sweep configs ncu variants
 set -u
 export TORCH_EXTENSIONS_DIR=/tmp/ext PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -15,6 +15,7 @@ for step in "$@"; do
   case $step in
     tests) timeout 240 python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tail -4 | tee -a $OUT/log.txt ;;
     mma) timeout 120 python3 tools/mma_peak.py 2>&1 | tail -8 | tee -a $OUT/log.txt ;;
+    wgmma) timeout 180 python3 tools/wgmma_probe.py 2>&1 | grep -v Warn | tail -12 | tee -a $OUT/log.txt ;;
     bench) timeout 300 python3 bench.py --shapes S1,S2,S3,S2-bf16,S3-bf16 --trials 30 --eager-max-s 0.1 --out $OUT 2>&1 | tee $OUT/bench.log | tail -8 | tee -a $OUT/log.txt ;;
     sweep) timeout 400 python3 bench.py --sweep --trials 30 --out $OUT 2>&1 | grep -v "^{" | tail -20 | tee -a $OUT/log.txt ;;
     eval) timeout 120 python3 eval.py 2>&1 | tail -15 | tee -a $OUT/log.txt ;;
