@@ -718,7 +718,6 @@ __global__ void __launch_bounds__(kMaxThreads, C == 32 ? 2 : 1) chunk_v1_kernel(
   const int sn = min(NT, s_fill >= 4 ? 4 : s_fill >= 2 ? 2 : 1);  // tiles per S strip, divides NT
   const int s_strips = (DKP / 16) * (NT / sn);
 
-  const bool keep_state = p.mode != 0 || (cb.seg == p.nseg - 1 && p.s_out != nullptr);
   const int c_begin = cb.seg * p.seg_chunks;
   const int c_end = min(c_begin + p.seg_chunks, (p.T + C - 1) / C);
   for (int ch = c_begin; ch < c_end; ++ch) {
@@ -1206,9 +1205,6 @@ cudaError_t launch_chunk_typed(const ChunkParams& p, int C, int NV, int64_t bloc
   return cudaErrorInvalidValue;
 }
 
-// D_k padded to 64 or 128 (with NV = 64) and q, k, v, y rows 16-byte aligned run an instantiation with
-// every loop unrolled and vector staging only; anything else the general one. Each instantiation costs
-// build time (the first import compiles them all).
 // <<<grid, block, smem, stream>>>(args), as a programmatic dependent launch when pdl is set.
 template <typename... Args>
 cudaError_t launch_ex(void (*kernel)(Args...), int64_t blocks, size_t smem, cudaStream_t stream, bool pdl,
@@ -1226,6 +1222,9 @@ cudaError_t launch_ex(void (*kernel)(Args...), int64_t blocks, size_t smem, cuda
   return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
+// D_k padded to 64 or 128 (with NV = 64) and q, k, v, y rows 16-byte aligned run an instantiation with
+// every loop unrolled and vector staging only; anything else the general one. Each instantiation costs
+// build time (the first import compiles them all).
 template <typename scalar_t>
 cudaError_t launch_chunk2_typed(const ChunkParams& p, int NV, int64_t blocks, cudaStream_t s) {
   const bool aligned = p.vec_qk && p.vec_v && p.vec_y;
