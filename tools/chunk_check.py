@@ -5,7 +5,6 @@ of the recurrent/chunked crossover. Writes $OUT/chunk_check.json and prints one 
     python3 tools/chunk_check.py [--quick] [--no-timing]
 """
 import argparse
-import json
 import os
 import sys
 import time
@@ -17,6 +16,7 @@ sys.path.insert(0, ROOT)
 import naive  # noqa: E402
 import reference  # noqa: E402
 from timing import kernelbench_time, rel_l2  # noqa: E402
+from common import save  # noqa: E402  (tools/common.py: the script's folder is on sys.path)
 
 TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 
@@ -128,8 +128,7 @@ def main():
                 out["timing"].append(row)
                 print(f"crossover {(B, T, H, D)}: recurrent {r * 1e3:.1f} us, chunked {c * 1e3:.1f} us "
                       f"({row['plan']})", flush=True)
-    with open(os.path.join(os.environ.get("OUT", "."), "chunk_check.json"), "w") as fh:
-        json.dump(out, fh, indent=1, default=str)
+    save("chunk_check.json", out)
     sys.exit(1 if bad else 0)
 
 

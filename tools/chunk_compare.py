@@ -4,7 +4,6 @@ rel-L2 against float64 and KernelBench per-call median. Writes $OUT/chunk_compar
     python3 tools/chunk_compare.py [--trials 30]
 """
 import argparse
-import json
 import os
 import sys
 
@@ -14,6 +13,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import reference  # noqa: E402
 import solution  # noqa: E402
 from timing import kernelbench_time, rel_l2  # noqa: E402
+from common import save  # noqa: E402  (tools/common.py: the script's folder is on sys.path)
 
 SHAPES = {"S1": (4, 1024, 8, 64), "S2": (8, 2048, 16, 128), "S3": (1, 8192, 8, 128)}
 
@@ -32,5 +32,4 @@ for name, (B, T, H, D) in SHAPES.items():
                    "ms": kernelbench_time(fn, xs, trials=args.trials)["median"]}
             rows.append(row)
             print(f"{name} {row['dtype']:8s} {algo}: {row['ms'] * 1e3:8.1f} us  rel-L2 {row['err']:.2e}", flush=True)
-with open(os.path.join(os.environ.get("OUT", "."), "chunk_compare.json"), "w") as f:
-    json.dump(rows, f, indent=1)
+save("chunk_compare.json", rows)

@@ -4,7 +4,6 @@ KernelBench per-call median and rel-L2 against float64. Writes $OUT/chunk_config
     python3 tools/chunk_configs.py [--trials 15]
 """
 import argparse
-import json
 import os
 import sys
 
@@ -14,6 +13,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import reference  # noqa: E402
 import solution  # noqa: E402
 from timing import kernelbench_time, rel_l2  # noqa: E402
+from common import save  # noqa: E402  (tools/common.py: the script's folder is on sys.path)
 
 SHAPES = [("S1", (4, 1024, 8, 64), torch.float32), ("S2", (8, 2048, 16, 128), torch.float32),
           ("S3", (1, 8192, 8, 128), torch.float32), ("S2", (8, 2048, 16, 128), torch.bfloat16),
@@ -40,5 +40,4 @@ for name, (B, T, H, D), dtype in SHAPES:
             rows.append(row)
             print(f"{name} {row['dtype']:8s} NV={nv} seg={nseg:3d}: {row['ms'] * 1e3:8.1f} us  err {row['err']:.1e}"
                   f"   (plan: {planned})", flush=True)
-with open(os.path.join(os.environ.get("OUT", "."), "chunk_configs.json"), "w") as f:
-    json.dump(rows, f, indent=1)
+save("chunk_configs.json", rows)

@@ -2,13 +2,18 @@
 in registers (8 independent accumulator chains per warp, every SM full), in TFLOPS. chunk_v2 issues
 its tensor-core work as mma.sync, so this bounds it from below: time >= its mma FLOPs / this rate.
 
-    python3 tools/mma_peak.py        (writes $OUT/mma_peak.json when OUT is set)
+    python3 tools/mma_peak.py        (writes $OUT/mma_peak.json)
 """
-import json
 import os
+
+import sys
 
 import torch
 from torch.utils.cpp_extension import load_inline
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from timing import kernelbench_time  # noqa: E402
+from common import save  # noqa: E402  (tools/common.py: the script's folder is on sys.path)
 
 SRC = r"""
 #include <torch/extension.h>
@@ -56,25 +61,14 @@ def main():
             threads, iters = 256, 4096
             blocks = sms * warps_per_sm * 32 // threads
             out = torch.empty(blocks * threads, device="cuda")
-            mod.run(out, blocks, threads, iters, bf16)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            times = []
-            for _ in range(10):
-                start.record()
-                mod.run(out, blocks, threads, iters, bf16)
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end) * 1e-3)
-            t = sorted(times)[len(times) // 2]
+            t = kernelbench_time(mod.run, (out, blocks, threads, iters, bf16), trials=10, flush=False)["median"] * 1e-3
             k = 16 if bf16 else 8
             flops = blocks * threads // 32 * iters * 8 * 2 * 16 * 8 * k
             row = {"op": "bf16 m16n8k16" if bf16 else "tf32 m16n8k8", "warps_per_sm": warps_per_sm,
                    "tflops": flops / t / 1e12}
             rows.append(row)
             print(f"{row['op']:14s} {warps_per_sm:2d} warps/SM: {row['tflops']:7.1f} TFLOPS", flush=True)
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "mma_peak.json"), "w") as f:
-            json.dump(rows, f, indent=1)
+    save("mma_peak.json", rows)
 
 
 if __name__ == "__main__":

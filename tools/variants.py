@@ -6,7 +6,6 @@ shapes against the unchanged file, calls interleaved so that drift hits both ali
 """
 import argparse
 import importlib.util
-import json
 import os
 import re
 import sys
@@ -17,6 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import reference  # noqa: E402
 from timing import kernelbench_time, rel_l2  # noqa: E402
+from common import save  # noqa: E402  (tools/common.py: the script's folder is on sys.path)
 
 SHAPES = [("S1", (4, 1024, 8, 64), torch.float32), ("S2", (8, 2048, 16, 128), torch.float32),
           ("S3", (1, 8192, 8, 128), torch.float32), ("S2", (8, 2048, 16, 128), torch.bfloat16),
@@ -62,8 +62,7 @@ def main():
                    "err": rel_l2(mod.gated_recurrence(*xs), ref) if ref is not None else None}
             rows.append(row)
             print(f"{name:7s} {row['dtype']:9s} {tag:20s} {row['ms'] * 1e3:8.1f} us  err {row['err']}", flush=True)
-    with open(os.path.join(os.environ.get("OUT", "."), "variants.json"), "w") as f:
-        json.dump(rows, f, indent=1)
+    save("variants.json", rows)
 
 
 if __name__ == "__main__":

@@ -9,15 +9,20 @@
 2. TF32 wgmma throughput (m64nNk8, N = 64, 128, 256, operands in shared memory, every SM busy), to
    set against mma.sync's 310 TFLOPS (tools/mma_peak.py) and the 494 of the datasheet.
 
-    python3 tools/wgmma_probe.py        (writes $OUT/wgmma_probe.json when OUT is set)
+    python3 tools/wgmma_probe.py        (writes $OUT/wgmma_probe.json)
 
 Needs the sm_90a target (wgmma): TORCH_CUDA_ARCH_LIST is set to 9.0a for this build only.
 """
-import json
 import os
+
+import sys
 
 import torch
 from torch.utils.cpp_extension import load_inline
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from timing import kernelbench_time  # noqa: E402
+from common import save  # noqa: E402  (tools/common.py: the script's folder is on sys.path)
 
 
 def wgmma_asm(n):
@@ -168,23 +173,11 @@ def main():
     for n in (64, 128, 256):
         blocks, iters = sms * 4, 2048
         out = torch.empty(blocks * 128, device="cuda")
-        mod.rate(out, blocks, n, iters)
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        times = []
-        for _ in range(5):
-            start.record()
-            mod.rate(out, blocks, n, iters)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e-3)
-        t = sorted(times)[2]
+        t = kernelbench_time(mod.rate, (out, blocks, n, iters), trials=5, flush=False)["median"] * 1e-3
         tflops = blocks * iters * 4 * 2 * 64 * n * 8 / t / 1e12
         result["rates"].append({"n": n, "tflops": tflops})
         print(f"wgmma m64n{n}k8 tf32: {tflops:6.1f} TFLOPS", flush=True)
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "wgmma_probe.json"), "w") as f:
-            json.dump(result, f, indent=1)
+    save("wgmma_probe.json", result)
 
 
 if __name__ == "__main__":
