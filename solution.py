@@ -1163,13 +1163,30 @@ cudaError_t with_scalar(DType dtype, F&& f) {
   return cudaErrorInvalidValue;
 }
 
+// Every launch: kernel<<<blocks, kMaxThreads, smem, stream>>>(args), as a programmatic dependent
+// launch when pdl is set; returns the launch's error.
+template <typename... Args>
+cudaError_t launch_ex(void (*kernel)(Args...), int64_t blocks, size_t smem, cudaStream_t stream, bool pdl,
+                      const Args&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)blocks);
+  cfg.blockDim = dim3(kMaxThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
 template <typename scalar_t>
 cudaError_t launch_typed(const RecurrentParams& p, const RecurrentConfig& c, int64_t blocks, cudaStream_t s) {
   // Always kMaxThreads: threads past G * JB only stage, which keeps more loads in flight.
 #define GR_CASE(R_, G_)                                                                                  \
   if (c.R == R_ && c.G == G_) {                                                                          \
-    recurrent_v1_kernel<scalar_t, R_, G_><<<(unsigned)blocks, kMaxThreads, recurrent_smem(c), s>>>(p); \
-    return cudaGetLastError();                                                                           \
+    return launch_ex(recurrent_v1_kernel<scalar_t, R_, G_>, blocks, recurrent_smem(c), s, false, p);    \
   }
   GR_RG_PAIRS(GR_CASE)
 #undef GR_CASE
@@ -1197,29 +1214,11 @@ cudaError_t launch_chunk_typed(const ChunkParams& p, int C, int NV, int64_t bloc
     static bool done[64] = {};                                                                  \
     const cudaError_t err = allow_smem(chunk_v1_kernel<scalar_t, C_, NV_>, done);               \
     if (err != cudaSuccess) return err;                                                         \
-    chunk_v1_kernel<scalar_t, C_, NV_><<<(unsigned)blocks, kMaxThreads, chunk_smem(C_, NV_, p.DKP), s>>>(p); \
-    return cudaGetLastError();                                                                  \
+    return launch_ex(chunk_v1_kernel<scalar_t, C_, NV_>, blocks, chunk_smem(C_, NV_, p.DKP), s, false, p); \
   }
   GR_CHUNK_PAIRS(GR_CASE)
 #undef GR_CASE
   return cudaErrorInvalidValue;
-}
-
-// <<<grid, block, smem, stream>>>(args), as a programmatic dependent launch when pdl is set.
-template <typename... Args>
-cudaError_t launch_ex(void (*kernel)(Args...), int64_t blocks, size_t smem, cudaStream_t stream, bool pdl,
-                      const Args&... args) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((unsigned)blocks);
-  cfg.blockDim = dim3(kMaxThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
 // D_k padded to 64 or 128 (with NV = 64) and q, k, v, y rows 16-byte aligned run an instantiation with

@@ -29,11 +29,11 @@ def load_variant(defines):
         src, tag, defines = open(defines[0]).read(), os.path.basename(defines[0])[:-3], []
     else:
         src, tag = open(os.path.join(ROOT, "solution.py")).read(), "base"
-    for d in defines:
+    for i, d in enumerate(defines):
         name, value = d.split("=")
         src, n = re.subn(rf"#define {name} \S+", f"#define {name} {value}", src)
         assert n == 1, f"{name}: {n} definitions"
-        tag = f"{name.lower()}_{value}"
+        tag = (tag + "_" if i else "") + f"{name.lower()}_{value}"
     path = f"/tmp/variants/solution_{tag}.py"
     os.makedirs(os.path.dirname(path), exist_ok=True)
     open(path, "w").write(src)
