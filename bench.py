@@ -67,12 +67,17 @@ def bench_shape(name, shape, args, sol, peers):
     gen = torch.Generator().manual_seed(0)
     inputs = reference.make_inputs(B, T, H, D, dtype=dtype, device="cuda", generator=gen)
     row = {"shape": name, "B": B, "T": T, "H": H, "D": D, "dtype": str(dtype).replace("torch.", ""),
-           "plan": sol.plan(B, T, H, D, D)}
+           "plan": sol.plan(B, T, H, D, D, dtype)}
     ref = reference64(inputs) if args.check else None
     y = sol.gated_recurrence(*inputs)
     if ref is not None:
         row["ours_err"] = rel_l2(y, ref)
     row["ours_ms"] = kernelbench_time(sol.gated_recurrence, inputs, trials=args.trials)["median"]
+    if row["plan"].startswith("chunk_v3"):  # bf16: the TF32 kernel it replaced, same run
+        v2 = lambda *x: sol.gated_recurrence_with(*x, algorithm="chunk_v2")  # noqa: E731
+        if ref is not None:
+            row["chunk_v2_err"] = rel_l2(v2(*inputs), ref)
+        row["chunk_v2_ms"] = kernelbench_time(v2, inputs, trials=args.trials)["median"]
     model = reference.Model().cuda()
     est = T * 8 * 15e-6  # ~8 launches a step
     if est < args.eager_max_s:
@@ -125,7 +130,9 @@ def fmt_ms(x):
 
 
 def markdown(rows):
-    cols = ["ours", "eager", "compile", "fla_chunk", "fla_fused_recurrent"]
+    # chunk_v2 (bf16 rows: the kernel chunk_v3 replaced) only where a run measured it
+    cols = ["ours"] + (["chunk_v2"] if any("chunk_v2_ms" in r for r in rows) else []) + \
+        ["eager", "compile", "fla_chunk", "fla_fused_recurrent"]
     out = ["| shape | dtype | plan | " + " | ".join(cols) + " | ours err | fla_chunk err |",
            "|---|---|---|" + "---|" * len(cols) + "---|---|"]
     for r in rows:

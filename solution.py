@@ -22,13 +22,18 @@ Algorithms (the dispatch in the host section "dispatch" picks one per call; `pla
     chunk_v2        T >= 256, or  chunkwise-parallel form (section "chunk_v1 kernel" has the math): per
                     D_k >= 96 and chunk of 32 steps, masked (q k^T) v plus (decayed q) S and one state
                     B*H*T >= 8192 update, on TF32 mma.sync with fragments in registers; fp32 inputs use
-                                  3xTF32 (hi/lo split, fp32-level error), fp16/bf16 inputs one TF32
+                                  3xTF32 (hi/lo split, fp32-level error), fp16 inputs one TF32
                                   product. Decays are direct products of gates (exact for gates 0,
                                   < 0 and > 1), applied to the fragments in registers; row-major
                                   A fragments load with ldmatrix. D_k padded to 64 or 128 with
                                   D_v > 32 and 16-byte aligned rows of q, k, v and y runs an
                                   instantiation with every loop unrolled and all of a chunk's loads
                                   in flight at once.
+    chunk_v3        as chunk_v2,  chunk_v2's schedule on bf16 mma.sync m16n8k16: q, k, v staged as raw
+                    bf16 inputs   bf16 and loaded with ldmatrix; the fp32 operands (masked product,
+                                  state, scaled keys) split into two bf16 terms (hi + lo, 16
+                                  significant bits), each times an exact bf16 input. fp16 inputs
+                                  stay on chunk_v2 (TF32 holds fp16 exactly, with fp32's range).
     chunk_v1        (comparison)  the same form on wmma 16x16x8 tiles with decay, mask and scale
                                   passes over shared memory; selectable in gated_recurrence_with.
     state_scan_v1   with chunk_v* sequence parallelism when B * H blocks cannot fill the GPU: the
@@ -67,7 +72,7 @@ from torch.utils.cpp_extension import load_inline
 __all__ = ["ModelNew", "gated_recurrence", "gated_recurrence_with", "gated_recurrence_config", "plan", "KERNELS"]
 
 # Every kernel name the dispatch can return; tests check this list against the docstring and plan().
-KERNELS = ("recurrent_v1", "chunk_v1", "chunk_v2", "state_scan_v1")
+KERNELS = ("recurrent_v1", "chunk_v1", "chunk_v2", "chunk_v3", "state_scan_v1")
 
 # ---------------------------------------------------------------------------------------------
 # Source, in named sections. COMMON is seen by both translation units; KERNELS is the .cu file
@@ -133,7 +138,7 @@ struct ChunkParams {
   float* seg_decays;  // (B, H, nseg - 1)
 };
 
-struct ChunkConfig { int version, C, NV, nseg; };  // version 1: chunk_v1, 2: chunk_v2 (C = 32)
+struct ChunkConfig { int version, C, NV, nseg; };  // version 1: chunk_v1, 2: chunk_v2, 3: chunk_v3 (C = 32)
 
 inline size_t chunk_smem(int C, int NV, int DKP) {
   return sizeof(float) * (size_t)(2 * C * (DKP + 4) + 2 * C * (NV + 8) + DKP * (NV + 8) + C * (C + 4) + 6 * C);
@@ -142,8 +147,14 @@ inline size_t chunk_smem(int C, int NV, int DKP) {
 inline size_t chunk2_smem(int NV, int DKP) {
   return sizeof(float) * (size_t)(2 * 32 * (DKP + 4) + 2 * 32 * (NV + 8) + DKP * (NV + 8) + 32 * 36 + 5 * 32 + 512);
 }
+// chunk_v3: fp32 state and staged y, gate tables; bf16 q and k (D_k padded to 32), v, P twice, S twice.
+inline size_t chunk3_smem(int NV, int DKP) {
+  const size_t dkq = (size_t)(DKP + 31) / 32 * 32;
+  return sizeof(float) * (size_t)(DKP * (NV + 8) + 32 * (NV + 8) + 5 * 32 + 512) +
+         2 * (2 * 32 * (dkq + 8) + 32 * (size_t)(NV + 8) + 2 * 32 * 40 + 2 * (size_t)DKP * (NV + 8));
+}
 inline size_t chunk_smem(const ChunkConfig& c, int DKP) {
-  return c.version == 2 ? chunk2_smem(c.NV, DKP) : chunk_smem(c.C, c.NV, DKP);
+  return c.version == 3 ? chunk3_smem(c.NV, DKP) : c.version == 2 ? chunk2_smem(c.NV, DKP) : chunk_smem(c.C, c.NV, DKP);
 }
 
 // (C, NV) pairs compiled for chunk_v1; chunk_v2 has C = 32 and NV = 32 or 64.
@@ -151,6 +162,7 @@ inline size_t chunk_smem(const ChunkConfig& c, int DKP) {
 
 cudaError_t launch_chunk_v1(const ChunkParams& p, int C, int NV, DType dtype, int64_t blocks, cudaStream_t stream);
 cudaError_t launch_chunk_v2(const ChunkParams& p, int NV, DType dtype, int64_t blocks, cudaStream_t stream);
+cudaError_t launch_chunk_v3(const ChunkParams& p, int NV, DType dtype, int64_t blocks, cudaStream_t stream);
 cudaError_t launch_state_scan_v1(const ChunkParams& p, cudaStream_t stream);
 cudaError_t launch_recurrent_v1(const RecurrentParams& p, const RecurrentConfig& c, DType dtype, int64_t blocks,
                                 cudaStream_t stream);
@@ -568,6 +580,15 @@ __device__ __forceinline__ void leave_state(const float* Ss, int ld, const Chunk
       for (int j = lane; j < cb.nv; j += 32) dst[cb.b * ds.b + cb.h * ds.h + i * ds.i + (cb.j0 + j) * ds.j] = Ss[i * ld + j];
 }
 
+// Whether eight bf16 values are all finite (exponent bits not all ones).
+__device__ __forceinline__ bool finite16(const uint4& w) {
+  bool ok = true;
+  const uint32_t x[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) ok = ok && (x[i] & 0x7f80u) != 0x7f80u && (x[i] & 0x7f800000u) != 0x7f800000u;
+  return ok;
+}
+
 // A ROWS x COLS tile (compile-time) of a source with unit column stride and 16-byte aligned rows,
 // held in registers between load() and store(): a caller issues every tile's loads before the first
 // store, so a chunk waits for one memory round trip, not one per tile. Zero outside
@@ -603,6 +624,20 @@ struct TileRegs {
           if (CHECK) bad |= !(fabsf(f.x) <= M && fabsf(f.y) <= M && fabsf(f.z) <= M && fabsf(f.w) <= M);
           *reinterpret_cast<float4*>(dst + r * ld + c + i) = f;
         }
+      }
+    }
+    return bad;
+  }
+  // As the raw 16-bit values (chunk_v3), 16 bytes a store; same NaN/inf report.
+  template <bool CHECK>
+  __device__ __forceinline__ bool store_raw(scalar_t* dst, int ld) const {
+    bool bad = false;
+#pragma unroll
+    for (int u = 0; u < N; ++u) {
+      const int e = threadIdx.x + u * kMaxThreads, r = e / PER_ROW, c = (e % PER_ROW) * V;
+      if (TOTAL % kMaxThreads == 0 || e < TOTAL) {
+        if (CHECK) bad |= !finite16(buf[u]);
+        *reinterpret_cast<uint4*>(dst + r * ld + c) = buf[u];
       }
     }
     return bad;
@@ -869,12 +904,22 @@ __device__ __forceinline__ void prep_a(const float (&a)[4], uint32_t (&ah)[4], u
 // lane l receives element (l / 4, l % 4) of tile i in r[i], the mma fragment layout. `row` is this
 // lane's address: row l % 8 of tile l / 8 (16-byte aligned). A quarter of the shared-load
 // instructions of four scalar loads per tile (the bf16 kernel was MIO-throttled on them, ncu).
+// TRANS: each 8x8 b16 tile transposed (lane l receives elements (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4)).
+template <bool TRANS = false>
+__device__ __forceinline__ void ldm4(uint32_t (&r)[4], const void* row) {
+  const uint32_t a = (uint32_t)__cvta_generic_to_shared(row);
+  if constexpr (TRANS)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+
 __device__ __forceinline__ void ldm_x4(float (&r)[4], const float* row) {
-  uint32_t x0, x1, x2, x3;
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3)
-               : "r"((uint32_t)__cvta_generic_to_shared(row)));
-  r[0] = __uint_as_float(x0); r[1] = __uint_as_float(x1); r[2] = __uint_as_float(x2); r[3] = __uint_as_float(x3);
+  uint32_t x[4];
+  ldm4(x, row);
+  r[0] = __uint_as_float(x[0]); r[1] = __uint_as_float(x[1]); r[2] = __uint_as_float(x[2]); r[3] = __uint_as_float(x[3]);
 }
 
 // 16x8 A fragment at A (row-major, pitch ld a multiple of 4, A 16-byte aligned): tiles rows 0-7 /
@@ -938,6 +983,48 @@ __device__ __forceinline__ void s_update_strip(float* sp, int ldv, const float* 
   }
 }
 
+// Gate products of one chunk, on warp 0 (lane t holds step t's gate g_reg and beta b_reg; 1 and 0 past
+// the end): rowd[t] = prod g[0..t], kscale[s] = beta_s prod g[s+1..31], the in-block prefix (pin) and
+// suffix (sout) products of 16-step blocks, beta (bsm), and ltab[t][s % 16] = prod g[s+1..t] within a block.
+__device__ __forceinline__ void chunk_gate_products(float g_reg, float b_reg, int lane, float* rowd, float* kscale,
+                                                    float* pin, float* sout, float* bsm, float* ltab) {
+  const unsigned full = 0xffffffffu;
+  float pre = g_reg, suf = g_reg, bpre = g_reg, bsuf = g_reg;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const float x = __shfl_up_sync(full, pre, off), z = __shfl_down_sync(full, suf, off);
+    if (lane >= off) pre *= x;
+    if (lane + off < 32) suf *= z;
+    if (off < 16) {
+      const float x2 = __shfl_up_sync(full, bpre, off), z2 = __shfl_down_sync(full, bsuf, off);
+      if ((lane & 15) >= off) bpre *= x2;
+      if ((lane & 15) + off < 16) bsuf *= z2;
+    }
+  }
+  const float suf_ex = __shfl_down_sync(full, suf, 1), bsuf_ex = __shfl_down_sync(full, bsuf, 1);
+  rowd[lane] = pre;
+  kscale[lane] = b_reg * (lane == 31 ? 1.f : suf_ex);
+  pin[lane] = bpre;
+  sout[lane] = (lane & 15) == 15 ? 1.f : bsuf_ex;
+  bsm[lane] = b_reg;
+  const int base = lane & ~15, sl = lane & 15;  // lane = column s of its 16-block
+  float run = 1.f;
+#pragma unroll
+  for (int r = 0; r < 16; ++r) {
+    const float gt = __shfl_sync(full, g_reg, base + r);
+    if (r > sl) run *= gt;
+    ltab[(base + r) * 16 + sl] = r >= sl ? run : 0.f;
+  }
+}
+
+// Entry (t, s) of the masked, decayed, beta-weighted product from its q . k accumulator d: zero above
+// the diagonal (selected, not multiplied: a NaN in q . k must not leak into a masked entry).
+__device__ __forceinline__ float masked_entry(float d, int t, int s, const float* ltab, const float* pin,
+                                              const float* sout, const float* bsm) {
+  if (s > t) return 0.f;
+  return d * (((t >> 4) == (s >> 4) ? ltab[t * 16 + (s & 15)] : pin[t] * sout[s]) * bsm[s]);
+}
+
 // Strips per row block of S in the S update: as many as the warps allow (a power of two <= NT8).
 __host__ __device__ constexpr int s_splits(int MI, int NT8, int warps) {
   int ssplit = 1;
@@ -994,35 +1081,7 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v2_kernel(const ChunkPar
     const bool v_bad = stage_chunk<scalar_t, DK, NV>(Qs, Ks, LDK, Vs, LDV, C, DKP, NV, p, cb, t0, tc, g_reg, b_reg);
 
     // ---- gate products by shuffles: lane t of warp 0 holds step t
-    if (warp == 0) {
-      const unsigned full = 0xffffffffu;
-      float pre = g_reg, suf = g_reg, bpre = g_reg, bsuf = g_reg;
-#pragma unroll
-      for (int off = 1; off < 32; off <<= 1) {
-        const float x = __shfl_up_sync(full, pre, off), z = __shfl_down_sync(full, suf, off);
-        if (lane >= off) pre *= x;
-        if (lane + off < 32) suf *= z;
-        if (off < 16) {
-          const float x2 = __shfl_up_sync(full, bpre, off), z2 = __shfl_down_sync(full, bsuf, off);
-          if ((lane & 15) >= off) bpre *= x2;
-          if ((lane & 15) + off < 16) bsuf *= z2;
-        }
-      }
-      const float suf_ex = __shfl_down_sync(full, suf, 1), bsuf_ex = __shfl_down_sync(full, bsuf, 1);
-      rowd[lane] = pre;
-      kscale[lane] = b_reg * (lane == 31 ? 1.f : suf_ex);
-      pin[lane] = bpre;
-      sout[lane] = (lane & 15) == 15 ? 1.f : bsuf_ex;
-      bsm[lane] = b_reg;
-      const int base = lane & ~15, sl = lane & 15;  // lane = column s of its 16-block
-      float run = 1.f;
-#pragma unroll
-      for (int r = 0; r < 16; ++r) {
-        const float gt = __shfl_sync(full, g_reg, base + r);
-        if (r > sl) run *= gt;
-        ltab[(base + r) * 16 + sl] = r >= sl ? run : 0.f;
-      }
-    }
+    if (warp == 0) chunk_gate_products(g_reg, b_reg, lane, rowd, kscale, pin, sout, bsm, ltab);
     const bool vbad = __syncthreads_or(v_bad);  // B1
     const float chunk_decay = rowd[C - 1];
     seg_decay *= chunk_decay;
@@ -1053,15 +1112,10 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v2_kernel(const ChunkPar
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int t = pb * 16 + g + 8 * half;
-          float m[2];
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int s = pn * 8 + 2 * q4 + c;
-            float L = 0.f;
-            if (s <= t) L = ((t >> 4) == (s >> 4) ? ltab[t * 16 + (s & 15)] : pin[t] * sout[s]) * bsm[s];
-            m[c] = s <= t ? d[2 * half + c] * L : 0.f;
-          }
-          *reinterpret_cast<float2*>(Ps + t * LDC + pn * 8 + 2 * q4) = make_float2(m[0], m[1]);
+          const int s = pn * 8 + 2 * q4;
+          *reinterpret_cast<float2*>(Ps + t * LDC + s) =
+              make_float2(masked_entry(d[2 * half], t, s, ltab, pin, sout, bsm),
+                          masked_entry(d[2 * half + 1], t, s + 1, ltab, pin, sout, bsm));
         }
       }
       __syncthreads();  // B2
@@ -1113,6 +1167,337 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v2_kernel(const ChunkPar
     if (outputs) {
       write_y<scalar_t, C, NV, (DK > 0)>(y, p, Ys, LDV, Ps, LDC, Vs, t0, tc, nv, vbad);
     }
+    __syncthreads();  // B4
+  }
+
+  leave_state(Ss, LDV, p, cb, seg_decay);
+}
+
+// ===================================== section: chunk_v3 kernel =============================
+// chunk_v2's schedule for bf16 inputs on bf16 mma.sync m16n8k16 with fp32 accumulation. q, k and v
+// are staged as their raw bf16 values (half of chunk_v2's shared-memory bytes), so each of their
+// fragments is one ldmatrix (.trans for v, and for k as the state update's A operand). The fp32
+// operands (the masked product P, the state S, the scaled keys w beta k) are split into two bf16
+// terms, hi = bf16(x) and lo = bf16(x - hi), 16 significant bits together, each multiplied by an
+// exact bf16 input: y's error stays that of its own bf16 rounding, where one bf16 term would add
+// about 2^-9 per product. S lives in fp32 (Ss, where it is updated) and as the bf16 pair Sh, Sl that
+// q S reads. fp16 inputs stay on chunk_v2: TF32 holds fp16 values exactly and has fp32's range, while
+// fp16 terms of S and P overflow at 65504 (gates above 1 get there).
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// (x0, x1) as bf16x2 hi and lo, x0 in the low half. lo is 0 where x - hi is NaN (x infinite or NaN,
+// which hi already carries): an infinite operand then gives inf, not inf - inf.
+__device__ __forceinline__ void split_bf16x2(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+  float d0 = x0 - __low2float(h), d1 = x1 - __high2float(h);
+  d0 = d0 == d0 ? d0 : 0.f;
+  d1 = d1 == d1 ? d1 : 0.f;
+  const __nv_bfloat162 l = __floats2bfloat162_rn(d0, d1);
+  hi = reinterpret_cast<const uint32_t&>(h);
+  lo = reinterpret_cast<const uint32_t&>(l);
+}
+
+__device__ __forceinline__ float bf16_lo(uint32_t x) { return __uint_as_float(x << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t x) { return __uint_as_float(x & 0xffff0000u); }
+
+// This lane's row address for an x4 ldmatrix of the 16x16 b16 block at p (pitch ld): tiles (rows 0-7,
+// cols 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15). Plain, that is the row-major A fragment a0..a3;
+// transposed, on a row-major k x n block, the B fragments (b0, b1) of n-tiles 0 and 1.
+__device__ __forceinline__ const __nv_bfloat16* ldm_row(const __nv_bfloat16* p, int ld, int lane) {
+  return p + ((lane & 7) + ((lane >> 3) & 1) * 8) * ld + (lane >> 4) * 8;
+}
+
+// B fragments (k 16 x n 8) of N n-tiles of the row-major bf16 block at p (k rows, pitch ld).
+template <int N>
+__device__ __forceinline__ void frag_b_kn(uint32_t (&b)[N][2], const __nv_bfloat16* p, int ld, int lane) {
+#pragma unroll
+  for (int n = 0; n + 1 < N; n += 2) {
+    uint32_t r[4];
+    ldm4<true>(r, ldm_row(p + n * 8, ld, lane));
+    b[n][0] = r[0]; b[n][1] = r[1]; b[n + 1][0] = r[2]; b[n + 1][1] = r[3];
+  }
+  if constexpr (N % 2 == 1) {  // the last tile alone (tiles 2 and 3 repeat 0 and 1)
+    uint32_t r[4];
+    ldm4<true>(r, p + (N - 1) * 8 + ((lane & 7) + ((lane >> 3) & 1) * 8) * ld);
+    b[N - 1][0] = r[0]; b[N - 1][1] = r[1];
+  }
+}
+
+// 32 rows x cols of a bf16 source (row stride st, column stride sd) as raw values at pitch ld, zero
+// outside rows_valid x cols_valid; 16 bytes a load with `vec` (rows 16-byte aligned, cols_valid a
+// multiple of 8). CHECK: returns whether this thread stored a NaN or inf.
+template <bool CHECK>
+__device__ __forceinline__ bool raw_tile(bool vec, __nv_bfloat16* dst, int ld, const __nv_bfloat16* src, int64_t st,
+                                         int64_t sd, int rows_valid, int cols_valid, int cols) {
+  bool bad = false;
+  if (vec) {
+    const int per_row = cols / 8;
+    for (int e = threadIdx.x; e < 32 * per_row; e += blockDim.x) {
+      const int r = e / per_row, c = (e - r * per_row) * 8;
+      uint4 w = make_uint4(0u, 0u, 0u, 0u);
+      if (r < rows_valid && c < cols_valid) w = __ldg(reinterpret_cast<const uint4*>(src + r * st + c));
+      if (CHECK) bad |= !finite16(w);
+      *reinterpret_cast<uint4*>(dst + r * ld + c) = w;
+    }
+  } else {
+    for (int e = threadIdx.x; e < 32 * cols; e += blockDim.x) {
+      const int r = e / cols, c = e - r * cols;
+      __nv_bfloat16 x = __float2bfloat16_rn(0.f);
+      if (r < rows_valid && c < cols_valid) x = src[r * st + c * sd];
+      if (CHECK) bad |= !(fabsf(__bfloat162float(x)) <= 3.4028235e38f);
+      dst[r * ld + c] = x;
+    }
+  }
+  return bad;
+}
+
+// stage_chunk for chunk_v3: k (and q with outputs) as 32 x DKQ raw bf16 (D_k padded to 32), v as 32 x NV.
+template <int DK, int NVT>
+__device__ __forceinline__ bool stage_chunk_raw(__nv_bfloat16* Qh, __nv_bfloat16* Kh, int ldk, __nv_bfloat16* Vh,
+                                                int ldv, int DKQ, int NV, const ChunkParams& p,
+                                                const ChunkBlock<__nv_bfloat16>& cb, int t0, int tc, float& g_reg,
+                                                float& b_reg) {
+  g_reg = 1.f;
+  b_reg = 0.f;
+  if ((int)threadIdx.x < tc) {
+    g_reg = to_float(cb.gate[(int64_t)(t0 + threadIdx.x) * p.sg.t]);
+    b_reg = to_float(cb.beta[(int64_t)(t0 + threadIdx.x) * p.sb.t]);
+  }
+  if constexpr (DK > 0) {
+    TileRegs<__nv_bfloat16, 32, DK> kr, qr;
+    TileRegs<__nv_bfloat16, 32, NVT> vr;
+    kr.load(cb.k + (int64_t)t0 * p.sk.t, p.sk.t, tc, p.Dk);
+    if (p.mode == 0) qr.load(cb.q + (int64_t)t0 * p.sq.t, p.sq.t, tc, p.Dk);
+    vr.load(cb.v + (int64_t)t0 * p.sv.t, p.sv.t, tc, cb.nv);
+    kr.template store_raw<false>(Kh, ldk);
+    if (p.mode == 0) qr.template store_raw<false>(Qh, ldk);
+    return vr.template store_raw<true>(Vh, ldv);
+  } else {
+    raw_tile<false>(p.vec_qk, Kh, ldk, cb.k + (int64_t)t0 * p.sk.t, p.sk.t, p.sk.d, tc, p.Dk, DKQ);
+    if (p.mode == 0) raw_tile<false>(p.vec_qk, Qh, ldk, cb.q + (int64_t)t0 * p.sq.t, p.sq.t, p.sq.d, tc, p.Dk, DKQ);
+    return raw_tile<true>(p.vec_v, Vh, ldv, cb.v + (int64_t)t0 * p.sv.t, p.sv.t, p.sv.d, tc, cb.nv, NV);
+  }
+}
+
+// One warp's strip of S (16 rows x N tiles of 8 columns): S = decay S + (w beta k)^T v over the chunk,
+// the scaled keys split into hi + lo; writes Ss (fp32) and its split Sh, Sl.
+template <int N>
+__device__ __forceinline__ void s_update_strip_bf16(float* sp, int ldv, __nv_bfloat16* shp, __nv_bfloat16* slp,
+                                                    int ldh, const __nv_bfloat16* kc, int ldk,
+                                                    const __nv_bfloat16* vc, const float* kscale, float decay,
+                                                    int lane) {
+  const int g = lane >> 2, q4 = lane & 3;
+  float acc[N][4];
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    const float2 lo2 = *reinterpret_cast<const float2*>(sp + g * ldv + n * 8 + 2 * q4);
+    const float2 hi2 = *reinterpret_cast<const float2*>(sp + (g + 8) * ldv + n * 8 + 2 * q4);
+    acc[n][0] = lo2.x * decay; acc[n][1] = lo2.y * decay; acc[n][2] = hi2.x * decay; acc[n][3] = hi2.y * decay;
+  }
+#pragma unroll
+  for (int s0 = 0; s0 < 32; s0 += 16) {
+    // A = (w beta k)^T, 16 rows of D_k x 16 steps: k's tiles transposed; a0, a1 hold steps 2q, 2q + 1,
+    // a2, a3 steps 2q + 8, 2q + 9.
+    uint32_t kr[4], ah[4], al[4];
+    ldm4<true>(kr, kc + (s0 + (lane >> 4) * 8 + (lane & 7)) * ldk + ((lane >> 3) & 1) * 8);
+    const float w0 = kscale[s0 + 2 * q4], w1 = kscale[s0 + 2 * q4 + 1];
+    const float w2 = kscale[s0 + 2 * q4 + 8], w3 = kscale[s0 + 2 * q4 + 9];
+    split_bf16x2(bf16_lo(kr[0]) * w0, bf16_hi(kr[0]) * w1, ah[0], al[0]);
+    split_bf16x2(bf16_lo(kr[1]) * w0, bf16_hi(kr[1]) * w1, ah[1], al[1]);
+    split_bf16x2(bf16_lo(kr[2]) * w2, bf16_hi(kr[2]) * w3, ah[2], al[2]);
+    split_bf16x2(bf16_lo(kr[3]) * w2, bf16_hi(kr[3]) * w3, ah[3], al[3]);
+    uint32_t vb[N][2];
+    frag_b_kn<N>(vb, vc + s0 * ldh, ldh, lane);
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      mma_bf16(acc[n], ah, vb[n][0], vb[n][1]);
+      mma_bf16(acc[n], al, vb[n][0], vb[n][1]);
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    const int c = n * 8 + 2 * q4;
+    *reinterpret_cast<float2*>(sp + g * ldv + c) = make_float2(acc[n][0], acc[n][1]);
+    *reinterpret_cast<float2*>(sp + (g + 8) * ldv + c) = make_float2(acc[n][2], acc[n][3]);
+    uint32_t h0, l0, h1, l1;
+    split_bf16x2(acc[n][0], acc[n][1], h0, l0);
+    split_bf16x2(acc[n][2], acc[n][3], h1, l1);
+    *reinterpret_cast<uint32_t*>(shp + g * ldh + c) = h0;
+    *reinterpret_cast<uint32_t*>(slp + g * ldh + c) = l0;
+    *reinterpret_cast<uint32_t*>(shp + (g + 8) * ldh + c) = h1;
+    *reinterpret_cast<uint32_t*>(slp + (g + 8) * ldh + c) = l1;
+  }
+}
+
+// DK: D_k padded to 16 as a compile-time constant, or 0 for any D_k at run time (as chunk_v2).
+template <int NV, int DK>
+__global__ void __launch_bounds__(kMaxThreads, 2) chunk_v3_kernel(const ChunkParams p) {
+  using bf16 = __nv_bfloat16;
+  constexpr int C = 32, WARPS = kMaxThreads / 32, NT8 = NV / 8, YN = NV / 32;
+  constexpr int LDV = NV + 8, LDP = C + 8;  // fp32 / bf16 pitches of the state's rows, P's pitch
+  extern __shared__ __align__(128) float chunk3_buf[];
+  const int DKP = DK > 0 ? DK : p.DKP, DKQ = (DKP + 31) & ~31, LDK = DKQ + 8;
+  float* Ss = chunk3_buf;        // DKP x LDV
+  float* Ys = Ss + DKP * LDV;    // C x LDV
+  float* rowd = Ys + C * LDV;    // the gate products, as chunk_v2
+  float* kscale = rowd + C;
+  float* pin = kscale + C;
+  float* sout = pin + C;
+  float* bsm = sout + C;
+  float* ltab = bsm + C;
+  bf16* Qh = reinterpret_cast<bf16*>(ltab + 16 * C);  // C x LDK
+  bf16* Kh = Qh + C * LDK;       // C x LDK
+  bf16* Vh = Kh + C * LDK;       // C x LDV
+  bf16* Ph = Vh + C * LDV;       // C x LDP: the masked product split in two
+  bf16* Pl = Ph + C * LDP;
+  bf16* Sh = Pl + C * LDP;       // DKP x LDV: the state split in two
+  bf16* Sl = Sh + DKP * LDV;
+
+  griddep_wait();
+  griddep_launch();
+  const bool outputs = p.mode == 0;
+  const ChunkBlock<bf16> cb(p, NV);
+  const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid >> 5, 0), lane = tid & 31;
+  const int g = lane >> 2, q4 = lane & 3;
+  init_state(Ss, LDV, DKP, NV, p, cb);
+  __syncthreads();
+  for (int e = tid; e < DKP * NV / 2; e += kMaxThreads) {
+    const int i = e / (NV / 2), j = 2 * (e - i * (NV / 2));
+    uint32_t hi, lo;
+    split_bf16x2(Ss[i * LDV + j], Ss[i * LDV + j + 1], hi, lo);
+    *reinterpret_cast<uint32_t*>(Sh + i * LDV + j) = hi;
+    *reinterpret_cast<uint32_t*>(Sl + i * LDV + j) = lo;
+  }
+  float seg_decay = 1.f;
+
+  const int MI = DKP / 16, ssplit = s_splits(MI, NT8, WARPS);
+  const int sgn = NT8 / ssplit, s_tasks = MI * ssplit;
+  const bool keep_state = p.mode != 0 || (cb.seg == p.nseg - 1 && p.s_out != nullptr);
+  const int c_begin = cb.seg * p.seg_chunks;
+  const int c_end = min(c_begin + p.seg_chunks, (p.T + C - 1) / C);
+  for (int ch = c_begin; ch < c_end; ++ch) {
+    const int t0 = ch * C, tc = min(C, p.T - t0);
+    float g_reg, b_reg;
+    const bool v_bad = stage_chunk_raw<DK, NV>(Qh, Kh, LDK, Vh, LDV, DKQ, NV, p, cb, t0, tc, g_reg, b_reg);
+    if (warp == 0) chunk_gate_products(g_reg, b_reg, lane, rowd, kscale, pin, sout, bsm, ltab);
+    const bool vbad = __syncthreads_or(v_bad);  // B1 (also orders the first Sh, Sl before q S)
+    const float chunk_decay = rowd[C - 1];
+    seg_decay *= chunk_decay;
+
+    if (outputs) {
+      // ---- P tiles (16 x 8) on or below the diagonal: q k^T exact in fp32, masked and decayed in
+      // registers, stored split
+      if (warp < 6) {
+        const int pb = warp < 2 ? 0 : 1, pn = warp < 2 ? warp : warp - 2;
+        float d[4] = {0.f, 0.f, 0.f, 0.f}, d2[4] = {0.f, 0.f, 0.f, 0.f};
+        const bf16* A = Qh + pb * 16 * LDK;
+        const bf16* Bk = Kh + pn * 8 * LDK;
+#pragma unroll 4
+        for (int kk = 0; kk < DKQ; kk += 32) {
+          uint32_t kb[4], a[4], a2[4];  // kb: B = K^T for k columns kk .. kk + 31 (rows of K are its columns)
+          ldm4(kb, Bk + (lane & 7) * LDK + kk + (lane >> 3) * 8);
+          ldm4(a, ldm_row(A + kk, LDK, lane));
+          ldm4(a2, ldm_row(A + kk + 16, LDK, lane));
+          mma_bf16(d, a, kb[0], kb[1]);
+          mma_bf16(d2, a2, kb[2], kb[3]);
+        }
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int t = pb * 16 + g + 8 * half, s = pn * 8 + 2 * q4;
+          uint32_t hi, lo;
+          split_bf16x2(masked_entry(d[2 * half] + d2[2 * half], t, s, ltab, pin, sout, bsm),
+                       masked_entry(d[2 * half + 1] + d2[2 * half + 1], t, s + 1, ltab, pin, sout, bsm), hi, lo);
+          *reinterpret_cast<uint32_t*>(Ph + t * LDP + s) = hi;
+          *reinterpret_cast<uint32_t*>(Pl + t * LDP + s) = lo;
+        }
+      }
+      __syncthreads();  // B2
+
+      // ---- Y = M V + A[t] (q S), staged in Ys
+      {
+        const int yb = warp >> 2, yn0 = (warp & 3) * YN;
+        float mv[YN][4], ml[YN][4], qs[YN][4], ql[YN][4];
+#pragma unroll
+        for (int n = 0; n < YN; ++n)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) { mv[n][i] = 0.f; ml[n][i] = 0.f; qs[n][i] = 0.f; ql[n][i] = 0.f; }
+        // The masked product up to the diagonal block, included unless this chunk's v is not finite.
+        const int kend = (yb + (vbad ? 0 : 1)) * 16;
+#pragma unroll
+        for (int k0 = 0; k0 < C; k0 += 16) {
+          if (k0 < kend) {
+            uint32_t ph[4], pl[4], vb[YN][2];
+            ldm4(ph, ldm_row(Ph + yb * 16 * LDP + k0, LDP, lane));
+            ldm4(pl, ldm_row(Pl + yb * 16 * LDP + k0, LDP, lane));
+            frag_b_kn<YN>(vb, Vh + k0 * LDV + yn0 * 8, LDV, lane);
+#pragma unroll
+            for (int n = 0; n < YN; ++n) {
+              mma_bf16(mv[n], ph, vb[n][0], vb[n][1]);
+              mma_bf16(ml[n], pl, vb[n][0], vb[n][1]);
+            }
+          }
+        }
+#pragma unroll 4
+        for (int kk = 0; kk < DKP; kk += 16) {
+          uint32_t a[4], sh[YN][2], sl[YN][2];
+          ldm4(a, ldm_row(Qh + yb * 16 * LDK + kk, LDK, lane));
+          frag_b_kn<YN>(sh, Sh + kk * LDV + yn0 * 8, LDV, lane);
+          frag_b_kn<YN>(sl, Sl + kk * LDV + yn0 * 8, LDV, lane);
+#pragma unroll
+          for (int n = 0; n < YN; ++n) {
+            mma_bf16(qs[n], a, sh[n][0], sh[n][1]);
+            mma_bf16(ql[n], a, sl[n][0], sl[n][1]);
+          }
+        }
+        if (vbad) {  // the diagonal block in fp32 FMAs, s <= t only: a masked zero never meets a non-finite v
+#pragma unroll
+          for (int n = 0; n < YN; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const int t = yb * 16 + g + 8 * (i >> 1), j = (yn0 + n) * 8 + 2 * q4 + (i & 1);
+              float acc = 0.f;
+              for (int s = yb * 16; s <= t; ++s)
+                acc = fmaf(__bfloat162float(Ph[t * LDP + s]) + __bfloat162float(Pl[t * LDP + s]),
+                           __bfloat162float(Vh[s * LDV + j]), acc);
+              mv[n][i] += acc;
+            }
+        }
+        const float r0 = rowd[yb * 16 + g], r1 = rowd[yb * 16 + g + 8];
+#pragma unroll
+        for (int n = 0; n < YN; ++n) {
+          const int col = (yn0 + n) * 8 + 2 * q4;
+          *reinterpret_cast<float2*>(Ys + (yb * 16 + g) * LDV + col) =
+              make_float2(fmaf(r0, qs[n][0] + ql[n][0], mv[n][0] + ml[n][0]),
+                          fmaf(r0, qs[n][1] + ql[n][1], mv[n][1] + ml[n][1]));
+          *reinterpret_cast<float2*>(Ys + (yb * 16 + g + 8) * LDV + col) =
+              make_float2(fmaf(r1, qs[n][2] + ql[n][2], mv[n][2] + ml[n][2]),
+                          fmaf(r1, qs[n][3] + ql[n][3], mv[n][3] + ml[n][3]));
+        }
+      }
+      __syncthreads();  // B3: Y staged, every read of the old S done
+    }
+
+    // ---- S = A[C-1] S + (w beta k)^T V (skipped after the segment's last chunk unless the state is read)
+    for (int task = warp; task < (ch + 1 < c_end || keep_state ? s_tasks : 0); task += WARPS) {
+      const int mi = task / ssplit, n0 = (task - (task / ssplit) * ssplit) * sgn;
+      float* sp = Ss + mi * 16 * LDV + n0 * 8;
+      bf16* shp = Sh + mi * 16 * LDV + n0 * 8;
+      bf16* slp = Sl + mi * 16 * LDV + n0 * 8;
+      const bf16* kc = Kh + mi * 16;
+      const bf16* vc = Vh + n0 * 8;
+      switch (sgn) {
+        case 1: s_update_strip_bf16<1>(sp, LDV, shp, slp, LDV, kc, LDK, vc, kscale, chunk_decay, lane); break;
+        case 2: s_update_strip_bf16<2>(sp, LDV, shp, slp, LDV, kc, LDK, vc, kscale, chunk_decay, lane); break;
+        case 4: s_update_strip_bf16<4>(sp, LDV, shp, slp, LDV, kc, LDK, vc, kscale, chunk_decay, lane); break;
+        default: s_update_strip_bf16<NT8>(sp, LDV, shp, slp, LDV, kc, LDK, vc, kscale, chunk_decay, lane); break;
+      }
+    }
+
+    if (outputs) write_y<bf16, C, NV, (DK > 0)>(cb.y, p, Ys, LDV, nullptr, 0, nullptr, t0, tc, cb.nv, false);
     __syncthreads();  // B4
   }
 
@@ -1239,6 +1624,21 @@ cudaError_t launch_chunk2_typed(const ChunkParams& p, int NV, int64_t blocks, cu
   return cudaErrorInvalidValue;
 }
 
+// The same instantiations for chunk_v3 (bf16 only).
+cudaError_t launch_chunk3(const ChunkParams& p, int NV, int64_t blocks, cudaStream_t s) {
+  const bool aligned = p.vec_qk && p.vec_v && p.vec_y;
+#define GR_CASE(NV_, DK_)                                                                             \
+  if (NV == NV_ && (DK_ == 0 || (p.DKP == DK_ && aligned))) {                                        \
+    static bool done[64] = {};                                                                        \
+    const cudaError_t err = allow_smem(chunk_v3_kernel<NV_, DK_>, done);                              \
+    if (err != cudaSuccess) return err;                                                               \
+    return launch_ex(chunk_v3_kernel<NV_, DK_>, blocks, chunk3_smem(NV_, p.DKP), s, p.pdl != 0, p);   \
+  }
+  GR_CASE(64, 64) GR_CASE(64, 128) GR_CASE(32, 0) GR_CASE(64, 0)
+#undef GR_CASE
+  return cudaErrorInvalidValue;
+}
+
 }  // namespace
 
 // ===================================== section: entry points ================================
@@ -1257,6 +1657,10 @@ cudaError_t launch_chunk_v1(const ChunkParams& p, int C, int NV, DType dtype, in
 
 cudaError_t launch_chunk_v2(const ChunkParams& p, int NV, DType dtype, int64_t blocks, cudaStream_t stream) {
   return with_scalar(dtype, [&](auto x) { return launch_chunk2_typed<decltype(x)>(p, NV, blocks, stream); });
+}
+
+cudaError_t launch_chunk_v3(const ChunkParams& p, int NV, DType dtype, int64_t blocks, cudaStream_t stream) {
+  return dtype == DType::bf16 ? launch_chunk3(p, NV, blocks, stream) : cudaErrorInvalidValue;
 }
 
 cudaError_t launch_state_scan_v1(const ChunkParams& p, cudaStream_t stream) {
@@ -1284,7 +1688,8 @@ namespace gr {
 constexpr int kMaxDim = 256;
 constexpr size_t kSmemBudget = 48 * 1024;  // recurrent_v1 stays under the static limit
 constexpr int64_t kChunkedMinT = 256;      // use_chunked(): from the crossover sweep in BENCHMARKS.md
-constexpr int kChunkVersion = 2;           // the chunked kernel the plan uses (BENCHMARKS.md compares them)
+// The chunked kernel the plan uses (BENCHMARKS.md compares them): chunk_v3 for bf16, chunk_v2 otherwise.
+inline int chunk_version(DType dt) { return dt == DType::bf16 ? 3 : 2; }
 
 // Errors are returned, not thrown: the entry points return an undefined tensor (None in Python) and
 // last_error() gives "ExceptionName: message" for Python to raise. (On the device's torch 2.11 build
@@ -1441,9 +1846,10 @@ inline int dk_padded(int64_t Dk) { return (int)ceil_div(Dk, 16) * 16; }
 // Chunks of 32 steps, column tiles of 32 for narrow states, and as many segments per (b, h) as fit
 // the output phase into every SM slot once (sequence parallelism when B * H is small). Rounded down:
 // one block over the slots is a second wave (17 segments at T = 65536, B = 1, H = 8: 2.70 ms; 16: 1.90 ms).
-ChunkConfig plan_chunked(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, const DeviceLimits& lim) {
+ChunkConfig plan_chunked(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, const DeviceLimits& lim,
+                         DType dt) {
   ChunkConfig c;
-  c.version = kChunkVersion;
+  c.version = chunk_version(dt);
   c.NV = Dv <= 32 ? 32 : 64;
   c.C = 32;  // two blocks per SM; beat C = 64 at S1, S2 and S3 in fp32 and bf16 (BENCHMARKS.md)
   const int64_t tiles = B * H * ceil_div(Dv, c.NV), chunks = std::max<int64_t>(1, ceil_div(T, c.C));
@@ -1470,8 +1876,8 @@ std::string plan_text(const ChunkConfig& c) {
          (c.nseg > 1 ? " (+ state_scan_v1)" : "");
 }
 
-std::string plan(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv) {
-  if (use_chunked(B, T, H, Dk, Dv)) return plan_text(plan_chunked(B, T, H, Dk, Dv, device_limits()));
+std::string plan(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, DType dt) {
+  if (use_chunked(B, T, H, Dk, Dv)) return plan_text(plan_chunked(B, T, H, Dk, Dv, device_limits(), dt));
   return plan_text(plan_recurrent(T, Dk, Dv));
 }
 
@@ -1541,6 +1947,10 @@ bool launch_chunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   GR_REQUIRE("ValueError", blocks <= INT32_MAX, "B * H = ", p.BH, " is too large for one launch");
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const DType dt = dtype_of(q);
+  auto launch_version = [&](int64_t n) {
+    return c.version == 3 ? launch_chunk_v3(p, c.NV, dt, n, stream)
+           : c.version == 2 ? launch_chunk_v2(p, c.NV, dt, n, stream) : launch_chunk_v1(p, c.C, c.NV, dt, n, stream);
+  };
   at::Tensor work;  // freed on return; the caching allocator reuses it only after this stream's work
   if (p.nseg > 1) {
     const int64_t n = p.BH * (p.nseg - 1);
@@ -1549,8 +1959,7 @@ bool launch_chunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
     p.seg_decays = p.seg_states + n * Dk * Dv;
     p.mode = 1; p.seg_launch = p.nseg - 1;
     const int64_t state_blocks = p.BH * p.seg_launch * p.vtiles;
-    cudaError_t err = c.version == 2 ? launch_chunk_v2(p, c.NV, dt, state_blocks, stream)
-                                     : launch_chunk_v1(p, c.C, c.NV, dt, state_blocks, stream);
+    cudaError_t err = launch_version(state_blocks);
     GR_REQUIRE("RuntimeError", err == cudaSuccess, "chunk_v", c.version, " (state phase) launch failed: ",
                cudaGetErrorString(err));
     // The scan and the output phase follow our own kernels: programmatic dependent launches (each
@@ -1560,9 +1969,8 @@ bool launch_chunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
     GR_REQUIRE("RuntimeError", err == cudaSuccess, "state_scan_v1 launch failed: ", cudaGetErrorString(err));
   }
   p.mode = 0; p.seg_launch = p.nseg;
-  if (c.version != 2) p.pdl = 0;  // chunk_v1 does not wait
-  const cudaError_t err = c.version == 2 ? launch_chunk_v2(p, c.NV, dt, blocks, stream)
-                                         : launch_chunk_v1(p, c.C, c.NV, dt, blocks, stream);
+  if (c.version == 1) p.pdl = 0;  // chunk_v1 does not wait
+  const cudaError_t err = launch_version(blocks);
   GR_REQUIRE("RuntimeError", err == cudaSuccess, "chunk_v", c.version, " launch failed: ", cudaGetErrorString(err));
   return true;
 }
@@ -1576,7 +1984,8 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
   if (y.numel() == 0) return y;
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Dk = q.size(3), Dv = v.size(3);
   if (use_chunked(B, T, H, Dk, Dv))
-    return launch_chunked(q, k, v, gate, beta, y, plan_chunked(B, T, H, Dk, Dv, device_limits()), nullptr, nullptr)
+    return launch_chunked(q, k, v, gate, beta, y, plan_chunked(B, T, H, Dk, Dv, device_limits(), dtype_of(q)),
+                          nullptr, nullptr)
                ? y : at::Tensor();
   return launch_recurrent(q, k, v, gate, beta, y, plan_recurrent(T, Dk, Dv), nullptr, nullptr) ? y : at::Tensor();
 }
@@ -1605,12 +2014,12 @@ bool check_recurrent_config(const at::Tensor& q, const RecurrentConfig& c) {
 }
 
 bool check_chunk_config(const at::Tensor& q, const ChunkConfig& c) {
-  bool compiled = c.version == 2 ? (c.C == 32 && (c.NV == 32 || c.NV == 64)) : false;
+  bool compiled = c.version >= 2 ? (c.C == 32 && (c.NV == 32 || c.NV == 64)) : false;
 #define GR_IS(C_, NV_) compiled = compiled || (c.version == 1 && c.C == C_ && c.NV == NV_);
   GR_CHUNK_PAIRS(GR_IS)
 #undef GR_IS
   GR_REQUIRE("ValueError", compiled, "(C, NV) = (", c.C, ", ", c.NV, ") is not compiled for chunk_v", c.version,
-             " (see GR_CHUNK_PAIRS; chunk_v2 has C = 32, NV = 32 or 64)");
+             " (see GR_CHUNK_PAIRS; chunk_v2 and chunk_v3 have C = 32, NV = 32 or 64)");
   GR_REQUIRE("ValueError", c.nseg >= 1, "segments must be at least 1, got ", c.nseg);
   const size_t need = chunk_smem(c, dk_padded(q.size(3))), have = device_limits().smem;
   GR_REQUIRE("ValueError", need <= have, "C=", c.C, " NV=", c.NV, " needs ", need, " bytes of shared memory, over ",
@@ -1629,11 +2038,13 @@ bool run_ex(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
   const at::Tensor* s_in = initial_state.has_value() && initial_state->defined() ? &*initial_state : nullptr;
   if (s_in && !check_state(*s_in, q, v)) return false;
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Dk = q.size(3), Dv = v.size(3);
-  GR_REQUIRE("ValueError", algorithm >= -1 && algorithm <= 3, "algorithm must be -1 (planned), 0 (recurrent), 1 "
-             "(chunked, planned version), 2 (chunk_v1) or 3 (chunk_v2), got ", algorithm);
+  GR_REQUIRE("ValueError", algorithm >= -1 && algorithm <= 4, "algorithm must be -1 (planned), 0 (recurrent), 1 "
+             "(chunked, planned version), 2 (chunk_v1), 3 (chunk_v2) or 4 (chunk_v3), got ", algorithm);
+  GR_REQUIRE("TypeError", algorithm != 4 || q.scalar_type() == at::kBFloat16, "chunk_v3 takes bfloat16 inputs, got ",
+             dtype_str(q.scalar_type()));
   const bool chunked = algorithm >= 1 || (algorithm == -1 && use_chunked(B, T, H, Dk, Dv));
   RecurrentConfig rc = plan_recurrent(T, Dk, Dv);
-  ChunkConfig cc = plan_chunked(B, T, H, Dk, Dv, device_limits());
+  ChunkConfig cc = plan_chunked(B, T, H, Dk, Dv, device_limits(), dtype_of(q));
   if (algorithm >= 2) cc.version = (int)algorithm - 1;
   if (!config.empty()) {
     GR_REQUIRE("ValueError", algorithm != -1, "config needs an explicit algorithm");
@@ -1683,7 +2094,10 @@ std::vector<at::Tensor> forward_ex(const at::Tensor& q, const at::Tensor& k, con
 }
 
 std::string last_error() { return gr::g_error; }
-std::string plan(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv) { return gr::plan(B, T, H, Dk, Dv); }
+// dtype: 0 float32, 1 float16, 2 bfloat16 (the Python wrapper maps names).
+std::string plan(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, int64_t dtype) {
+  return gr::plan(B, T, H, Dk, Dv, static_cast<gr::DType>(dtype));
+}
 """
 
 CUDA_FLAGS = ["-O3"]
@@ -1753,7 +2167,7 @@ def _checked(y):
     return y
 
 
-_ALGORITHMS = {None: -1, "recurrent": 0, "chunked": 1, "chunk_v1": 2, "chunk_v2": 3}
+_ALGORITHMS = {None: -1, "recurrent": 0, "chunked": 1, "chunk_v1": 2, "chunk_v2": 3, "chunk_v3": 4}
 
 
 def gated_recurrence(q, k, v, gate, beta, initial_state=None, output_final_state=False):
@@ -1771,7 +2185,7 @@ def gated_recurrence(q, k, v, gate, beta, initial_state=None, output_final_state
 def gated_recurrence_with(q, k, v, gate, beta, algorithm=None, config=(), initial_state=None,
                           output_final_state=False):
     """Like gated_recurrence, with the algorithm ("recurrent", "chunked" (the planned chunk kernel),
-    "chunk_v1" or "chunk_v2") and its launch configuration chosen by the caller (benchmarks and tests):
+    "chunk_v1", "chunk_v2" or, for bfloat16, "chunk_v3") and its launch configuration chosen by the caller (benchmarks and tests):
     (R, G, JB, TC) for recurrent_v1, (C, NV, segments) for the chunk kernels, () for the planned one.
     plan() shows the default."""
     if algorithm not in _ALGORITHMS:
@@ -1786,9 +2200,16 @@ def gated_recurrence_config(q, k, v, gate, beta, R, G, JB, TC):
     return gated_recurrence_with(q, k, v, gate, beta, "recurrent", (R, G, JB, TC))
 
 
-def plan(B, T, H, Dk, Dv):
-    """The kernel and launch configuration the dispatch picks for this shape, as text."""
-    return _ext.plan(B, T, H, Dk, Dv)
+_DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
+
+
+def plan(B, T, H, Dk, Dv, dtype="float32"):
+    """The kernel and launch configuration the dispatch picks for this shape and dtype (a torch dtype
+    or its name), as text."""
+    name = str(dtype).replace("torch.", "")
+    if name not in _DTYPE_CODES:
+        raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype!r}")
+    return _ext.plan(B, T, H, Dk, Dv, _DTYPE_CODES[name])
 
 
 class ModelNew(torch.nn.Module):

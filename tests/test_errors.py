@@ -81,6 +81,12 @@ def test_chunk_configuration_over_shared_memory_is_a_value_error(sol):
         sol.gated_recurrence_with(*xs, algorithm="chunk_v1", config=(64, 64, 1))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_chunk_v3_refuses_other_dtypes(sol, dtype):
+    with pytest.raises(TypeError, match="chunk_v3 takes bfloat16 inputs, got " + str(dtype).replace("torch.", "")):
+        sol.gated_recurrence_with(*[x.to(dtype) for x in good()], algorithm="chunk_v3")
+
+
 def test_unknown_algorithm_is_a_value_error(sol):
     with pytest.raises(ValueError, match="algorithm must be"):
         sol.gated_recurrence_with(*good(), algorithm="fast")

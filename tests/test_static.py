@@ -73,3 +73,18 @@ def test_segments_fill_one_wave_and_no_more(sol, shape):
     if sms == 132:  # the H200 (and CI's stand-in limits): the measured optimum of tools/chunk_configs.py
         expected = {(4, 1024): 8, (8, 2048): 1, (1, 8192): 16, (1, 65536): 16}.get((B, T))
         assert expected in (None, nseg), text
+
+
+@pytest.mark.parametrize("dtype,kernel", [("float32", "chunk_v2"), ("float16", "chunk_v2"), ("bfloat16", "chunk_v3")])
+def test_chunked_kernel_by_dtype(sol, dtype, kernel):
+    """The docstring's chunk_v3 row: bf16 inputs on the bf16-mma kernel, fp16 on chunk_v2's TF32."""
+    import torch
+    for name in (dtype, getattr(torch, dtype)):
+        assert sol.plan(8, 2048, 16, 128, 128, name).split()[0] == kernel
+        assert sol.plan(2, 128, 4, 24, 24, name).split()[0] == "recurrent_v1"
+    assert "chunk_v3        as chunk_v2," in sol.__doc__ and "bf16 inputs" in sol.__doc__
+
+
+def test_plan_rejects_unknown_dtype(sol):
+    with pytest.raises(ValueError, match="dtype must be"):
+        sol.plan(1, 300, 1, 8, 8, "float64")

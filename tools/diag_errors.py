@@ -4,7 +4,7 @@ cases = {
  "cpu_rank_raw": "xs=reference.get_inputs(); xs[0]=torch.randn(2,5,3); print('ret', s._ext.forward(*xs))",
  "cpu_rank_lasterr": "xs=reference.get_inputs(); xs[0]=torch.randn(2,5,3); r=s._ext.forward(*xs); print('ret', r is None); print(s._ext.last_error())",
  "lasterr_only": "print(repr(s._ext.last_error()))",
- "plan": "print(s._ext.plan(1,2,3,4,5))",
+ "plan": "print(s._ext.plan(1,2,3,4,5,0))",
  "gpu_rank": "xs=[x.cuda() for x in reference.get_inputs()]; xs[0]=xs[0][...,0]; print('ret', s._ext.forward(*xs))",
  "cpu_int": "xs=reference.get_inputs(); xs[0]=xs[0].int(); print('ret', s._ext.forward(*xs))",
  "cpu_all": "xs=reference.get_inputs(); print('ret', s._ext.forward(*xs))",
