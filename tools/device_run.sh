@@ -1,6 +1,6 @@
 #!/bin/bash
 # One device call: build once (timed), then the steps named in $@, each with a time limit, output in $OUT.
-#   bash tools/device_run.sh tests mma wgmma bench eval sanitize sweep configs ncu variants
+#   bash tools/device_run.sh tests compare mma wgmma bench eval sanitize sweep configs ncu variants
 set -u
 export TORCH_EXTENSIONS_DIR=/tmp/ext PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -24,6 +24,7 @@ for step in "$@"; do
       for dt in bfloat16 float32; do
         timeout 120 bash tools/ncu_metrics.sh chunk_v2 8 2048 16 128 $dt 2>&1 | grep -v "^==PROF==\|Warn" | tail -24 | tee -a $OUT/log.txt
       done ;;
+    compare) timeout 200 python3 tools/chunk_compare.py --algos ${ALGOS:-chunk_v2,chunk_v3} --dtypes ${DTYPES:-bfloat16} 2>&1 | tail -12 | tee -a $OUT/log.txt ;;
     configs) timeout 300 python3 tools/chunk_configs.py --trials 15 2>&1 | tail -60 | tee -a $OUT/log.txt ;;
     sanitize)
       timeout 200 compute-sanitizer --tool memcheck python3 tools/sanitize_smoke.py 2>&1 | tail -3 | tee -a $OUT/log.txt
