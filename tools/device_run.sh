@@ -21,8 +21,8 @@ for step in "$@"; do
     eval) timeout 120 python3 eval.py 2>&1 | tail -15 | tee -a $OUT/log.txt ;;
     variants) timeout 400 python3 tools/variants.py ${VARIANTS:-GR_PDL=0} --trials 30 2>&1 | grep -v Warn | tail -20 | tee -a $OUT/log.txt ;;
     ncu)
-      for dt in bfloat16 float32; do
-        timeout 120 bash tools/ncu_metrics.sh chunk_v2 8 2048 16 128 $dt 2>&1 | grep -v "^==PROF==\|Warn" | tail -24 | tee -a $OUT/log.txt
+      for dt in ${NCU_DTYPES:-bfloat16 float32}; do
+        timeout 120 bash tools/ncu_metrics.sh "chunk_v[23]" 8 2048 16 128 $dt 2>&1 | grep -v "^==PROF==\|Warn" | tail -26 | tee -a $OUT/log.txt
       done ;;
     compare) timeout 200 python3 tools/chunk_compare.py --algos ${ALGOS:-chunk_v2,chunk_v3} --dtypes ${DTYPES:-bfloat16} 2>&1 | tail -12 | tee -a $OUT/log.txt ;;
     configs) timeout 300 python3 tools/chunk_configs.py --trials 15 2>&1 | tail -60 | tee -a $OUT/log.txt ;;

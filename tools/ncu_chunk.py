@@ -12,6 +12,6 @@ import solution  # noqa: E402
 B, T, H, D = (int(x) for x in sys.argv[1:5])
 dtype = getattr(torch, sys.argv[5]) if len(sys.argv) > 5 else torch.float32
 xs = reference.make_inputs(B, T, H, D, dtype=dtype, device="cuda")
-print(solution.plan(B, T, H, D, D))
+print(solution.plan(B, T, H, D, D, dtype))
 solution.gated_recurrence(*xs)
 torch.cuda.synchronize()
