@@ -147,11 +147,12 @@ inline size_t chunk_smem(int C, int NV, int DKP) {
 inline size_t chunk2_smem(int NV, int DKP) {
   return sizeof(float) * (size_t)(2 * 32 * (DKP + 4) + 2 * 32 * (NV + 8) + DKP * (NV + 8) + 32 * 36 + 5 * 32 + 512);
 }
-// chunk_v3: fp32 state and staged y, gate tables; bf16 q and k (D_k padded to 32), v, P twice, S twice.
+// chunk_v3: fp32 staged y and gate tables; bf16 P twice, S twice, two staging buffers of q and k (D_k
+// padded to 32) and v.
 inline size_t chunk3_smem(int NV, int DKP) {
   const size_t dkq = (size_t)(DKP + 31) / 32 * 32;
-  return sizeof(float) * (size_t)(DKP * (NV + 8) + 32 * (NV + 8) + 5 * 32 + 512) +
-         2 * (2 * 32 * (dkq + 8) + 32 * (size_t)(NV + 8) + 2 * 32 * 40 + 2 * (size_t)DKP * (NV + 8));
+  return sizeof(float) * (size_t)(32 * (NV + 8) + 5 * 32 + 512) +
+         2 * (2 * 32 * 40 + 2 * (size_t)DKP * (NV + 8) + 2 * (2 * 32 * (dkq + 8) + 32 * (size_t)(NV + 8)));
 }
 inline size_t chunk_smem(const ChunkConfig& c, int DKP) {
   return c.version == 3 ? chunk3_smem(c.NV, DKP) : c.version == 2 ? chunk2_smem(c.NV, DKP) : chunk_smem(c.C, c.NV, DKP);
@@ -537,11 +538,31 @@ struct ChunkBlock {
   }
 };
 
-// The state slice (DKP x NV, pitch ld) at the segment's start: the caller's initial state (segment 0 of
-// the output phase), the scanned end state of the previous segment, or zero (the state phase computes
-// each segment's own contribution).
-template <typename scalar_t>
-__device__ __forceinline__ void init_state(float* Ss, int ld, int DKP, int NV, const ChunkParams& p,
+// A block's state slice in shared memory: fp32 at pitch ld (chunk_v1, chunk_v2), or as the bf16 pair hi + lo
+// (chunk_v3; set() splits, get() sums).
+struct StateF32 {
+  float* s; int ld;
+  __device__ __forceinline__ void set(int i, int j, float x) const { s[i * ld + j] = x; }
+  __device__ __forceinline__ float get(int i, int j) const { return s[i * ld + j]; }
+};
+struct StateSplit {
+  __nv_bfloat16 *hi, *lo; int ld;
+  __device__ __forceinline__ void set(int i, int j, float x) const {
+    const __nv_bfloat16 h = __float2bfloat16_rn(x);
+    const float d = x - __bfloat162float(h);
+    hi[i * ld + j] = h;
+    lo[i * ld + j] = __float2bfloat16_rn(d == d ? d : 0.f);  // as split_bf16x2
+  }
+  __device__ __forceinline__ float get(int i, int j) const {
+    return __bfloat162float(hi[i * ld + j]) + __bfloat162float(lo[i * ld + j]);
+  }
+};
+
+// The state slice (DKP x NV) at the segment's start: the caller's initial state (segment 0 of the output
+// phase), the scanned end state of the previous segment, or zero (the state phase computes each
+// segment's own contribution).
+template <typename scalar_t, typename State>
+__device__ __forceinline__ void init_state(const State& st, int DKP, int NV, const ChunkParams& p,
                                            const ChunkBlock<scalar_t>& cb) {
   const float* s0 = nullptr;
   StateStrides s0s{0, 0, 0, 0};
@@ -556,15 +577,15 @@ __device__ __forceinline__ void init_state(float* Ss, int ld, int DKP, int NV, c
     for (int j = lane; j < NV; j += 32) {
       float x = 0.f;
       if (s0 != nullptr && i < p.Dk && j < cb.nv) x = s0[cb.b * s0s.b + cb.h * s0s.h + i * s0s.i + (cb.j0 + j) * s0s.j];
-      Ss[i * ld + j] = x;
+      st.set(i, j, x);
     }
 }
 
 // After the last chunk: the final state (last segment of the output phase), or the segment's own
 // contribution and gate product (state phase).
-template <typename scalar_t>
-__device__ __forceinline__ void leave_state(const float* Ss, int ld, const ChunkParams& p,
-                                            const ChunkBlock<scalar_t>& cb, float seg_decay) {
+template <typename scalar_t, typename State>
+__device__ __forceinline__ void leave_state(const State& st, const ChunkParams& p, const ChunkBlock<scalar_t>& cb,
+                                            float seg_decay) {
   float* dst = nullptr;
   StateStrides ds{0, 0, 0, 0};
   if (p.mode == 0 && cb.seg == p.nseg - 1 && p.s_out != nullptr) {
@@ -577,7 +598,7 @@ __device__ __forceinline__ void leave_state(const float* Ss, int ld, const Chunk
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
   if (dst != nullptr)
     for (int i = warp; i < p.Dk; i += warps)
-      for (int j = lane; j < cb.nv; j += 32) dst[cb.b * ds.b + cb.h * ds.h + i * ds.i + (cb.j0 + j) * ds.j] = Ss[i * ld + j];
+      for (int j = lane; j < cb.nv; j += 32) dst[cb.b * ds.b + cb.h * ds.h + i * ds.i + (cb.j0 + j) * ds.j] = st.get(i, j);
 }
 
 // Whether eight bf16 values are all finite (exponent bits not all ones).
@@ -736,7 +757,7 @@ __global__ void __launch_bounds__(kMaxThreads, C == 32 ? 2 : 1) chunk_v1_kernel(
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int nv = cb.nv;
   scalar_t* y = cb.y;
-  init_state(Ss, LDV, DKP, NV, p, cb);
+  init_state(StateF32{Ss, LDV}, DKP, NV, p, cb);
   float seg_decay = 1.f;
 
   // Warp roles in the three matrix phases (strips of tiles that share their A rows):
@@ -836,7 +857,7 @@ __global__ void __launch_bounds__(kMaxThreads, C == 32 ? 2 : 1) chunk_v1_kernel(
     __syncthreads();  // B5
   }
 
-  leave_state(Ss, LDV, p, cb, seg_decay);
+  leave_state(StateF32{Ss, LDV}, p, cb, seg_decay);
 }
 
 // ===================================== section: chunk_v2 kernel =============================
@@ -1064,7 +1085,7 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v2_kernel(const ChunkPar
   const int g = lane >> 2, q4 = lane & 3;
   const int nv = cb.nv;
   scalar_t* y = cb.y;
-  init_state(Ss, LDV, DKP, NV, p, cb);
+  init_state(StateF32{Ss, LDV}, DKP, NV, p, cb);
   float seg_decay = 1.f;
 
   // S update: row block mi of S, n-tiles n0 .. n0 + sgn - 1 (of 8 columns), ssplit strips per row block.
@@ -1170,7 +1191,7 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v2_kernel(const ChunkPar
     __syncthreads();  // B4
   }
 
-  leave_state(Ss, LDV, p, cb, seg_decay);
+  leave_state(StateF32{Ss, LDV}, p, cb, seg_decay);
 }
 
 // ===================================== section: chunk_v3 kernel =============================
@@ -1180,8 +1201,9 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v2_kernel(const ChunkPar
 // operands (the masked product P, the state S, the scaled keys w beta k) are split into two bf16
 // terms, hi = bf16(x) and lo = bf16(x - hi), 16 significant bits together, each multiplied by an
 // exact bf16 input: y's error stays that of its own bf16 rounding, where one bf16 term would add
-// about 2^-9 per product. S lives in fp32 (Ss, where it is updated) and as the bf16 pair Sh, Sl that
-// q S reads. fp16 inputs stay on chunk_v2: TF32 holds fp16 values exactly and has fp32's range, while
+// about 2^-9 per product. S itself is kept as such a pair (Sh + Sl, 16 significant bits: a rel-L2
+// error near 1e-5 in the returned fp32 state, far below y's bf16 rounding), which frees the shared
+// memory for two staging buffers. fp16 inputs stay on chunk_v2: TF32 holds fp16 values exactly and has fp32's range, while
 // fp16 terms of S and P overflow at 65504 (gates above 1 get there).
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
@@ -1255,8 +1277,8 @@ __device__ __forceinline__ bool raw_tile(bool vec, __nv_bfloat16* dst, int ld, c
   return bad;
 }
 
-// stage_chunk for chunk_v3: k (and q with outputs) as 32 x DKQ raw bf16 (D_k padded to 32), v as 32 x NV.
-template <int DK, int NVT>
+// stage_chunk for chunk_v3 with D_k at run time: k (and q with outputs) as 32 x DKQ raw bf16 (D_k padded
+// to 32), v as 32 x NV, gate and beta into registers.
 __device__ __forceinline__ bool stage_chunk_raw(__nv_bfloat16* Qh, __nv_bfloat16* Kh, int ldk, __nv_bfloat16* Vh,
                                                 int ldv, int DKQ, int NV, const ChunkParams& p,
                                                 const ChunkBlock<__nv_bfloat16>& cb, int t0, int tc, float& g_reg,
@@ -1267,36 +1289,61 @@ __device__ __forceinline__ bool stage_chunk_raw(__nv_bfloat16* Qh, __nv_bfloat16
     g_reg = to_float(cb.gate[(int64_t)(t0 + threadIdx.x) * p.sg.t]);
     b_reg = to_float(cb.beta[(int64_t)(t0 + threadIdx.x) * p.sb.t]);
   }
-  if constexpr (DK > 0) {
-    TileRegs<__nv_bfloat16, 32, DK> kr, qr;
-    TileRegs<__nv_bfloat16, 32, NVT> vr;
-    kr.load(cb.k + (int64_t)t0 * p.sk.t, p.sk.t, tc, p.Dk);
-    if (p.mode == 0) qr.load(cb.q + (int64_t)t0 * p.sq.t, p.sq.t, tc, p.Dk);
-    vr.load(cb.v + (int64_t)t0 * p.sv.t, p.sv.t, tc, cb.nv);
-    kr.template store_raw<false>(Kh, ldk);
-    if (p.mode == 0) qr.template store_raw<false>(Qh, ldk);
-    return vr.template store_raw<true>(Vh, ldv);
-  } else {
-    raw_tile<false>(p.vec_qk, Kh, ldk, cb.k + (int64_t)t0 * p.sk.t, p.sk.t, p.sk.d, tc, p.Dk, DKQ);
-    if (p.mode == 0) raw_tile<false>(p.vec_qk, Qh, ldk, cb.q + (int64_t)t0 * p.sq.t, p.sq.t, p.sq.d, tc, p.Dk, DKQ);
-    return raw_tile<true>(p.vec_v, Vh, ldv, cb.v + (int64_t)t0 * p.sv.t, p.sv.t, p.sv.d, tc, cb.nv, NV);
-  }
+  raw_tile<false>(p.vec_qk, Kh, ldk, cb.k + (int64_t)t0 * p.sk.t, p.sk.t, p.sk.d, tc, p.Dk, DKQ);
+  if (p.mode == 0) raw_tile<false>(p.vec_qk, Qh, ldk, cb.q + (int64_t)t0 * p.sq.t, p.sq.t, p.sq.d, tc, p.Dk, DKQ);
+  return raw_tile<true>(p.vec_v, Vh, ldv, cb.v + (int64_t)t0 * p.sv.t, p.sv.t, p.sv.d, tc, cb.nv, NV);
 }
 
-// One warp's strip of S (16 rows x N tiles of 8 columns): S = decay S + (w beta k)^T v over the chunk,
-// the scaled keys split into hi + lo; writes Ss (fp32) and its split Sh, Sl.
+// 16 bytes global -> shared without passing through registers; `valid` false writes zeros (reads nothing).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
+               "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most N of this thread's committed groups are still in flight.
 template <int N>
-__device__ __forceinline__ void s_update_strip_bf16(float* sp, int ldv, __nv_bfloat16* shp, __nv_bfloat16* slp,
-                                                    int ldh, const __nv_bfloat16* kc, int ldk,
-                                                    const __nv_bfloat16* vc, const float* kscale, float decay,
-                                                    int lane) {
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+// A 32 x COLS raw bf16 tile (16-byte aligned rows, unit column stride) by cp.async, zero outside
+// rows_valid x cols_valid; with CHECK (after this thread's copies landed), whether its part holds a
+// NaN or inf.
+template <int COLS, bool CHECK = false>
+__device__ __forceinline__ bool tile_async(__nv_bfloat16* dst, int ld, const __nv_bfloat16* src, int64_t st,
+                                           int rows_valid, int cols_valid) {
+  constexpr int PER_ROW = COLS / 8, TOTAL = 32 * PER_ROW;
+  bool bad = false;
+#pragma unroll
+  for (int e0 = 0; e0 < TOTAL; e0 += kMaxThreads) {
+    const int e = e0 + threadIdx.x, r = e / PER_ROW, c = (e % PER_ROW) * 8;
+    if (TOTAL % kMaxThreads == 0 || e < TOTAL) {
+      if (CHECK) {
+        bad |= !finite16(*reinterpret_cast<const uint4*>(dst + r * ld + c));
+      } else {
+        const bool ok = r < rows_valid && c < cols_valid;
+        cp_async16(dst + r * ld + c, src + (ok ? r * st + c : 0), ok);
+      }
+    }
+  }
+  return bad;
+}
+
+// One warp's strip of S (16 rows x N tiles of 8 columns, held as the pair Sh + Sl): S = decay S +
+// (w beta k)^T v over the chunk, the scaled keys split into hi + lo.
+template <int N>
+__device__ __forceinline__ void s_update_strip_bf16(__nv_bfloat16* shp, __nv_bfloat16* slp, int ldh,
+                                                    const __nv_bfloat16* kc, int ldk, const __nv_bfloat16* vc,
+                                                    const float* kscale, float decay, int lane) {
   const int g = lane >> 2, q4 = lane & 3;
   float acc[N][4];
 #pragma unroll
   for (int n = 0; n < N; ++n) {
-    const float2 lo2 = *reinterpret_cast<const float2*>(sp + g * ldv + n * 8 + 2 * q4);
-    const float2 hi2 = *reinterpret_cast<const float2*>(sp + (g + 8) * ldv + n * 8 + 2 * q4);
-    acc[n][0] = lo2.x * decay; acc[n][1] = lo2.y * decay; acc[n][2] = hi2.x * decay; acc[n][3] = hi2.y * decay;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int o = (g + 8 * r) * ldh + n * 8 + 2 * q4;
+      const uint32_t h = *reinterpret_cast<const uint32_t*>(shp + o), l = *reinterpret_cast<const uint32_t*>(slp + o);
+      acc[n][2 * r] = (bf16_lo(h) + bf16_lo(l)) * decay;
+      acc[n][2 * r + 1] = (bf16_hi(h) + bf16_hi(l)) * decay;
+    }
   }
 #pragma unroll
   for (int s0 = 0; s0 < 32; s0 += 16) {
@@ -1321,8 +1368,6 @@ __device__ __forceinline__ void s_update_strip_bf16(float* sp, int ldv, __nv_bfl
 #pragma unroll
   for (int n = 0; n < N; ++n) {
     const int c = n * 8 + 2 * q4;
-    *reinterpret_cast<float2*>(sp + g * ldv + c) = make_float2(acc[n][0], acc[n][1]);
-    *reinterpret_cast<float2*>(sp + (g + 8) * ldv + c) = make_float2(acc[n][2], acc[n][3]);
     uint32_t h0, l0, h1, l1;
     split_bf16x2(acc[n][0], acc[n][1], h0, l0);
     split_bf16x2(acc[n][2], acc[n][3], h1, l1);
@@ -1333,29 +1378,29 @@ __device__ __forceinline__ void s_update_strip_bf16(float* sp, int ldv, __nv_bfl
   }
 }
 
-// DK: D_k padded to 16 as a compile-time constant, or 0 for any D_k at run time (as chunk_v2).
+// DK: D_k padded to 16 as a compile-time constant, or 0 for any D_k at run time (as chunk_v2). With DK > 0
+// (16-byte aligned rows) the next chunk's q, k, v, gate and beta are in flight (cp.async into the other
+// of two staging buffers) while this chunk computes.
 template <int NV, int DK>
 __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v3_kernel(const ChunkParams p) {
   using bf16 = __nv_bfloat16;
   constexpr int C = 32, WARPS = kMaxThreads / 32, NT8 = NV / 8, YN = NV / 32;
-  constexpr int LDV = NV + 8, LDP = C + 8;  // fp32 / bf16 pitches of the state's rows, P's pitch
+  constexpr int LDV = NV + 8, LDP = C + 8;  // pitch of the state's and v's rows (fp32 Ys too), P's pitch
   extern __shared__ __align__(128) float chunk3_buf[];
   const int DKP = DK > 0 ? DK : p.DKP, DKQ = (DKP + 31) & ~31, LDK = DKQ + 8;
-  float* Ss = chunk3_buf;        // DKP x LDV
-  float* Ys = Ss + DKP * LDV;    // C x LDV
+  float* Ys = chunk3_buf;        // C x LDV
   float* rowd = Ys + C * LDV;    // the gate products, as chunk_v2
   float* kscale = rowd + C;
   float* pin = kscale + C;
   float* sout = pin + C;
   float* bsm = sout + C;
   float* ltab = bsm + C;
-  bf16* Qh = reinterpret_cast<bf16*>(ltab + 16 * C);  // C x LDK
-  bf16* Kh = Qh + C * LDK;       // C x LDK
-  bf16* Vh = Kh + C * LDK;       // C x LDV
-  bf16* Ph = Vh + C * LDV;       // C x LDP: the masked product split in two
+  bf16* Ph = reinterpret_cast<bf16*>(ltab + 16 * C);  // C x LDP: the masked product split in two
   bf16* Pl = Ph + C * LDP;
   bf16* Sh = Pl + C * LDP;       // DKP x LDV: the state split in two
   bf16* Sl = Sh + DKP * LDV;
+  bf16* stage0 = Sl + DKP * LDV;  // staging buffer(s): q, k as C x LDK, v as C x LDV
+  const int stage_size = 2 * C * LDK + C * LDV;
 
   griddep_wait();
   griddep_launch();
@@ -1363,15 +1408,7 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v3_kernel(const ChunkPar
   const ChunkBlock<bf16> cb(p, NV);
   const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid >> 5, 0), lane = tid & 31;
   const int g = lane >> 2, q4 = lane & 3;
-  init_state(Ss, LDV, DKP, NV, p, cb);
-  __syncthreads();
-  for (int e = tid; e < DKP * NV / 2; e += kMaxThreads) {
-    const int i = e / (NV / 2), j = 2 * (e - i * (NV / 2));
-    uint32_t hi, lo;
-    split_bf16x2(Ss[i * LDV + j], Ss[i * LDV + j + 1], hi, lo);
-    *reinterpret_cast<uint32_t*>(Sh + i * LDV + j) = hi;
-    *reinterpret_cast<uint32_t*>(Sl + i * LDV + j) = lo;
-  }
+  init_state(StateSplit{Sh, Sl, LDV}, DKP, NV, p, cb);
   float seg_decay = 1.f;
 
   const int MI = DKP / 16, ssplit = s_splits(MI, NT8, WARPS);
@@ -1379,12 +1416,47 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v3_kernel(const ChunkPar
   const bool keep_state = p.mode != 0 || (cb.seg == p.nseg - 1 && p.s_out != nullptr);
   const int c_begin = cb.seg * p.seg_chunks;
   const int c_end = min(c_begin + p.seg_chunks, (p.T + C - 1) / C);
+
+  // Chunk ch into staging buffer sb (DK > 0), its gate and beta into g_next, b_next.
+  float g_next = 1.f, b_next = 0.f;
+  auto issue = [&](int ch, int sb) {
+    const int t0 = ch * C, tc = min(C, p.T - t0);
+    bf16* Qb = stage0 + sb * stage_size;
+    g_next = 1.f;
+    b_next = 0.f;
+    if (tid < tc) {
+      g_next = to_float(cb.gate[(int64_t)(t0 + tid) * p.sg.t]);
+      b_next = to_float(cb.beta[(int64_t)(t0 + tid) * p.sb.t]);
+    }
+    tile_async<(DK > 0 ? DK : 32)>(Qb + C * LDK, LDK, cb.k + (int64_t)t0 * p.sk.t, p.sk.t, tc, p.Dk);
+    if (outputs) tile_async<(DK > 0 ? DK : 32)>(Qb, LDK, cb.q + (int64_t)t0 * p.sq.t, p.sq.t, tc, p.Dk);
+    tile_async<NV>(Qb + 2 * C * LDK, LDV, cb.v + (int64_t)t0 * p.sv.t, p.sv.t, tc, cb.nv);
+    cp_async_commit();
+  };
+  if constexpr (DK > 0) {
+    if (c_begin < c_end) issue(c_begin, 0);
+  }
   for (int ch = c_begin; ch < c_end; ++ch) {
     const int t0 = ch * C, tc = min(C, p.T - t0);
+    const int sb = DK > 0 ? (ch - c_begin) & 1 : 0;
+    bf16* Qh = stage0 + sb * stage_size;
+    bf16* Kh = Qh + C * LDK;
+    bf16* Vh = Kh + C * LDK;
     float g_reg, b_reg;
-    const bool v_bad = stage_chunk_raw<DK, NV>(Qh, Kh, LDK, Vh, LDV, DKQ, NV, p, cb, t0, tc, g_reg, b_reg);
+    bool v_bad;
+    if constexpr (DK > 0) {
+      g_reg = g_next;
+      b_reg = b_next;
+      // The other buffer was last read before the previous chunk's final barrier.
+      if (ch + 1 < c_end) issue(ch + 1, sb ^ 1);
+      else cp_async_commit();  // an empty group keeps "all but the newest group" meaning this chunk
+      cp_async_wait<1>();
+      v_bad = tile_async<NV, true>(Vh, LDV, nullptr, 0, 0, 0);
+    } else {
+      v_bad = stage_chunk_raw(Qh, Kh, LDK, Vh, LDV, DKQ, NV, p, cb, t0, tc, g_reg, b_reg);
+    }
     if (warp == 0) chunk_gate_products(g_reg, b_reg, lane, rowd, kscale, pin, sout, bsm, ltab);
-    const bool vbad = __syncthreads_or(v_bad);  // B1 (also orders the first Sh, Sl before q S)
+    const bool vbad = __syncthreads_or(v_bad);  // B1 (also orders the initial Sh, Sl before q S)
     const float chunk_decay = rowd[C - 1];
     seg_decay *= chunk_decay;
 
@@ -1484,16 +1556,15 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v3_kernel(const ChunkPar
     // ---- S = A[C-1] S + (w beta k)^T V (skipped after the segment's last chunk unless the state is read)
     for (int task = warp; task < (ch + 1 < c_end || keep_state ? s_tasks : 0); task += WARPS) {
       const int mi = task / ssplit, n0 = (task - (task / ssplit) * ssplit) * sgn;
-      float* sp = Ss + mi * 16 * LDV + n0 * 8;
       bf16* shp = Sh + mi * 16 * LDV + n0 * 8;
       bf16* slp = Sl + mi * 16 * LDV + n0 * 8;
       const bf16* kc = Kh + mi * 16;
       const bf16* vc = Vh + n0 * 8;
       switch (sgn) {
-        case 1: s_update_strip_bf16<1>(sp, LDV, shp, slp, LDV, kc, LDK, vc, kscale, chunk_decay, lane); break;
-        case 2: s_update_strip_bf16<2>(sp, LDV, shp, slp, LDV, kc, LDK, vc, kscale, chunk_decay, lane); break;
-        case 4: s_update_strip_bf16<4>(sp, LDV, shp, slp, LDV, kc, LDK, vc, kscale, chunk_decay, lane); break;
-        default: s_update_strip_bf16<NT8>(sp, LDV, shp, slp, LDV, kc, LDK, vc, kscale, chunk_decay, lane); break;
+        case 1: s_update_strip_bf16<1>(shp, slp, LDV, kc, LDK, vc, kscale, chunk_decay, lane); break;
+        case 2: s_update_strip_bf16<2>(shp, slp, LDV, kc, LDK, vc, kscale, chunk_decay, lane); break;
+        case 4: s_update_strip_bf16<4>(shp, slp, LDV, kc, LDK, vc, kscale, chunk_decay, lane); break;
+        default: s_update_strip_bf16<NT8>(shp, slp, LDV, kc, LDK, vc, kscale, chunk_decay, lane); break;
       }
     }
 
@@ -1501,7 +1572,7 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v3_kernel(const ChunkPar
     __syncthreads();  // B4
   }
 
-  leave_state(Ss, LDV, p, cb, seg_decay);
+  leave_state(StateSplit{Sh, Sl, LDV}, p, cb, seg_decay);
 }
 
 // ===================================== section: state_scan_v1 kernel ========================
