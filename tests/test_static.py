@@ -83,6 +83,7 @@ def test_chunked_kernel_by_dtype(sol, dtype, kernel):
         assert sol.plan(8, 2048, 16, 128, 128, name).split()[0] == kernel
         assert sol.plan(2, 128, 4, 24, 24, name).split()[0] == "recurrent_v1"
     assert "chunk_v3        as chunk_v2," in sol.__doc__ and "bf16 inputs" in sol.__doc__
+    assert re.search(r"chunk_v3\s+\(8, 2048, 16, 128\) bf16", sol.__doc__)  # the measured line names it too
 
 
 def test_plan_rejects_unknown_dtype(sol):
