@@ -1,4 +1,5 @@
-"""Probe for a wgmma chunk_v3 (not yet run on the device; written without one, to run first next time).
+"""Probe for a wgmma chunk_v4. NOT WORKING: its one device run (fifth session, run 1) stopped with "an
+illegal memory access" at the first synchronize; run it under compute-sanitizer before trusting anything.
 
 1. Which shared-memory layout and descriptor convention TF32 wgmma reads. A 64x8 (A, K-major) and a
    64x8 (B^T, K-major) operand are staged as 8x4 "core matrices" (8 rows of 16 bytes, rows 16 bytes
