@@ -1,5 +1,6 @@
-"""Probe for a wgmma chunk_v4. NOT WORKING: its one device run (fifth session, run 1) stopped with "an
-illegal memory access" at the first synchronize; run it under compute-sanitizer before trusting anything.
+"""Probe for a wgmma chunk_v4. Fifth session, run 6 (under compute-sanitizer): LBO = stride between core
+matrices adjacent in K and SBO = adjacent in M/N is right (rel err 8e-4, TF32's), the swapped reading
+is wrong; the fourth combination read past the then 4 KB operand area (fixed: 12 KB each).
 
 1. Which shared-memory layout and descriptor convention TF32 wgmma reads. A 64x8 (A, K-major) and a
    64x8 (B^T, K-major) operand are staged as 8x4 "core matrices" (8 rows of 16 bytes, rows 16 bytes
@@ -88,11 +89,14 @@ __device__ __forceinline__ void wg_commit_wait() {
 #endif
 }
 
-// One warpgroup: D (64 x 64) = A (64 x 8) B (64 x 8)^T, operands staged with the given layout.
+// One warpgroup: D (64 x 64) = A (64 x 8) B (64 x 8)^T, operands staged with the given layout. Each
+// operand gets 12 KB although it fills 2 KB: a wrong (LBO, SBO) reading reaches 7.4 KB past its start
+// (with 4 KB, the fourth combination read past the allocation: "illegal memory access", fifth session).
+constexpr int kOperandB = 12288;
 __global__ void layout_probe(const float* A, const float* B, float* D, int ks, int rs, int lbo, int sbo) {
   extern __shared__ __align__(1024) unsigned char smem[];
   stage(smem, A, 64, ks, rs);
-  stage(smem + 4096, B, 64, ks, rs);
+  stage(smem + kOperandB, B, 64, ks, rs);
 #ifdef GR_WGMMA
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // generic-proxy stores -> wgmma reads
 #endif
@@ -100,7 +104,7 @@ __global__ void layout_probe(const float* A, const float* B, float* D, int ks, i
   float d[32];
   for (int i = 0; i < 32; ++i) d[i] = 0.f;
   wg_fence();
-  wgmma_n<64>(d, smem_desc(smem, lbo, sbo), smem_desc(smem + 4096, lbo, sbo));
+  wgmma_n<64>(d, smem_desc(smem, lbo, sbo), smem_desc(smem + kOperandB, lbo, sbo));
   wg_commit_wait();
   // Accumulator layout: warp w owns rows 16w..16w+15; d[i] is (16w + g + 8 * ((i / 2) % 2), 8 * (i / 4) + 2q + i % 2).
   const int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, q = l % 4;
@@ -131,7 +135,7 @@ __global__ void rate_probe(float* out, int iters) {
 }
 
 void layout(torch::Tensor A, torch::Tensor B, torch::Tensor D, int64_t ks, int64_t rs, int64_t lbo, int64_t sbo) {
-  layout_probe<<<1, 128, 8192>>>(A.data_ptr<float>(), B.data_ptr<float>(), D.data_ptr<float>(), (int)ks, (int)rs,
+  layout_probe<<<1, 128, 2 * kOperandB>>>(A.data_ptr<float>(), B.data_ptr<float>(), D.data_ptr<float>(), (int)ks, (int)rs,
                                  (int)lbo, (int)sbo);
   TORCH_CHECK(cudaGetLastError() == cudaSuccess, "layout_probe launch failed");
 }
