@@ -602,15 +602,6 @@ __device__ __forceinline__ void leave_state(const State& st, const ChunkParams& 
       for (int j = lane; j < cb.nv; j += 32) dst[cb.b * ds.b + cb.h * ds.h + i * ds.i + (cb.j0 + j) * ds.j] = st.get(i, j);
 }
 
-// Whether eight bf16 values are all finite (exponent bits not all ones).
-__device__ __forceinline__ bool finite16(const uint4& w) {
-  bool ok = true;
-  const uint32_t x[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) ok = ok && (x[i] & 0x7f80u) != 0x7f80u && (x[i] & 0x7f800000u) != 0x7f800000u;
-  return ok;
-}
-
 // A ROWS x COLS tile (compile-time) of a source with unit column stride and 16-byte aligned rows,
 // held in registers between load() and store(): a caller issues every tile's loads before the first
 // store, so a chunk waits for one memory round trip, not one per tile. Zero outside
@@ -646,20 +637,6 @@ struct TileRegs {
           if (CHECK) bad |= !(fabsf(f.x) <= M && fabsf(f.y) <= M && fabsf(f.z) <= M && fabsf(f.w) <= M);
           *reinterpret_cast<float4*>(dst + r * ld + c + i) = f;
         }
-      }
-    }
-    return bad;
-  }
-  // As the raw 16-bit values (chunk_v3), 16 bytes a store; same NaN/inf report.
-  template <bool CHECK>
-  __device__ __forceinline__ bool store_raw(scalar_t* dst, int ld) const {
-    bool bad = false;
-#pragma unroll
-    for (int u = 0; u < N; ++u) {
-      const int e = threadIdx.x + u * kMaxThreads, r = e / PER_ROW, c = (e % PER_ROW) * V;
-      if (TOTAL % kMaxThreads == 0 || e < TOTAL) {
-        if (CHECK) bad |= !finite16(buf[u]);
-        *reinterpret_cast<uint4*>(dst + r * ld + c) = buf[u];
       }
     }
     return bad;
@@ -1248,6 +1225,15 @@ __device__ __forceinline__ void frag_b_kn(uint32_t (&b)[N][2], const __nv_bfloat
     ldm4<true>(r, p + (N - 1) * 8 + ((lane & 7) + ((lane >> 3) & 1) * 8) * ld);
     b[N - 1][0] = r[0]; b[N - 1][1] = r[1];
   }
+}
+
+// Whether eight bf16 values are all finite (exponent bits not all ones).
+__device__ __forceinline__ bool finite16(const uint4& w) {
+  bool ok = true;
+  const uint32_t x[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) ok = ok && (x[i] & 0x7f80u) != 0x7f80u && (x[i] & 0x7f800000u) != 0x7f800000u;
+  return ok;
 }
 
 // 32 rows x cols of a bf16 source (row stride st, column stride sd) as raw values at pitch ld, zero
