@@ -148,11 +148,11 @@ inline size_t chunk_smem(int C, int NV, int DKP) {
 inline size_t chunk2_smem(int NV, int DKP) {
   return sizeof(float) * (size_t)(2 * 32 * (DKP + 4) + 2 * 32 * (NV + 8) + DKP * (NV + 8) + 32 * 36 + 5 * 32 + 512);
 }
-// chunk_v3: fp32 staged y and gate tables; bf16 P twice, S twice, two staging buffers of q and k (D_k
-// padded to 32) and v.
+// chunk_v3: fp32 staged y and two sets of gate tables; bf16 P twice, S twice, two staging buffers of q and
+// k (D_k padded to 32) and v.
 inline size_t chunk3_smem(int NV, int DKP) {
   const size_t dkq = (size_t)(DKP + 31) / 32 * 32;
-  return sizeof(float) * (size_t)(32 * (NV + 8) + 5 * 32 + 512) +
+  return sizeof(float) * (size_t)(32 * (NV + 8) + 2 * 21 * 32) +
          2 * (2 * 32 * 40 + 2 * (size_t)DKP * (NV + 8) + 2 * (2 * 32 * (dkq + 8) + 32 * (size_t)(NV + 8)));
 }
 inline size_t chunk_smem(const ChunkConfig& c, int DKP) {
@@ -1367,7 +1367,9 @@ __device__ __forceinline__ void s_update_strip_bf16(__nv_bfloat16* shp, __nv_bfl
 
 // DK: D_k padded to 16 as a compile-time constant, or 0 for any D_k at run time (as chunk_v2). With DK > 0
 // (16-byte aligned rows) the next chunk's q, k, v, gate and beta are in flight (cp.async into the other
-// of two staging buffers) while this chunk computes.
+// of two staging buffers) while this chunk computes, warp 6 computes the next chunk's gate products
+// while warps 0-5 compute P (two sets of tables), and y is stored from the registers of the warps that
+// computed it.
 template <int NV, int DK>
 __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v3_kernel(const ChunkParams p) {
   using bf16 = __nv_bfloat16;
@@ -1375,14 +1377,10 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v3_kernel(const ChunkPar
   constexpr int LDV = NV + 8, LDP = C + 8;  // pitch of the state's and v's rows (fp32 Ys too), P's pitch
   extern __shared__ __align__(128) float chunk3_buf[];
   const int DKP = DK > 0 ? DK : p.DKP, DKQ = (DKP + 31) & ~31, LDK = DKQ + 8;
-  float* Ys = chunk3_buf;        // C x LDV
-  float* rowd = Ys + C * LDV;    // the gate products, as chunk_v2
-  float* kscale = rowd + C;
-  float* pin = kscale + C;
-  float* sout = pin + C;
-  float* bsm = sout + C;
-  float* ltab = bsm + C;
-  bf16* Ph = reinterpret_cast<bf16*>(ltab + 16 * C);  // C x LDP: the masked product split in two
+  constexpr int TAB = 21 * C, GW = 6;  // one set of gate tables (as chunk_v2's); the warp that computes them
+  float* Ys = chunk3_buf;        // C x LDV (run-time D_k only)
+  float* tabs = Ys + C * LDV;    // two sets of gate tables: rowd, kscale, pin, sout, bsm, ltab
+  bf16* Ph = reinterpret_cast<bf16*>(tabs + 2 * TAB);  // C x LDP: the masked product split in two
   bf16* Pl = Ph + C * LDP;
   bf16* Sh = Pl + C * LDP;       // DKP x LDV: the state split in two
   bf16* Sl = Sh + DKP * LDV;
@@ -1404,16 +1402,21 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v3_kernel(const ChunkPar
   const int c_begin = cb.seg * p.seg_chunks;
   const int c_end = min(c_begin + p.seg_chunks, (p.T + C - 1) / C);
 
-  // Chunk ch into staging buffer sb (DK > 0), its gate and beta into g_next, b_next.
+  // The gate tables of set ts, from the gates and betas in the lanes of the calling warp.
+  auto gate_tables = [&](int ts, float gr, float br) {
+    float* t = tabs + ts * TAB;
+    chunk_gate_products(gr, br, lane, t, t + C, t + 2 * C, t + 3 * C, t + 4 * C, t + 5 * C);
+  };
+  // Chunk ch into staging buffer sb (DK > 0), its gate and beta into g_next, b_next (lanes of warp GW).
   float g_next = 1.f, b_next = 0.f;
   auto issue = [&](int ch, int sb) {
     const int t0 = ch * C, tc = min(C, p.T - t0);
     bf16* Qb = stage0 + sb * stage_size;
     g_next = 1.f;
     b_next = 0.f;
-    if (tid < tc) {
-      g_next = to_float(cb.gate[(int64_t)(t0 + tid) * p.sg.t]);
-      b_next = to_float(cb.beta[(int64_t)(t0 + tid) * p.sb.t]);
+    if (warp == GW && lane < tc) {
+      g_next = to_float(cb.gate[(int64_t)(t0 + lane) * p.sg.t]);
+      b_next = to_float(cb.beta[(int64_t)(t0 + lane) * p.sb.t]);
     }
     tile_async<(DK > 0 ? DK : 32)>(Qb + C * LDK, LDK, cb.k + (int64_t)t0 * p.sk.t, p.sk.t, tc, p.Dk);
     if (outputs) tile_async<(DK > 0 ? DK : 32)>(Qb, LDK, cb.q + (int64_t)t0 * p.sq.t, p.sq.t, tc, p.Dk);
@@ -1422,27 +1425,31 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v3_kernel(const ChunkPar
   };
   if constexpr (DK > 0) {
     if (c_begin < c_end) issue(c_begin, 0);
+    if (outputs && warp == GW) gate_tables(0, g_next, b_next);  // later sets come during the P phase
   }
   for (int ch = c_begin; ch < c_end; ++ch) {
     const int t0 = ch * C, tc = min(C, p.T - t0);
-    const int sb = DK > 0 ? (ch - c_begin) & 1 : 0;
-    bf16* Qh = stage0 + sb * stage_size;
+    const int sb = (ch - c_begin) & 1;  // staging buffer (DK > 0) and set of gate tables
+    bf16* Qh = stage0 + (DK > 0 ? sb : 0) * stage_size;
     bf16* Kh = Qh + C * LDK;
     bf16* Vh = Kh + C * LDK;
-    float g_reg, b_reg;
+    const float* rowd = tabs + sb * TAB;
+    const float *kscale = rowd + C, *pin = rowd + 2 * C, *sout = rowd + 3 * C, *bsm = rowd + 4 * C;
+    const float* ltab = rowd + 5 * C;
     bool v_bad;
     if constexpr (DK > 0) {
-      g_reg = g_next;
-      b_reg = b_next;
+      const float g_reg = g_next, b_reg = b_next;
       // The other buffer was last read before the previous chunk's final barrier.
       if (ch + 1 < c_end) issue(ch + 1, sb ^ 1);
       else cp_async_commit();  // an empty group keeps "all but the newest group" meaning this chunk
+      if (!outputs && warp == GW) gate_tables(sb, g_reg, b_reg);  // no P phase to hide them behind
       cp_async_wait<1>();
       v_bad = tile_async<NV, true>(Vh, LDV, nullptr, 0, 0, 0);
     } else {
+      float g_reg, b_reg;
       v_bad = stage_chunk_raw(Qh, Kh, LDK, Vh, LDV, DKQ, NV, p, cb, t0, tc, g_reg, b_reg);
+      if (warp == 0) gate_tables(sb, g_reg, b_reg);
     }
-    if (warp == 0) chunk_gate_products(g_reg, b_reg, lane, rowd, kscale, pin, sout, bsm, ltab);
     const bool vbad = __syncthreads_or(v_bad);  // B1 (also orders the initial Sh, Sl before q S)
     const float chunk_decay = rowd[C - 1];
     seg_decay *= chunk_decay;
@@ -1473,10 +1480,12 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v3_kernel(const ChunkPar
           *reinterpret_cast<uint32_t*>(Ph + t * LDP + s) = hi;
           *reinterpret_cast<uint32_t*>(Pl + t * LDP + s) = lo;
         }
+      } else if (DK > 0 && warp == GW && ch + 1 < c_end) {
+        gate_tables(sb ^ 1, g_next, b_next);  // the next chunk's (that set was last read in the previous chunk)
       }
       __syncthreads();  // B2
 
-      // ---- Y = M V + A[t] (q S), staged in Ys
+      // ---- Y = M V + A[t] (q S): stored from registers (DK > 0: y's rows 16-byte aligned), or staged in Ys
       {
         const int yb = warp >> 2, yn0 = (warp & 3) * YN;
         float mv[YN][4], ml[YN][4], qs[YN][4], ql[YN][4];
@@ -1529,15 +1538,22 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v3_kernel(const ChunkPar
 #pragma unroll
         for (int n = 0; n < YN; ++n) {
           const int col = (yn0 + n) * 8 + 2 * q4;
-          *reinterpret_cast<float2*>(Ys + (yb * 16 + g) * LDV + col) =
-              make_float2(fmaf(r0, qs[n][0] + ql[n][0], mv[n][0] + ml[n][0]),
-                          fmaf(r0, qs[n][1] + ql[n][1], mv[n][1] + ml[n][1]));
-          *reinterpret_cast<float2*>(Ys + (yb * 16 + g + 8) * LDV + col) =
-              make_float2(fmaf(r1, qs[n][2] + ql[n][2], mv[n][2] + ml[n][2]),
-                          fmaf(r1, qs[n][3] + ql[n][3], mv[n][3] + ml[n][3]));
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int t = yb * 16 + g + 8 * h;
+            const float r = h ? r1 : r0;
+            const float y0 = fmaf(r, qs[n][2 * h] + ql[n][2 * h], mv[n][2 * h] + ml[n][2 * h]);
+            const float y1 = fmaf(r, qs[n][2 * h + 1] + ql[n][2 * h + 1], mv[n][2 * h + 1] + ml[n][2 * h + 1]);
+            if constexpr (DK > 0) {
+              if (t < tc && col < cb.nv)  // nv is a multiple of 8 here
+                *reinterpret_cast<__nv_bfloat162*>(cb.y + (int64_t)(t0 + t) * p.sy.t + col) = __floats2bfloat162_rn(y0, y1);
+            } else {
+              *reinterpret_cast<float2*>(Ys + t * LDV + col) = make_float2(y0, y1);
+            }
+          }
         }
       }
-      __syncthreads();  // B3: Y staged, every read of the old S done
+      __syncthreads();  // B3: every read of the old S done (and Y staged)
     }
 
     // ---- S = A[C-1] S + (w beta k)^T V (skipped after the segment's last chunk unless the state is read)
@@ -1555,7 +1571,7 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v3_kernel(const ChunkPar
       }
     }
 
-    if (outputs) write_y<bf16, C, NV, (DK > 0)>(cb.y, p, Ys, LDV, nullptr, 0, nullptr, t0, tc, cb.nv, false);
+    if (DK == 0 && outputs) write_y<bf16, C, NV, false>(cb.y, p, Ys, LDV, nullptr, 0, nullptr, t0, tc, cb.nv, false);
     __syncthreads();  // B4
   }
 
