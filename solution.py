@@ -43,9 +43,9 @@ Algorithms (the dispatch in the host section "dispatch" picks one per call; `pla
                                   that phase are programmatic dependent launches on sm_90).
 
 Measured on one H200, KernelBench timing (median per call, L2 flushed); BENCHMARKS.md has the
-commands, the peers (fla and chunk_v2 from the same run as ours, run 5, except: chunk_v3 is the
-final code's A/B time of run 8, 2-3% under its run-5 time; chunk_v1 from an earlier session) and
-the T sweep:
+commands, the peers (fla and chunk_v2 from the same run as ours, run 5; chunk_v3's times are the
+final code's, from the A/B of run 8, 2-3% under its run-5 times; chunk_v1 from an earlier session)
+and the T sweep:
 
     recurrent_v1    (2, 128, 4, 24) fp32   0.0225 ms   (eager 9.51 ms, torch.compile 1.44 ms,
                                                         fla fused_recurrent 0.182 ms)
