@@ -1294,24 +1294,28 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 // A 32 x COLS raw bf16 tile (16-byte aligned rows, unit column stride) by cp.async, zero outside
-// rows_valid x cols_valid; with CHECK (after this thread's copies landed), whether its part holds a
-// NaN or inf.
-template <int COLS, bool CHECK = false>
-__device__ __forceinline__ bool tile_async(__nv_bfloat16* dst, int ld, const __nv_bfloat16* src, int64_t st,
+// rows_valid x cols_valid. This thread copies the 16-byte pieces threadIdx.x + 256 u.
+template <int COLS>
+__device__ __forceinline__ void tile_async(__nv_bfloat16* dst, int ld, const __nv_bfloat16* src, int64_t st,
                                            int rows_valid, int cols_valid) {
+  constexpr int PER_ROW = COLS / 8, TOTAL = 32 * PER_ROW;
+#pragma unroll
+  for (int e0 = 0; e0 < TOTAL; e0 += kMaxThreads) {
+    const int e = e0 + threadIdx.x, r = e / PER_ROW, c = (e % PER_ROW) * 8;
+    const bool ok = r < rows_valid && c < cols_valid;
+    if (TOTAL % kMaxThreads == 0 || e < TOTAL) cp_async16(dst + r * ld + c, src + (ok ? r * st + c : 0), ok);
+  }
+}
+
+// Whether the pieces of such a tile that this thread copied (and has waited for) hold a NaN or inf.
+template <int COLS>
+__device__ __forceinline__ bool tile_bad(const __nv_bfloat16* dst, int ld) {
   constexpr int PER_ROW = COLS / 8, TOTAL = 32 * PER_ROW;
   bool bad = false;
 #pragma unroll
   for (int e0 = 0; e0 < TOTAL; e0 += kMaxThreads) {
     const int e = e0 + threadIdx.x, r = e / PER_ROW, c = (e % PER_ROW) * 8;
-    if (TOTAL % kMaxThreads == 0 || e < TOTAL) {
-      if (CHECK) {
-        bad |= !finite16(*reinterpret_cast<const uint4*>(dst + r * ld + c));
-      } else {
-        const bool ok = r < rows_valid && c < cols_valid;
-        cp_async16(dst + r * ld + c, src + (ok ? r * st + c : 0), ok);
-      }
-    }
+    if (TOTAL % kMaxThreads == 0 || e < TOTAL) bad |= !finite16(*reinterpret_cast<const uint4*>(dst + r * ld + c));
   }
   return bad;
 }
@@ -1446,7 +1450,7 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_v3_kernel(const ChunkPar
       else cp_async_commit();  // an empty group keeps "all but the newest group" meaning this chunk
       if (!outputs && warp == GW) gate_tables(sb, g_reg, b_reg);  // no P phase to hide them behind
       cp_async_wait<1>();
-      v_bad = tile_async<NV, true>(Vh, LDV, nullptr, 0, 0, 0);
+      v_bad = tile_bad<NV>(Vh, LDV);
     } else {
       float g_reg, b_reg;
       v_bad = stage_chunk_raw(Qh, Kh, LDK, Vh, LDV, DKQ, NV, p, cb, t0, tc, g_reg, b_reg);
