@@ -2,18 +2,24 @@
 in registers (8 independent accumulator chains per warp, every SM full), in TFLOPS. chunk_v2 issues
 its tensor-core work as mma.sync, so this bounds it from below: time >= its mma FLOPs / this rate.
 
-    python3 tools/mma_peak.py        (writes $OUT/mma_peak.json)
+    python3 dev/mma_peak.py        (writes $OUT/mma_peak.json)
 """
+import json
 import os
-
 import sys
 
 import torch
 from torch.utils.cpp_extension import load_inline
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 from timing import kernelbench_time  # noqa: E402
-from common import save  # noqa: E402  (tools/common.py: the script's folder is on sys.path)
+
+
+def save(name, obj):
+    """obj as indented JSON in $OUT/name (the current folder without OUT), as tools/common.py does."""
+    with open(os.path.join(os.environ.get("OUT", "."), name), "w") as f:
+        json.dump(obj, f, indent=1, default=str)
+
 
 SRC = r"""
 #include <torch/extension.h>

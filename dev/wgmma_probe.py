@@ -9,22 +9,27 @@ is wrong; the fourth combination read past the then 4 KB operand area (fixed: 12
    distance between core matrices adjacent in K and SBO between those adjacent in M/N (no swizzle);
    the combination whose product matches float64 (TF32 error, ~3e-4) settles it.
 2. TF32 wgmma throughput (m64nNk8, N = 64, 128, 256, operands in shared memory, every SM busy), to
-   set against mma.sync's 310 TFLOPS (tools/mma_peak.py) and the 494 of the datasheet.
+   set against mma.sync's 310 TFLOPS (dev/mma_peak.py) and the 494 of the datasheet.
 
-    python3 tools/wgmma_probe.py        (writes $OUT/wgmma_probe.json)
+    python3 dev/wgmma_probe.py        (writes $OUT/wgmma_probe.json)
 
 Needs the sm_90a target (wgmma): TORCH_CUDA_ARCH_LIST is set to 9.0a for this build only.
 """
+import json
 import os
-
 import sys
 
 import torch
 from torch.utils.cpp_extension import load_inline
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 from timing import kernelbench_time  # noqa: E402
-from common import save  # noqa: E402  (tools/common.py: the script's folder is on sys.path)
+
+
+def save(name, obj):
+    """obj as indented JSON in $OUT/name (the current folder without OUT), as tools/common.py does."""
+    with open(os.path.join(os.environ.get("OUT", "."), name), "w") as f:
+        json.dump(obj, f, indent=1, default=str)
 
 
 def wgmma_asm(n):
