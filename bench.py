@@ -73,11 +73,6 @@ def bench_shape(name, shape, args, sol, peers):
     if ref is not None:
         row["ours_err"] = rel_l2(y, ref)
     row["ours_ms"] = kernelbench_time(sol.gated_recurrence, inputs, trials=args.trials)["median"]
-    if row["plan"].startswith("chunk_v3"):  # bf16: the TF32 kernel it replaced, same run
-        v2 = lambda *x: sol.gated_recurrence_with(*x, algorithm="chunk_v2")  # noqa: E731
-        if ref is not None:
-            row["chunk_v2_err"] = rel_l2(v2(*inputs), ref)
-        row["chunk_v2_ms"] = kernelbench_time(v2, inputs, trials=args.trials)["median"]
     model = reference.Model().cuda()
     est = T * 8 * 15e-6  # ~8 launches a step
     if est < args.eager_max_s:
@@ -100,14 +95,14 @@ def bench_shape(name, shape, args, sol, peers):
 
 
 def config_sweep(sol, args):
-    """Time recurrent_v1 launch configurations (R, G, JB, TC) at the shapes given."""
+    """Time recurrent launch configurations (R, G, JB, TC) at the shapes given."""
     rows = []
     for name, cfgs in CONFIGS.items():
         B, T, H, D, dtype = SHAPES[name]
         inputs = reference.make_inputs(B, T, H, D, dtype=dtype, device="cuda")
         ref = reference64(inputs)
         for cfg in cfgs:
-            fn = lambda *x, c=cfg: sol.gated_recurrence_config(*x, *c)  # noqa: E731
+            fn = lambda *x, c=cfg: sol._gated_recurrence_with(*x, kernel="recurrent", config=c)  # noqa: E731
             try:
                 err = rel_l2(fn(*inputs), ref)
             except ValueError as e:  # a configuration this shape cannot launch
@@ -120,7 +115,7 @@ def config_sweep(sol, args):
 
 
 CONFIGS = {  # (R, G, JB, TC); the default plan first
-    "S0": [(6, 4, 24, 128), (6, 4, 8, 128), (4, 8, 24, 128), (4, 8, 8, 128), (6, 8, 16, 64), (8, 4, 8, 128)],
+    "S0": [(6, 4, 24, 128), (6, 4, 8, 128), (6, 8, 16, 64), (8, 4, 8, 128)],
     "S1": [(8, 8, 32, 75), (8, 8, 16, 64), (6, 16, 16, 48), (8, 8, 32, 32)],
 }
 
@@ -130,7 +125,7 @@ def fmt_ms(x):
 
 
 def markdown(rows):
-    # chunk_v2 (bf16 rows: the kernel chunk_v3 replaced) only where a run measured it
+    # chunk_v2: a column of older stored runs (bf16 rows: the TF32 kernel chunk_bf16 replaced)
     cols = ["ours"] + (["chunk_v2"] if any("chunk_v2_ms" in r for r in rows) else []) + \
         ["eager", "compile", "fla_chunk", "fla_fused_recurrent"]
     out = ["| shape | dtype | plan | " + " | ".join(cols) + " | ours err | fla_chunk err |",

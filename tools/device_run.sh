@@ -1,6 +1,6 @@
 #!/bin/bash
 # One device call: build once (timed), then the steps named in $@, each with a time limit, output in $OUT.
-#   bash tools/device_run.sh tests compare mma wgmma bench eval sanitize sweep configs ncu variants
+#   bash tools/device_run.sh buildtimes tests eval sanitize bench sweep variants ncu wmma mma wgmma configs
 set -u
 export TORCH_EXTENSIONS_DIR=/tmp/ext PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -8,24 +8,25 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH=/tmp/site
 fi
 t0=$(date +%s.%N)
-python3 -c "import solution" 2>&1 | tail -2
-echo "first import (build) $(python3 -c "print(round($(date +%s.%N) - $t0, 1))") s" | tee -a $OUT/log.txt
+python3 -c "import solution; solution.build()" 2>&1 | tail -3
+echo "first import + build() of every unit $(python3 -c "print(round($(date +%s.%N) - $t0, 1))") s" | tee -a $OUT/log.txt
 for step in "$@"; do
   echo "== $step" | tee -a $OUT/log.txt
   case $step in
     tests) timeout 240 python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tail -4 | tee -a $OUT/log.txt ;;
-    mma) timeout 120 python3 tools/mma_peak.py 2>&1 | tail -8 | tee -a $OUT/log.txt ;;
-    wgmma) timeout 180 python3 tools/wgmma_probe.py 2>&1 | grep -v Warn | tail -12 | tee -a $OUT/log.txt ;;
+    buildtimes) timeout 300 python3 tools/build_times.py --repeat ${BUILD_REPEAT:-1} 2>&1 | tail -8 | tee -a $OUT/log.txt ;;
+    wmma) timeout 300 python3 dev/chunk_wmma.py --trials 30 2>&1 | tail -12 | tee -a $OUT/log.txt ;;
+    mma) timeout 120 python3 dev/mma_peak.py 2>&1 | tail -8 | tee -a $OUT/log.txt ;;
+    wgmma) timeout 180 python3 dev/wgmma_probe.py 2>&1 | grep -v Warn | tail -12 | tee -a $OUT/log.txt ;;
     bench) timeout 300 python3 bench.py --shapes S1,S2,S3,S2-bf16,S3-bf16 --trials 30 --eager-max-s 0.1 --out $OUT 2>&1 | tee $OUT/bench.log | tail -8 | tee -a $OUT/log.txt ;;
     sweep) timeout 400 python3 bench.py --sweep --trials 30 --out $OUT 2>&1 | grep -v "^{" | tail -20 | tee -a $OUT/log.txt ;;
     eval) timeout 120 python3 eval.py 2>&1 | tail -15 | tee -a $OUT/log.txt ;;
     variants) timeout 400 python3 tools/variants.py ${VARIANTS:-GR_PDL=0} --trials 30 2>&1 | grep -v Warn | tail -20 | tee -a $OUT/log.txt ;;
     ncu)
       for dt in ${NCU_DTYPES:-bfloat16 float32}; do
-        timeout 120 bash tools/ncu_metrics.sh "chunk_v[23]" 8 2048 16 128 $dt 2>&1 | grep -v "^==PROF==\|Warn" | tail -26 | tee -a $OUT/log.txt
+        timeout 120 bash tools/ncu_metrics.sh "chunk_(tf32|bf16)_kernel" 8 2048 16 128 $dt 2>&1 | grep -v "^==PROF==\|Warn" | tail -26 | tee -a $OUT/log.txt
       done ;;
-    compare) timeout 200 python3 tools/chunk_compare.py --algos ${ALGOS:-chunk_v2,chunk_v3} --dtypes ${DTYPES:-bfloat16} 2>&1 | tail -12 | tee -a $OUT/log.txt ;;
-    configs) timeout 300 python3 tools/chunk_configs.py --trials 15 2>&1 | tail -60 | tee -a $OUT/log.txt ;;
+    configs) timeout 300 python3 dev/chunk_configs.py --trials 15 2>&1 | tail -60 | tee -a $OUT/log.txt ;;
     sanitize)
       timeout 200 compute-sanitizer --tool memcheck python3 tools/sanitize_smoke.py 2>&1 | tail -3 | tee -a $OUT/log.txt
       timeout 200 compute-sanitizer --tool racecheck python3 tools/sanitize_smoke.py 2>&1 | tail -3 | tee -a $OUT/log.txt ;;
