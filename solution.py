@@ -73,9 +73,12 @@ PRELUDE_SRC = r"""
 #include <cstdint>
 
 namespace gr {
-inline constexpr int kMaxThreads = 256;  // every kernel's block
-inline constexpr int kChunk = 32;       // steps per chunk of the chunk kernels
-inline constexpr int kGateTableFloats = 21 * kChunk;  // one chunk's gate tables (CHUNK_SRC)
+// Enumerators, not variables: no symbol, and no unused-variable warning in a unit that skips one.
+enum : int {
+  kMaxThreads = 256,             // every kernel's block
+  kChunk = 32,                   // steps per chunk of the chunk kernels
+  kGateTableFloats = 21 * kChunk  // one chunk's gate tables (CHUNK_SRC)
+};
 enum class DType : int { f32 = 0, f16 = 1, bf16 = 2 };
 enum class Kernel : int { recurrent = 0, chunk_tf32 = 1, chunk_bf16 = 2 };  // index of the unit's entry too
 
@@ -1590,8 +1593,8 @@ thread_local std::string g_error;
 // extension crashed the device's torch 2.11 process (std::to_string and appends were fine there).
 inline std::string piece(const char* s) { return s; }
 inline std::string piece(const std::string& s) { return s; }
-template <typename T, typename = std::enable_if_t<std::is_integral_v<T>>>
-inline std::string piece(T x) { return std::to_string(x); }
+template <typename T, typename = std::enable_if_t<std::is_integral_v<T> || std::is_enum_v<T>>>
+inline std::string piece(T x) { return std::to_string(static_cast<long long>(x)); }
 
 template <typename... Args>
 std::string cat(const Args&... args) {

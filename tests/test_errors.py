@@ -1,8 +1,12 @@
 """CPU: every bad input raises ValueError / TypeError naming the argument (checks run in C++,
 dtypes and shapes before devices, so CPU tensors reach every shape check)."""
+import subprocess
+import sys
+
 import pytest
 import torch
 
+from conftest import HAS_CUDA, ROOT, cuda
 from helpers import inputs
 
 NAMES = ["q", "k", "v", "gate", "beta"]
@@ -57,39 +61,93 @@ def test_non_tensor_argument_is_a_type_error(sol, value):
         sol.gated_recurrence(*replaced("gate", value))
 
 
-@pytest.mark.parametrize("cfg,pattern", [((3, 8, 4, 8), "not a compiled pair"), ((4, 3, 4, 8), "not a compiled pair"),
-                                         ((2, 1, 32, 8), "R \\* G must cover"), ((4, 8, 3, 8), "G \\* JB must be"),
-                                         ((4, 8, 4, 10**6), "bytes of shared memory")],
-                         ids=["R", "G", "cover", "JB", "TC"])
-def test_bad_launch_configuration_is_a_value_error(sol, cfg, pattern):
-    with pytest.raises(ValueError, match=pattern):
-        sol.gated_recurrence_config(*good(), *cfg)
+BF16 = [x.to(torch.bfloat16) for x in good()]
+
+# (kernel, inputs, config, exception, message): every check runs before the device check.
+CONFIG_CASES = {
+    "R": ("recurrent", good(), (3, 8, 4, 8), ValueError, r"not a compiled pair"),
+    "G": ("recurrent", good(), (4, 3, 4, 8), ValueError, r"not a compiled pair"),
+    "R4G8-dropped": ("recurrent", good(), (4, 8, 4, 8), ValueError, r"not a compiled pair"),
+    "cover": ("recurrent", good(), (2, 1, 32, 8), ValueError, r"R \* G must cover D_k"),
+    "JB": ("recurrent", good(), (6, 8, 3, 8), ValueError, r"G \* JB must be a multiple of 32"),
+    "JB-over-256": ("recurrent", good(), (8, 32, 16, 8), ValueError, r"G \* JB must be a multiple of 32"),
+    "TC": ("recurrent", good(), (6, 8, 4, 10**6), ValueError, r"TC=1000000\b"),
+    "TC-zero": ("recurrent", good(), (6, 8, 4, 0), ValueError, r"TC=0\b"),
+    "recurrent-length": ("recurrent", good(), (6, 8, 4), ValueError, r"config must be"),
+    "chunked-length": ("chunked", good(), (64,), ValueError, r"config must be"),
+    "tf32-old-3-tuple": ("chunk_tf32", good(), (32, 64, 4), ValueError, r"config must be"),
+    "bf16-length": ("chunk_bf16", BF16, (64, 1, 1, 1), ValueError, r"config must be"),
+    "tf32-NV48": ("chunk_tf32", good(), (48, 1), ValueError, r"NV must be 32 or 64"),
+    "tf32-NV128": ("chunk_tf32", good(), (128, 1), ValueError, r"NV must be 32 or 64"),
+    "bf16-NV16": ("chunk_bf16", BF16, (16, 1), ValueError, r"NV must be 32 or 64"),
+    "chunked-NV0": ("chunked", good(), (0, 1), ValueError, r"NV must be 32 or 64"),
+    "tf32-segments": ("chunk_tf32", good(), (64, 0), ValueError, r"segments must be at least 1"),
+    "bf16-segments": ("chunk_bf16", BF16, (32, -2), ValueError, r"segments must be at least 1"),
+    "tf32-bf16-inputs": ("chunk_tf32", BF16, (), TypeError,
+                         r"chunk_tf32 takes float32 or float16 inputs, got bfloat16"),
+    "bf16-fp32-inputs": ("chunk_bf16", good(), (), TypeError, r"chunk_bf16 takes bfloat16 inputs, got float32"),
+    "bf16-fp16-inputs": ("chunk_bf16", [x.half() for x in good()], (64, 1), TypeError,
+                         r"chunk_bf16 takes bfloat16 inputs, got float16"),
+}
 
 
-@pytest.mark.parametrize("algo,cfg,pattern", [
-    ("chunk_v1", (48, 64, 1), "not compiled for chunk_v1"), ("chunk_v1", (64, 48, 1), "not compiled for chunk_v1"),
-    ("chunk_v2", (64, 64, 1), "not compiled for chunk_v2"), ("chunk_v2", (32, 64, 0), "segments must be at least 1"),
-    ("chunked", (32, 64), "config must be")], ids=["v1-C", "v1-NV", "v2-C", "segments", "length"])
-def test_bad_chunk_configuration_is_a_value_error(sol, algo, cfg, pattern):
-    with pytest.raises(ValueError, match=pattern):
-        sol.gated_recurrence_with(*good(), algorithm=algo, config=cfg)
+@pytest.mark.parametrize("case", list(CONFIG_CASES))
+def test_bad_kernel_or_configuration_raises_named_error(sol, case):
+    kernel, xs, cfg, exc, pattern = CONFIG_CASES[case]
+    with pytest.raises(exc, match=pattern):
+        sol._gated_recurrence_with(*xs, kernel=kernel, config=cfg)
 
 
-def test_chunk_configuration_over_shared_memory_is_a_value_error(sol):
-    xs = inputs(1, 5, 1, 256, 64, device="cpu", seed=0)
-    with pytest.raises(ValueError, match="bytes of shared memory"):
-        sol.gated_recurrence_with(*xs, algorithm="chunk_v1", config=(64, 64, 1))
+@pytest.mark.parametrize("kernel", ["fast", "chunk_v1", "chunk_v2", "recurrent_v1", "segment_scan"])
+def test_unknown_kernel_is_a_value_error(sol, kernel):
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        sol._gated_recurrence_with(*good(), kernel=kernel)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
-def test_chunk_v3_refuses_other_dtypes(sol, dtype):
-    with pytest.raises(TypeError, match="chunk_v3 takes bfloat16 inputs, got " + str(dtype).replace("torch.", "")):
-        sol.gated_recurrence_with(*[x.to(dtype) for x in good()], algorithm="chunk_v3")
+@pytest.mark.parametrize("kernel,dtype", [("chunk_tf32", torch.float32), ("chunk_bf16", torch.bfloat16)],
+                         ids=["chunk_tf32", "chunk_bf16"])
+def test_largest_chunk_configuration_passes_the_checks(sol, kernel, dtype):
+    """D_k = 256 with NV = 64 fits an H200's shared memory (the limits plan() uses without a device):
+    the call gets as far as the device check."""
+    if HAS_CUDA and torch.cuda.get_device_properties(0).shared_memory_per_block_optin < 227 * 1024:
+        pytest.skip("a device with less shared memory per block than an H200")
+    with pytest.raises(ValueError, match="q must be a CUDA tensor"):
+        sol._gated_recurrence_with(*inputs(1, 5, 1, 256, 64, dtype=dtype, device="cpu", seed=0), kernel=kernel,
+                                   config=(64, 1000))
 
 
-def test_unknown_algorithm_is_a_value_error(sol):
-    with pytest.raises(ValueError, match="algorithm must be"):
-        sol.gated_recurrence_with(*good(), algorithm="fast")
+EMPTY_SCRIPT = """
+import torch, solution
+for B, H in [(0, 3), (2, 0)]:
+    print(solution.plan(B, 300, H, 8, 5).split()[0], flush=True)
+    xs = [torch.randn(B, 300, H, 8), torch.randn(B, 300, H, 8), torch.randn(B, 300, H, 5), torch.rand(B, 300, H),
+          torch.rand(B, 300, H)]
+    for call in (lambda: solution.gated_recurrence(*xs, output_final_state=True),
+                 lambda: solution._gated_recurrence_with(*xs, kernel="chunk_tf32", config=(64, 4))):
+        try:
+            call()
+        except ValueError as e:
+            print("ValueError:", e, flush=True)
+"""
+
+
+def test_empty_batch_or_heads_is_not_a_division_by_zero(sol):
+    """B = 0 or H = 0 (zero column tiles to share the GPU among): plan() answers and a call with states
+    reaches the device check. In a subprocess: the bug this guards against was a SIGFPE."""
+    proc = subprocess.run([sys.executable, "-c", EMPTY_SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0::3] == ["chunk_tf32"] * 2, proc.stdout
+    errors = [ln for i, ln in enumerate(lines) if i % 3]
+    assert len(errors) == 4 and all(ln.startswith("ValueError: q must be a CUDA tensor") for ln in errors), proc.stdout
+
+
+@cuda
+def test_device_mismatch_names_argument(sol):
+    xs = inputs(1, 4, 1, 8)
+    xs[2] = xs[2].cpu()
+    with pytest.raises(ValueError, match=r"\bv is on cpu"):
+        sol.gated_recurrence(*xs)
 
 
 STATE_CASES = {

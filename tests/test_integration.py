@@ -1,0 +1,172 @@
+"""GPU: the module as a caller sees it: CUDA-graph capture and replay, non-default streams, bitwise
+determinism, strided, transposed and expanded views read in place, NaN propagation on every kernel, the
+planned path (the shapes list, the spec shape through ModelNew, long sequences in segments) and the
+lazily built units."""
+import pytest
+import torch
+
+import naive
+import reference
+from conftest import cuda
+from helpers import (DTYPE_IDS, DTYPES, SHAPES, TOL, check, check_nonfinite, inputs, ref64, rel_l2, shape_id,
+                     strided_state)
+
+pytestmark = cuda
+
+FP32, FP16, BF16 = torch.float32, torch.float16, torch.bfloat16
+
+GRAPH_CASES = [("segments-dk64", (1, 1024, 2, 64, 64), FP32, False),
+               ("segments-general", (1, 2000, 1, 24, 20), FP32, False),
+               ("segments-bf16", (1, 1024, 2, 64, 64), BF16, False),
+               ("segments-states", (1, 1024, 2, 64, 64), FP32, True),
+               ("recurrent", (2, 128, 4, 24, 24), FP32, False)]
+
+
+@pytest.mark.parametrize("name,shape,dtype,states", GRAPH_CASES, ids=[c[0] for c in GRAPH_CASES])
+def test_cuda_graph_capture_and_replay(sol, name, shape, dtype, states):
+    """Captured once, replayed on new inputs: the chunked path with segments is three launches (the
+    scan and the output phase may be programmatic dependent launches), all of which must land in the
+    graph and read the static inputs, bitwise the same as an uncaptured call."""
+    assert shape[1] < 256 or "segment_scan" in sol.plan(*shape, dtype)
+    B, _, H, Dk, Dv = shape
+    static = inputs(*shape, dtype=dtype) + ([strided_state(B, H, Dk, Dv)] if states else [])
+
+    def call(xs):
+        if states:
+            return sol.gated_recurrence(*xs[:5], initial_state=xs[5], output_final_state=True)
+        return (sol.gated_recurrence(*xs),)
+
+    call(static)  # builds the unit and warms up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = call(static)
+    for _ in range(2):
+        fresh = inputs(*shape, dtype=dtype) + ([strided_state(B, H, Dk, Dv)] if states else [])
+        for dst, src in zip(static, fresh):
+            dst.copy_(src)
+        for out in outs:
+            out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        for out, want in zip(outs, call(fresh)):
+            assert torch.equal(out, want)
+        y_ref, _ = naive.recurrent_naive(*fresh[:5], initial_state=fresh[5] if states else None)
+        assert rel_l2(outs[0], y_ref) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("shape,dtype", [((2, 64, 3, 24, 24), FP32), ((1, 1024, 2, 64, 64), FP32),
+                                         ((1, 1024, 2, 64, 64), BF16)], ids=["recurrent", "segments", "segments-bf16"])
+def test_current_stream_is_used(sol, shape, dtype):
+    xs = inputs(*shape, dtype=dtype)
+    sol.gated_recurrence(*xs)  # the unit built outside the timed stream
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(20_000_000)  # keeps s busy: a launch on another stream would finish first
+        y = sol.gated_recurrence(*xs)
+    s.synchronize()
+    assert rel_l2(y, ref64(xs)) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("shape,dtype", [((2, 200, 4, 64, 48), FP32), ((2, 900, 4, 64, 48), FP32),
+                                         ((2, 900, 4, 64, 48), FP16), ((2, 900, 4, 64, 48), BF16),
+                                         ((1, 4096, 2, 128, 128), FP32)],
+                         ids=["recurrent", "chunk_tf32", "chunk_tf32-fp16", "chunk_bf16", "segments"])
+def test_deterministic_bitwise(sol, shape, dtype):
+    xs = inputs(*shape, dtype=dtype)
+    assert torch.equal(sol.gated_recurrence(*xs), sol.gated_recurrence(*xs))
+
+
+def _views(B, T, H, Dk, Dv, dtype):
+    """Non-contiguous layouts of the same shapes: head-major transposes, strided slices, expands."""
+    q, k, v, g, b = inputs(B, T, H, Dk, Dv, dtype=dtype)
+    bhtd = lambda x: x.transpose(1, 2).contiguous().transpose(1, 2)  # noqa: E731  (B,H,T,D) storage
+    return {
+        "transposed": [bhtd(q), bhtd(k), bhtd(v), g.transpose(1, 2).contiguous().transpose(1, 2), b],
+        "sliced": [torch.cat([q, q], -1)[..., ::2], torch.cat([k, k], 1)[:, ::2], v.repeat(1, 1, 2, 1)[:, :, ::2],
+                   g.repeat(1, 1, 3)[:, :, 1::3], b],
+        "expanded": [q, k[:, :, :1].expand(B, T, H, Dk), v, g[:, :1].expand(B, T, H), b[:1].expand(B, T, H)],
+        "time_minor": [x.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2) for x in (q, k, v)] + [g, b],
+    }
+
+
+@pytest.mark.parametrize("kernel,shape", [("recurrent", (2, 63, 3, 33, 20)), ("chunked", (2, 63, 3, 33, 20)),
+                                          ("chunked", (2, 300, 2, 64, 64))],
+                         ids=["recurrent", "chunked-dk33", "chunked-dk64"])
+@pytest.mark.parametrize("layout", ["transposed", "sliced", "expanded", "time_minor"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_strided_inputs_are_read_in_place(sol, layout, dtype, kernel, shape):
+    xs = _views(*shape, dtype)[layout]
+    assert not all(x.is_contiguous() for x in xs)
+    check(sol, xs, kernel=kernel)
+
+
+@pytest.mark.parametrize("dk", [24, 64, 128], ids=["dk24", "dk64", "dk128"])  # chunk kernels: generic, compiled D_k
+@pytest.mark.parametrize("kernel", ["recurrent", "chunk_tf32", "chunk_bf16"])
+@pytest.mark.parametrize("where", ["q", "k", "v", "gate", "beta"])
+def test_nan_propagates_like_reference(sol, where, kernel, dk):
+    dtype = BF16 if kernel == "chunk_bf16" else FP32
+    xs = inputs(2, 80, 3, dk, 20 if dk == 24 else 40, dtype=dtype)  # D_v = 40: NV = 64, aligned rows
+    idx = {"q": (0, 5, 1, 3), "k": (1, 7, 2, 0), "v": (0, 41, 0, 4), "gate": (1, 11, 1), "beta": (0, 13, 2)}[where]
+    xs["q k v gate beta".split().index(where)][idx] = float("nan")
+    check_nonfinite(sol, xs, kernel)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+def test_planned_path(sol, shape, dtype):
+    check(sol, inputs(*shape, dtype=dtype))
+
+
+BF16_REF_NOTE = ("the bf16 reference rounds its state to bf16 at every step; ours keeps it in fp32 and is "
+                 "closer to float64 (test_more_accurate_than_low_precision_reference), so KernelBench's "
+                 "bf16 allclose(1e-2) against that reference fails (measured max abs diff 0.125 on the H200)")
+FP16_REF_NOTE = ("the fp16 reference also rounds its state every step; on random inputs a few elements can land "
+                 "just outside allclose(1e-2) (measured on the H200: 1 of 24576 elements, |diff| 0.0117 where 0.0101 "
+                 "was allowed), while ours stays closer to float64 (test_more_accurate_than_low_precision_reference)")
+
+
+@pytest.mark.parametrize("dtype", [FP32,
+                                   pytest.param(FP16, marks=pytest.mark.xfail(strict=False, reason=FP16_REF_NOTE)),
+                                   pytest.param(BF16, marks=pytest.mark.xfail(strict=True, reason=BF16_REF_NOTE))],
+                         ids=DTYPE_IDS)
+def test_spec_shape_kernelbench_allclose(sol, dtype):
+    """KernelBench: ModelNew against the reference run in the same precision, at the spec shape."""
+    xs = [x.cuda().to(dtype) for x in reference.get_inputs()]
+    assert sol.plan(2, 128, 4, 24, 24, dtype).split()[0] == "recurrent"
+    y = sol.ModelNew()(*xs)
+    assert rel_l2(y, ref64(xs)) <= TOL[dtype]
+    tol = 1e-4 if dtype == FP32 else 1e-2
+    torch.testing.assert_close(y, reference.Model()(*xs), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [FP16, BF16], ids=["fp16", "bf16"])
+def test_more_accurate_than_low_precision_reference(sol, dtype):
+    xs = [x.cuda().to(dtype) for x in reference.get_inputs()]
+    exact = ref64(xs)
+    assert rel_l2(sol.ModelNew()(*xs), exact) < rel_l2(reference.Model()(*xs), exact)
+
+
+@pytest.mark.parametrize("dtype", [FP32, BF16], ids=["fp32", "bf16"])
+def test_long_sequence_uses_segments(sol, dtype):
+    shape = (1, 3000, 2, 64, 64)
+    text = sol.plan(*shape, dtype)
+    assert text.split()[0] == ("chunk_bf16" if dtype == BF16 else "chunk_tf32") and "segment_scan" in text, text
+    check(sol, inputs(*shape, dtype=dtype))
+
+
+@pytest.mark.parametrize("shape", [(2, 0, 3, 8, 5), (0, 5, 3, 8, 5), (2, 5, 0, 8, 5), (0, 300, 3, 8, 5)],
+                         ids=["T0", "B0", "H0", "B0-long"])
+def test_empty_output(sol, shape):
+    B, T, H, _, Dv = shape
+    y = sol.gated_recurrence(*inputs(*shape))
+    assert y.shape == (B, T, H, Dv) and y.dtype == FP32 and y.is_cuda
+
+
+@pytest.mark.parametrize("dtype,unit", [(FP32, "chunk_tf32"), (FP16, "chunk_tf32"), (BF16, "chunk_bf16")],
+                         ids=["fp32", "fp16", "bf16"])
+def test_a_chunked_call_has_its_unit_loaded(sol, dtype, unit):
+    check(sol, inputs(1, 300, 2, 64, 64, dtype=dtype))
+    assert unit in sol.built_units() and "core" in sol.built_units()
+    assert set(sol.built_units()) <= set(sol.UNITS)
