@@ -12,16 +12,19 @@ Kernels. make_plan() (HOST_SRC, section "plan") picks one per call and fills one
 everything the launch depends on; plan(B, T, H, D_k, D_v, dtype) prints that record.
 
     kernel        source / unit        serves                       how
-    recurrent     RECURRENT_SRC        T < 256, unless D_k >= 96    one block per (b, h, column block); each state
-                  unit core            and B*H*T >= 8192            column is owned by G lanes of one warp (R rows a
-                  (built at import)                                 lane, S in registers); TC steps of q, k, v, gate,
-                                                                    beta staged per barrier, none per step.
-    chunk_tf32    CHUNK_TF32_SRC       float32 and float16 where    chunkwise-parallel form (CHUNK_SRC has the math),
-                  unit chunk_tf32      recurrent does not serve     chunks of 32 steps: masked (q k^T) v + (decayed q) S,
-                  (built on first use)                              then one state update, on TF32 mma.sync; fp32 inputs
+    parallel      PARALLEL_SRC         T < 256 where the chunk      no carried state: one block per (b, h, row tile of
+                  unit core            kernels do not serve and     32 steps, column tile); each stages every step up to
+                  (built at import)    its staging fits shared      its last row and computes y = (masked, decayed
+                                       memory                       q k^T) v + A (q S_0) in fp32 FMAs; all tiles at once.
+    recurrent     RECURRENT_SRC        what parallel does not fit   one block per (b, h, column block); each state
+                  unit core            (D_k and T large, a small    column is owned by G lanes of one warp (R rows a
+                                       GPU's shared memory)         lane, S in registers); TC steps staged per barrier.
+    chunk_tf32    CHUNK_TF32_SRC       float32 and float16 with     chunkwise-parallel form (CHUNK_SRC has the math),
+                  unit chunk_tf32      T >= 256, or D_k >= 96 and   chunks of 32 steps: masked (q k^T) v + (decayed q) S,
+                  (built on first use) B*H*T >= 8192               then one state update, on TF32 mma.sync; fp32 inputs
                                                                     use 3xTF32 (hi/lo split: fp32-level error).
-    chunk_bf16    CHUNK_BF16_SRC       bfloat16 where recurrent     the same schedule on bf16 mma.sync m16n8k16; the
-                  unit chunk_bf16      does not serve               fp32 operands (masked product, state, scaled keys)
+    chunk_bf16    CHUNK_BF16_SRC       bfloat16, as chunk_tf32      the same schedule on bf16 mma.sync m16n8k16; the
+                  unit chunk_bf16                                   fp32 operands (masked product, state, scaled keys)
                   (built on first use)                              split into bf16 hi + lo terms.
     segment_scan  SEGMENT_SCAN_SRC     chunk plans with segments>1  sequence parallelism when B*H blocks cannot fill
                   in both chunk units  (B*H too small for the GPU)  the GPU: the chunk kernel computes each segment's
@@ -58,8 +61,8 @@ from torch.utils.cpp_extension import load_inline
 __all__ = ["ModelNew", "gated_recurrence", "plan", "build", "built_units", "KERNELS", "UNITS"]
 
 # Every kernel a plan can name (tests check it against the __global__ kernels and plan()).
-KERNELS = ("recurrent", "chunk_tf32", "chunk_bf16", "segment_scan")
-# Build units: core (host code + recurrent) at import; each chunk family on its first use.
+KERNELS = ("recurrent", "parallel", "chunk_tf32", "chunk_bf16", "segment_scan")
+# Build units: core (host code, recurrent, parallel) at import; each chunk family on its first use.
 UNITS = ("core", "chunk_tf32", "chunk_bf16")
 
 # ---------------------------------------------------------------------------------------------
@@ -80,7 +83,8 @@ enum : int {
   kGateTableFloats = 21 * kChunk  // one chunk's gate tables (CHUNK_SRC)
 };
 enum class DType : int { f32 = 0, f16 = 1, bf16 = 2 };
-enum class Kernel : int { recurrent = 0, chunk_tf32 = 1, chunk_bf16 = 2 };  // index of the unit's entry too
+enum class Kernel : int { recurrent = 0, parallel = 1, chunk_tf32 = 2, chunk_bf16 = 3 };
+enum class Unit : int { core = 0, chunk_tf32 = 1, chunk_bf16 = 2 };  // the build unit a kernel lives in
 
 struct Strides4 { int64_t b, t, h, d; };
 struct Strides3 { int64_t b, t, h; };
@@ -108,7 +112,8 @@ struct Plan {
   int JB, TC;            // state columns a block, steps staged at once
   int col_blocks;        // ceil(D_v / JB)
   bool vec;              // 16-byte staging loads (q, k, v rows aligned)
-  // chunk kernels
+  // parallel and chunk kernels
+  int rtiles;            // parallel: row tiles of 32 steps
   int NV, DK;            // column tile; D_k compiled in (64 or 128) or 0 (D_k at run time)
   int DKP;               // D_k padded to 16
   int vtiles;            // ceil(D_v / NV)
@@ -118,6 +123,18 @@ struct Plan {
   int64_t work_floats;   // workspace: (nseg - 1) segment states and decays a (b, h)
 };
 
+#ifdef __CUDACC__
+#define GR_HD __host__ __device__
+#else
+#define GR_HD
+#endif
+// parallel: odd pitches (a warp's rows in different banks), and its shared memory for L staged steps.
+GR_HD constexpr int parallel_ldk(int Dk) { return Dk | 1; }
+GR_HD constexpr int parallel_ldv(int NV) { return NV + 1; }
+inline size_t parallel_smem(int NV, int Dk, int L) {
+  return sizeof(float) * (size_t)(kChunk * parallel_ldk(Dk) + L * parallel_ldk(Dk) + L * parallel_ldv(NV) +
+                                  kChunk * (L + 1) + (L / kChunk) * kGateTableFloats);
+}
 inline size_t recurrent_smem(int R, int G, int JB, int TC) {
   return sizeof(float) * (size_t)TC * (2 * G * R + JB + 2);
 }
@@ -147,7 +164,8 @@ extern "C" int gr_execute_core(const gr::Plan*, const gr::Problem*, float*, cuda
 """
 
 DEVICE_SRC = r"""
-// ===================================== device: helpers every kernel unit uses ================
+// ===================================== device: what every kernel unit uses =================
+// Conversions, tile loads, the gate tables of a 32-step chunk (parallel and both chunk kernels), launches.
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <type_traits>
@@ -175,6 +193,106 @@ struct Vec16 {
   static constexpr int V = VEC ? 16 / (int)sizeof(scalar_t) : 1;
   union { uint4 raw; scalar_t x[V]; } u;
 };
+
+// Not NaN and not infinite. Each value on its own: fmaxf drops a NaN operand (a NaN in v went unseen).
+__device__ __forceinline__ bool finite(float x) { return fabsf(x) <= 3.4028235e38f; }
+// rows x cols (cols a multiple of V) of a strided source into dst (pitch ld) as float; zero outside
+// rows_valid x cols_valid. VEC: 16-byte loads (the plan checked alignment and cols_valid % V == 0).
+// U jobs per thread are in flight at once. Returns whether this thread staged a NaN or inf.
+template <typename scalar_t, bool VEC, int U = 8>
+__device__ __forceinline__ bool load_tile(float* dst, int ld, const scalar_t* __restrict__ src, int64_t st,
+                                          int64_t sd, int rows_valid, int cols_valid, int rows, int cols) {
+  using L = Vec16<scalar_t, VEC>;
+  bool nonfinite = false;
+  const int per_row = cols / L::V, total = rows * per_row;
+  for (int base = threadIdx.x; base < total; base += U * blockDim.x) {
+    L buf[U];
+    int off[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int e = base + u * blockDim.x;
+      off[u] = -1;
+      if (e < total) {
+        const int r = e / per_row, c = (e - r * per_row) * L::V;
+        off[u] = r * ld + c;
+        if (r < rows_valid && c < cols_valid) {
+          const scalar_t* s = src + r * st + c * sd;
+          if constexpr (VEC) buf[u].u.raw = __ldg(reinterpret_cast<const uint4*>(s));
+          else buf[u].u.x[0] = s[0];
+        } else {
+          buf[u].u.raw = make_uint4(0u, 0u, 0u, 0u);
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (off[u] >= 0) {
+#pragma unroll
+        for (int i = 0; i < L::V; ++i) {
+          const float x = to_float(buf[u].u.x[i]);
+          nonfinite |= !finite(x);
+          dst[off[u] + i] = x;
+        }
+      }
+  }
+  return nonfinite;
+}
+
+template <typename scalar_t>
+__device__ __forceinline__ bool load_tile_any(bool vec, float* dst, int ld, const scalar_t* src, int64_t st,
+                                              int64_t sd, int rows_valid, int cols_valid, int rows, int cols) {
+  if (vec) return load_tile<scalar_t, true>(dst, ld, src, st, sd, rows_valid, cols_valid, rows, cols);
+  return load_tile<scalar_t, false>(dst, ld, src, st, sd, rows_valid, cols_valid, rows, cols);
+}
+
+// One chunk's gate tables, consecutive arrays of C = 32 floats (ltab 16 C): rowd[t] = prod g[0..t],
+// kscale[s] = beta_s prod g[s+1..31], the in-block prefix (pin) and suffix (sout) products of 16-step
+// blocks, beta (bsm), and ltab[t][s % 16] = prod g[s+1..t] within a block.
+struct GateTables { const float *rowd, *kscale, *pin, *sout, *bsm, *ltab; };
+__device__ __forceinline__ GateTables gate_tables_at(const float* t) {
+  return {t, t + kChunk, t + 2 * kChunk, t + 3 * kChunk, t + 4 * kChunk, t + 5 * kChunk};
+}
+
+// Writes the tables at t from one warp: lane s holds step s's gate g_reg and beta b_reg. The products
+// come from warp shuffles (prefix, suffix and in-block products).
+__device__ __forceinline__ void write_gate_tables(float* t, float g_reg, float b_reg, int lane) {
+  float *rowd = t, *kscale = t + kChunk, *pin = t + 2 * kChunk, *sout = t + 3 * kChunk, *bsm = t + 4 * kChunk;
+  float* ltab = t + 5 * kChunk;
+  const unsigned full = 0xffffffffu;
+  float pre = g_reg, suf = g_reg, bpre = g_reg, bsuf = g_reg;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const float x = __shfl_up_sync(full, pre, off), z = __shfl_down_sync(full, suf, off);
+    if (lane >= off) pre *= x;
+    if (lane + off < 32) suf *= z;
+    if (off < 16) {
+      const float x2 = __shfl_up_sync(full, bpre, off), z2 = __shfl_down_sync(full, bsuf, off);
+      if ((lane & 15) >= off) bpre *= x2;
+      if ((lane & 15) + off < 16) bsuf *= z2;
+    }
+  }
+  const float suf_ex = __shfl_down_sync(full, suf, 1), bsuf_ex = __shfl_down_sync(full, bsuf, 1);
+  rowd[lane] = pre;
+  kscale[lane] = b_reg * (lane == 31 ? 1.f : suf_ex);
+  pin[lane] = bpre;
+  sout[lane] = (lane & 15) == 15 ? 1.f : bsuf_ex;
+  bsm[lane] = b_reg;
+  const int base = lane & ~15, sl = lane & 15;  // lane = column s of its 16-block
+  float run = 1.f;
+#pragma unroll
+  for (int r = 0; r < 16; ++r) {
+    const float gt = __shfl_sync(full, g_reg, base + r);
+    if (r > sl) run *= gt;
+    ltab[(base + r) * 16 + sl] = r >= sl ? run : 0.f;
+  }
+}
+
+// Entry (t, s) of the masked, decayed, beta-weighted product from its q . k accumulator d: zero above
+// the diagonal (selected, not multiplied: a NaN in q . k must not leak into a masked entry).
+__device__ __forceinline__ float masked_entry(float d, int t, int s, const GateTables& gt) {
+  if (s > t) return 0.f;
+  return d * (((t >> 4) == (s >> 4) ? gt.ltab[t * 16 + (s & 15)] : gt.pin[t] * gt.sout[s]) * gt.bsm[s]);
+}
 
 // Every launch: kernel<<<blocks, kMaxThreads, smem, stream>>>(args), as a programmatic dependent
 // launch when pdl is set; returns the launch's error.
@@ -370,7 +488,10 @@ __global__ void __launch_bounds__(kMaxThreads) recurrent_kernel(const RecurrentP
 }
 
 template <typename scalar_t>
-cudaError_t launch_recurrent(const Plan& pl, const RecurrentParams& p, cudaStream_t s) {
+cudaError_t launch_recurrent(const Plan& pl, const Problem& pr, cudaStream_t s) {
+  RecurrentParams p;
+  static_cast<Problem&>(p) = pr;
+  p.JB = pl.JB; p.TC = pl.TC; p.col_blocks = pl.col_blocks; p.vec = pl.vec;
   // Always kMaxThreads: threads past G * JB only stage, which keeps more loads in flight.
 #define GR_CASE(R_, G_) \
   if (pl.R == R_ && pl.G == G_) return launch_ex(recurrent_kernel<scalar_t, R_, G_>, pl.blocks, pl.smem, s, false, p);
@@ -382,19 +503,181 @@ cudaError_t launch_recurrent(const Plan& pl, const RecurrentParams& p, cudaStrea
 }  // namespace
 }  // namespace gr
 
+"""
+
+PARALLEL_SRC = r"""
+// ===================================== parallel: short sequences without a carried state ====
+// For T <= 256 a head's outputs need no recurrence at all (naive.chunked_naive has the algebra):
+//   y_t = sum_{s<=t} M[t][s] (q_t . k_s) v_s + A[t] (q_t^T S_0),  M[t][s] = beta_s prod_{r=s+1..t} g_r,
+//   A[t] = prod_{r<=t} g_r;  S_T = A[T-1] S_0 + sum_s (beta_s prod_{r=s+1..T-1} g_r) k_s v_s^T.
+// Grid: one block per (b, h, row tile of 32 steps, column tile of NV), so a head's row tiles run at once
+// (the recurrent kernel's 128 dependent steps at the KernelBench shape become 4 parallel tiles). A block
+// stages q of its rows and k, v, gate, beta of every step up to its last row in one round trip, writes
+// the gate tables of each 32-step chunk (warp c for chunk c), then P = masked, decayed q k^T and
+// y = P V in fp32 FMAs (exact fp32 products; the state term keeps NaN/inf semantics of the other
+// kernels). Decays across chunks are direct products too: M[t][s] = rowd_ct[t] * (whole chunks between)
+// * kscale_cs[s]. The last row tile also writes the final state when it is asked for.
+namespace gr {
+namespace {
+
+struct ParallelParams : Problem {
+  int vtiles, rtiles;   // column tiles of NV, row tiles of 32 steps
+  int vec_qk, vec_v;    // 16-byte loads are legal for q and k / v
+};
+
+// Product of the whole chunks c0 .. c1 - 1 (their gate tables' rowd[31]).
+__device__ __forceinline__ float chunks_product(const float* tabs, int c0, int c1) {
+  float m = 1.f;
+  for (int c = c0; c < c1; ++c) m *= tabs[c * kGateTableFloats + kChunk - 1];
+  return m;
+}
+
+template <typename scalar_t, int NV>
+__global__ void __launch_bounds__(kMaxThreads) parallel_kernel(const ParallelParams p) {
+  constexpr int C = kChunk, LDV = parallel_ldv(NV), JN = NV / 8;
+  extern __shared__ float par_smem[];
+  int blk = blockIdx.x;
+  const int vt = blk % p.vtiles;
+  blk /= p.vtiles;
+  const int ct = blk % p.rtiles;  // this block's row tile (chunk)
+  blk /= p.rtiles;
+  const int h = blk % p.H, b = blk / p.H;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int t0 = ct * C, tc = min(C, p.T - t0), nch = ct + 1, L = nch * C;  // steps staged: [0, L)
+  const int j0 = vt * NV, nv = min(NV, p.Dv - j0), LDK = parallel_ldk(p.Dk), LDP = L + 1;
+  float* Qs = par_smem;            // C x LDK
+  float* Ks = Qs + C * LDK;        // L x LDK
+  float* Vs = Ks + L * LDK;        // L x LDV
+  float* Ps = Vs + L * LDV;        // C x LDP: the masked, decayed, beta-weighted q . k (then final-state weights)
+  float* tabs = Ps + C * LDP;      // nch sets of gate tables
+
+  const scalar_t* q = static_cast<const scalar_t*>(p.q) + b * p.sq.b + h * p.sq.h;
+  const scalar_t* k = static_cast<const scalar_t*>(p.k) + b * p.sk.b + h * p.sk.h;
+  const scalar_t* v = static_cast<const scalar_t*>(p.v) + b * p.sv.b + h * p.sv.h + j0 * p.sv.d;
+  const scalar_t* gate = static_cast<const scalar_t*>(p.gate) + b * p.sg.b + h * p.sg.h;
+  const scalar_t* beta = static_cast<const scalar_t*>(p.beta) + b * p.sb.b + h * p.sb.h;
+
+  // ---- stage: gate and beta of step warp * 32 + lane first (in flight with the tiles), then the tiles
+  float g_reg = 1.f, b_reg = 0.f;
+  const int st = warp * C + lane;
+  if (warp < nch && st < p.T) {
+    g_reg = to_float(gate[(int64_t)st * p.sg.t]);
+    b_reg = to_float(beta[(int64_t)st * p.sb.t]);
+  }
+  const int Lv = min(L, p.T);
+  load_tile_any<scalar_t>(p.vec_qk, Qs, LDK, q + (int64_t)t0 * p.sq.t, p.sq.t, p.sq.d, tc, p.Dk, C, p.Dk);
+  load_tile_any<scalar_t>(p.vec_qk, Ks, LDK, k, p.sk.t, p.sk.d, Lv, p.Dk, L, p.Dk);
+  load_tile_any<scalar_t>(p.vec_v, Vs, LDV, v, p.sv.t, p.sv.d, Lv, nv, L, (nv + 3) & ~3);
+  if (warp < nch) write_gate_tables(tabs + warp * kGateTableFloats, g_reg, b_reg, lane);
+  __syncthreads();  // B1
+
+  // ---- P: row tr of this tile against 4 columns of each chunk, chunks from this one down to 0 (so the
+  // product of the whole chunks between accumulates)
+  const int tr = tid >> 3, sg = tid & 7;
+  const GateTables gd = gate_tables_at(tabs + ct * kGateTableFloats);
+  float mid = 1.f;  // product of the chunks strictly between cs and ct
+  for (int cs = ct; cs >= 0; --cs) {
+    float d[4] = {0.f, 0.f, 0.f, 0.f};
+    const float* qr = Qs + tr * LDK;
+    const float* kr = Ks + (cs * C + sg * 4) * LDK;
+    for (int i = 0; i < p.Dk; ++i) {
+      const float qi = qr[i];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) d[u] = fmaf(qi, kr[u * LDK + i], d[u]);
+    }
+    const GateTables gs = gate_tables_at(tabs + cs * kGateTableFloats);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int sl = sg * 4 + u;
+      Ps[tr * LDP + cs * C + sl] = cs == ct ? masked_entry(d[u], tr, sl, gd) : d[u] * (gd.rowd[tr] * mid * gs.kscale[sl]);
+    }
+    if (cs < ct) mid *= gs.rowd[C - 1];
+  }
+  // mid is now the product of the chunks before this one: A[t] = rowd_ct[t] * mid.
+  __syncthreads();  // B2
+
+  // ---- y = P V over s <= t (a masked zero must never meet a non-finite v), plus A[t] (q_t^T S_0)
+  const int t = t0 + tr, jg = sg;
+  float acc[JN];
+#pragma unroll
+  for (int u = 0; u < JN; ++u) acc[u] = 0.f;
+  const float* pr = Ps + tr * LDP;
+  for (int s = 0; s <= t && s < L; ++s) {
+    const float pv = pr[s];
+#pragma unroll
+    for (int u = 0; u < JN; ++u) acc[u] = fmaf(pv, Vs[s * LDV + jg + 8 * u], acc[u]);
+  }
+  const float At = gd.rowd[tr] * mid;
+  float qs[JN];
+#pragma unroll
+  for (int u = 0; u < JN; ++u) qs[u] = 0.f;
+  for (int i = 0; i < p.Dk; ++i) {
+    const float qi = Qs[tr * LDK + i];
+#pragma unroll
+    for (int u = 0; u < JN; ++u) {
+      const int j = jg + 8 * u;
+      const float s0 = p.s_in != nullptr && j < nv ? p.s_in[b * p.ssi.b + h * p.ssi.h + i * p.ssi.i + (j0 + j) * p.ssi.j] : 0.f;
+      qs[u] = fmaf(qi, s0, qs[u]);  // with no initial state: 0, or NaN where q_t holds a NaN or inf
+    }
+  }
+  scalar_t* y = static_cast<scalar_t*>(p.y) + b * p.sy.b + h * p.sy.h + (int64_t)t * p.sy.t;
+#pragma unroll
+  for (int u = 0; u < JN; ++u) {
+    const int j = jg + 8 * u;
+    if (tr < tc && j < nv) y[(j0 + j) * p.sy.d] = from_float<scalar_t>(fmaf(At, qs[u], acc[u]));
+  }
+
+  // ---- the final state, from the last row tile: S_T = A[T-1] S_0 + sum_s w_s k_s v_s^T
+  if (p.s_out == nullptr || ct != p.rtiles - 1) return;
+  __syncthreads();  // B3: P is read; its first row becomes the weights w_s
+  for (int s = tid; s < L; s += blockDim.x) {
+    const int cs = s / C;
+    Ps[s] = s < p.T ? tabs[cs * kGateTableFloats + C + (s % C)] * chunks_product(tabs, cs + 1, nch) : 0.f;
+  }
+  __syncthreads();
+  const float Aall = chunks_product(tabs, 0, nch);  // padded steps have gate 1
+  for (int e = tid; e < p.Dk * nv; e += blockDim.x) {
+    const int i = e / nv, j = e - (e / nv) * nv;
+    float acc_s = 0.f;
+    for (int s = 0; s < Lv; ++s) acc_s = fmaf(Ps[s] * Ks[s * LDK + i], Vs[s * LDV + j], acc_s);
+    const float s0 = p.s_in != nullptr ? p.s_in[b * p.ssi.b + h * p.ssi.h + i * p.ssi.i + (j0 + j) * p.ssi.j] : 0.f;
+    p.s_out[b * p.sso.b + h * p.sso.h + i * p.sso.i + (j0 + j) * p.sso.j] = fmaf(Aall, s0, acc_s);
+  }
+}
+
+template <typename scalar_t>
+cudaError_t launch_parallel(const Plan& pl, const Problem& pr, cudaStream_t s) {
+  ParallelParams p;
+  static_cast<Problem&>(p) = pr;
+  p.vtiles = pl.vtiles; p.rtiles = pl.rtiles; p.vec_qk = pl.vec_qk; p.vec_v = pl.vec_v;
+#define GR_CASE(NV_)                                                                \
+  if (pl.NV == NV_) {                                                               \
+    static bool done[64] = {};                                                      \
+    const auto kernel = parallel_kernel<scalar_t, NV_>;                             \
+    const cudaError_t err = allow_smem(kernel, done);                               \
+    return err != cudaSuccess ? err : launch_ex(kernel, pl.blocks, pl.smem, s, false, p); \
+  }
+  GR_CASE(32) GR_CASE(64)
+#undef GR_CASE
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace
+}  // namespace gr
+
+// The core unit's entry point: the recurrent and parallel kernels.
 extern "C" int gr_execute_core(const gr::Plan* pl, const gr::Problem* pr, float*, cudaStream_t s,
                                const char** failed) {
-  gr::RecurrentParams p;
-  static_cast<gr::Problem&>(p) = *pr;
-  p.JB = pl->JB; p.TC = pl->TC; p.col_blocks = pl->col_blocks; p.vec = pl->vec;
-  *failed = "recurrent";
-  cudaError_t err = cudaErrorInvalidValue;
+  using namespace gr;
+  const bool rec = pl->kernel == Kernel::recurrent;
+  *failed = rec ? "recurrent" : "parallel";
   switch (pl->dtype) {
-    case gr::DType::f32: err = gr::launch_recurrent<float>(*pl, p, s); break;
-    case gr::DType::f16: err = gr::launch_recurrent<__half>(*pl, p, s); break;
-    case gr::DType::bf16: err = gr::launch_recurrent<__nv_bfloat16>(*pl, p, s); break;
+    case DType::f32: return (int)(rec ? launch_recurrent<float>(*pl, *pr, s) : launch_parallel<float>(*pl, *pr, s));
+    case DType::f16: return (int)(rec ? launch_recurrent<__half>(*pl, *pr, s) : launch_parallel<__half>(*pl, *pr, s));
+    case DType::bf16:
+      return (int)(rec ? launch_recurrent<__nv_bfloat16>(*pl, *pr, s) : launch_parallel<__nv_bfloat16>(*pl, *pr, s));
   }
-  return (int)err;
+  return (int)cudaErrorInvalidValue;
 }
 """
 
@@ -413,8 +696,6 @@ CHUNK_SRC = r"""
 namespace gr {
 namespace {
 
-// Not NaN and not infinite. Each value on its own: fmaxf drops a NaN operand (a NaN in v went unseen).
-__device__ __forceinline__ bool finite(float x) { return fabsf(x) <= 3.4028235e38f; }
 // Programmatic dependent launch (sm_90+): a kernel launched with pdl may start while the previous
 // kernel in the stream still runs; it waits here before it touches memory, and the previous kernel
 // lets it start by calling griddep_launch. Both are no-ops for a kernel launched without pdl.
@@ -523,55 +804,6 @@ __device__ __forceinline__ void load_gate_beta(const ChunkParams& p, const Chunk
     g = to_float(cb.gate[(int64_t)(t0 + i) * p.sg.t]);
     b = to_float(cb.beta[(int64_t)(t0 + i) * p.sb.t]);
   }
-}
-
-// One chunk's gate tables, consecutive arrays of C = 32 floats (ltab 16 C): rowd[t] = prod g[0..t],
-// kscale[s] = beta_s prod g[s+1..31], the in-block prefix (pin) and suffix (sout) products of 16-step
-// blocks, beta (bsm), and ltab[t][s % 16] = prod g[s+1..t] within a block.
-struct GateTables { const float *rowd, *kscale, *pin, *sout, *bsm, *ltab; };
-__device__ __forceinline__ GateTables gate_tables_at(const float* t) {
-  return {t, t + kChunk, t + 2 * kChunk, t + 3 * kChunk, t + 4 * kChunk, t + 5 * kChunk};
-}
-
-// Writes the tables at t from one warp: lane s holds step s's gate g_reg and beta b_reg. The products
-// come from warp shuffles (prefix, suffix and in-block products).
-__device__ __forceinline__ void write_gate_tables(float* t, float g_reg, float b_reg, int lane) {
-  float *rowd = t, *kscale = t + kChunk, *pin = t + 2 * kChunk, *sout = t + 3 * kChunk, *bsm = t + 4 * kChunk;
-  float* ltab = t + 5 * kChunk;
-  const unsigned full = 0xffffffffu;
-  float pre = g_reg, suf = g_reg, bpre = g_reg, bsuf = g_reg;
-#pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-    const float x = __shfl_up_sync(full, pre, off), z = __shfl_down_sync(full, suf, off);
-    if (lane >= off) pre *= x;
-    if (lane + off < 32) suf *= z;
-    if (off < 16) {
-      const float x2 = __shfl_up_sync(full, bpre, off), z2 = __shfl_down_sync(full, bsuf, off);
-      if ((lane & 15) >= off) bpre *= x2;
-      if ((lane & 15) + off < 16) bsuf *= z2;
-    }
-  }
-  const float suf_ex = __shfl_down_sync(full, suf, 1), bsuf_ex = __shfl_down_sync(full, bsuf, 1);
-  rowd[lane] = pre;
-  kscale[lane] = b_reg * (lane == 31 ? 1.f : suf_ex);
-  pin[lane] = bpre;
-  sout[lane] = (lane & 15) == 15 ? 1.f : bsuf_ex;
-  bsm[lane] = b_reg;
-  const int base = lane & ~15, sl = lane & 15;  // lane = column s of its 16-block
-  float run = 1.f;
-#pragma unroll
-  for (int r = 0; r < 16; ++r) {
-    const float gt = __shfl_sync(full, g_reg, base + r);
-    if (r > sl) run *= gt;
-    ltab[(base + r) * 16 + sl] = r >= sl ? run : 0.f;
-  }
-}
-
-// Entry (t, s) of the masked, decayed, beta-weighted product from its q . k accumulator d: zero above
-// the diagonal (selected, not multiplied: a NaN in q . k must not leak into a masked entry).
-__device__ __forceinline__ float masked_entry(float d, int t, int s, const GateTables& gt) {
-  if (s > t) return 0.f;
-  return d * (((t >> 4) == (s >> 4) ? gt.ltab[t * 16 + (s & 15)] : gt.pin[t] * gt.sout[s]) * gt.bsm[s]);
 }
 
 // Strips per row block of S in the S update: as many as the warps allow (a power of two <= NT8).
@@ -889,55 +1121,6 @@ __device__ __forceinline__ void s_update_strip(float* sp, int ldv, const float* 
   }
 }
 
-// 32 x cols (cols a multiple of V) of a strided source into dst (pitch ld) as float; zero outside
-// rows_valid x cols_valid. VEC: 16-byte loads (the plan checked alignment and cols_valid % V == 0).
-// U jobs per thread are in flight at once. Returns whether this thread staged a NaN or inf.
-template <typename scalar_t, bool VEC, int U = 8>
-__device__ __forceinline__ bool load_tile(float* dst, int ld, const scalar_t* __restrict__ src, int64_t st,
-                                          int64_t sd, int rows_valid, int cols_valid, int cols) {
-  using L = Vec16<scalar_t, VEC>;
-  bool nonfinite = false;
-  const int per_row = cols / L::V, total = kChunk * per_row;
-  for (int base = threadIdx.x; base < total; base += U * blockDim.x) {
-    L buf[U];
-    int off[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int e = base + u * blockDim.x;
-      off[u] = -1;
-      if (e < total) {
-        const int r = e / per_row, c = (e - r * per_row) * L::V;
-        off[u] = r * ld + c;
-        if (r < rows_valid && c < cols_valid) {
-          const scalar_t* s = src + r * st + c * sd;
-          if constexpr (VEC) buf[u].u.raw = __ldg(reinterpret_cast<const uint4*>(s));
-          else buf[u].u.x[0] = s[0];
-        } else {
-          buf[u].u.raw = make_uint4(0u, 0u, 0u, 0u);
-        }
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (off[u] >= 0) {
-#pragma unroll
-        for (int i = 0; i < L::V; ++i) {
-          const float x = to_float(buf[u].u.x[i]);
-          nonfinite |= !finite(x);
-          dst[off[u] + i] = x;
-        }
-      }
-  }
-  return nonfinite;
-}
-
-template <typename scalar_t>
-__device__ __forceinline__ bool load_tile_any(bool vec, float* dst, int ld, const scalar_t* src, int64_t st,
-                                              int64_t sd, int rows_valid, int cols_valid, int cols) {
-  if (vec) return load_tile<scalar_t, true>(dst, ld, src, st, sd, rows_valid, cols_valid, cols);
-  return load_tile<scalar_t, false>(dst, ld, src, st, sd, rows_valid, cols_valid, cols);
-}
-
 // The block's state slice in shared memory: fp32 at pitch ld.
 struct StateF32 {
   float* s; int ld;
@@ -1026,10 +1209,10 @@ struct ChunkTF32 {
       if (p.mode == 0) qr.template store<false>(Qs, LDK);
       v_bad = vr.template store<true>(Vs, LDV);
     } else {
-      load_tile_any<scalar_t>(p.vec_qk, Ks, LDK, cb.k + (int64_t)t0 * p.sk.t, p.sk.t, p.sk.d, tc, p.Dk, DKP);
+      load_tile_any<scalar_t>(p.vec_qk, Ks, LDK, cb.k + (int64_t)t0 * p.sk.t, p.sk.t, p.sk.d, tc, p.Dk, kChunk, DKP);
       if (p.mode == 0)
-        load_tile_any<scalar_t>(p.vec_qk, Qs, LDK, cb.q + (int64_t)t0 * p.sq.t, p.sq.t, p.sq.d, tc, p.Dk, DKP);
-      v_bad = load_tile_any<scalar_t>(p.vec_v, Vs, LDV, cb.v + (int64_t)t0 * p.sv.t, p.sv.t, p.sv.d, tc, cb.nv, NV);
+        load_tile_any<scalar_t>(p.vec_qk, Qs, LDK, cb.q + (int64_t)t0 * p.sq.t, p.sq.t, p.sq.d, tc, p.Dk, kChunk, DKP);
+      v_bad = load_tile_any<scalar_t>(p.vec_v, Vs, LDV, cb.v + (int64_t)t0 * p.sv.t, p.sv.t, p.sv.d, tc, cb.nv, kChunk, NV);
     }
     if (warp == 0) write_gate_tables(tabs, g_reg, b_reg, lane);
     return v_bad;
@@ -1570,8 +1753,11 @@ namespace gr {
 constexpr int kMaxDim = 256;
 constexpr size_t kRecurrentSmem = 48 * 1024;  // the recurrent kernel stays under the static limit
 constexpr int64_t kChunkedMinT = 256;         // use_chunked(): from the crossover sweep (BENCHMARKS.md)
-const char* const kKernelNames[] = {"recurrent", "chunk_tf32", "chunk_bf16"};
-const char* const kSourceNames[] = {"RECURRENT_SRC", "CHUNK_TF32_SRC", "CHUNK_BF16_SRC"};
+const char* const kKernelNames[] = {"recurrent", "parallel", "chunk_tf32", "chunk_bf16"};
+const char* const kSourceNames[] = {"RECURRENT_SRC", "PARALLEL_SRC", "CHUNK_TF32_SRC", "CHUNK_BF16_SRC"};
+const char* const kUnitNames[] = {"core", "chunk_tf32", "chunk_bf16"};
+constexpr Unit kUnitOf[] = {Unit::core, Unit::core, Unit::chunk_tf32, Unit::chunk_bf16};
+constexpr int64_t kParallelMaxT = 8 * kChunk;  // one warp writes each chunk's gate tables
 // Programmatic dependent launch of segment_scan and the output phase (0 to measure without).
 #ifndef GR_PDL
 #define GR_PDL 1
@@ -1806,8 +1992,33 @@ bool plan_chunked(const Shape& s, const Layout& lay, const DeviceLimits& lim, co
   return true;
 }
 
-// The one place a launch is decided. kernel: "" (planned), "recurrent", "chunked" (the planned chunk
-// kernel for the dtype), "chunk_tf32" or "chunk_bf16"; config: empty (planned) or the kernel's own.
+// Parallel: row tiles of 32 steps, column tiles of 32 for narrow states (else 64, or 32 where 64 does
+// not fit the device's shared memory); the last tile stages every step. Or config = (NV,).
+bool plan_parallel(const Shape& s, const Layout& lay, const DeviceLimits& lim, const std::vector<int64_t>& config,
+                   Plan& pl) {
+  const bool planned = config.empty();
+  GR_REQUIRE("ValueError", planned || config.size() == 1, "config must be (NV,) for parallel, got ", config.size(),
+             " values");
+  GR_REQUIRE("ValueError", planned || config[0] == 32 || config[0] == 64, "NV must be 32 or 64, got ", config[0]);
+  GR_REQUIRE("ValueError", s.T <= kParallelMaxT, "parallel serves T up to ", kParallelMaxT, ", got ", s.T);
+  pl.rtiles = (int)std::max<int64_t>(1, ceil_div(s.T, kChunk));
+  const int L = pl.rtiles * kChunk;
+  pl.NV = !planned ? (int)config[0] : s.Dv <= 32 || parallel_smem(64, (int)s.Dk, L) > lim.smem ? 32 : 64;
+  pl.smem = parallel_smem(pl.NV, (int)s.Dk, L);
+  GR_REQUIRE("ValueError", pl.smem <= lim.smem, "parallel with NV=", pl.NV, ", D_k=", s.Dk, " and T=", s.T, " needs ",
+             pl.smem, " bytes of shared memory a block, over this device's ", lim.smem);
+  pl.vtiles = (int)ceil_div(s.Dv, pl.NV);
+  pl.vec_qk = lay.q && lay.k;
+  pl.vec_v = lay.v;
+  pl.blocks = s.B * s.H * pl.rtiles * pl.vtiles;
+  GR_REQUIRE("ValueError", pl.blocks <= INT32_MAX, "B * H = ", s.B * s.H, " is too large for one launch");
+  return true;
+}
+
+// The one place a launch is decided. kernel: "" (planned), "recurrent", "parallel", "chunked" (the
+// planned chunk kernel for the dtype), "chunk_tf32" or "chunk_bf16"; config: empty (planned) or the
+// kernel's own. Planned: the chunk kernels for long sequences (use_chunked), else parallel where its
+// staging fits the device's shared memory, else recurrent.
 bool make_plan(const Shape& s, DType dt, const Layout& lay, const DeviceLimits& lim, const std::string& kernel,
                const std::vector<int64_t>& config, Plan& pl) {
   pl = Plan{};
@@ -1815,22 +2026,23 @@ bool make_plan(const Shape& s, DType dt, const Layout& lay, const DeviceLimits& 
   const Kernel chunked = dt == DType::bf16 ? Kernel::chunk_bf16 : Kernel::chunk_tf32;
   if (kernel.empty()) {
     GR_REQUIRE("ValueError", config.empty(), "config needs an explicit kernel");
-    pl.kernel = use_chunked(s) ? chunked : Kernel::recurrent;
-  } else if (kernel == "recurrent" || kernel == "chunked") {
-    pl.kernel = kernel == "chunked" ? chunked : Kernel::recurrent;
+    pl.kernel = use_chunked(s) ? chunked : Kernel::parallel;
+  } else if (kernel == "recurrent" || kernel == "chunked" || kernel == "parallel") {
+    pl.kernel = kernel == "chunked" ? chunked : kernel == "parallel" ? Kernel::parallel : Kernel::recurrent;
   } else if (kernel == "chunk_tf32") {
     GR_REQUIRE("TypeError", dt != DType::bf16, "chunk_tf32 takes float32 or float16 inputs, got bfloat16");
     pl.kernel = Kernel::chunk_tf32;
   } else {
-    GR_REQUIRE("ValueError", kernel == "chunk_bf16", "kernel must be one of recurrent, chunked, chunk_tf32, "
-               "chunk_bf16 or None, got '", kernel, "'");
+    GR_REQUIRE("ValueError", kernel == "chunk_bf16", "kernel must be one of recurrent, parallel, chunked, "
+               "chunk_tf32, chunk_bf16 or None, got '", kernel, "'");
     GR_REQUIRE("TypeError", dt == DType::bf16, "chunk_bf16 takes bfloat16 inputs, got ", dtype_str(dt));
     pl.kernel = Kernel::chunk_bf16;
   }
   if (pl.kernel != Kernel::recurrent) {
-    if (plan_chunked(s, lay, lim, config, pl)) return true;
+    if (pl.kernel == Kernel::parallel ? plan_parallel(s, lay, lim, config, pl) : plan_chunked(s, lay, lim, config, pl))
+      return true;
     if (!kernel.empty()) return false;  // an explicit request: its error stands
-    pl = Plan{};  // the planned chunk kernel does not fit this device: the recurrent kernel serves
+    pl = Plan{};  // the planned kernel does not fit this device: the recurrent kernel serves
     pl.dtype = dt;
     pl.kernel = Kernel::recurrent;
   }
@@ -1846,9 +2058,11 @@ namespace gr {
 
 std::string describe(const Plan& pl) {
   const int k = (int)pl.kernel;
-  std::string s = cat(kKernelNames[k], " (", kSourceNames[k], ", unit ", k == 0 ? "core" : kKernelNames[k], ") ");
+  std::string s = cat(kKernelNames[k], " (", kSourceNames[k], ", unit ", kUnitNames[(int)kUnitOf[k]], ") ");
   if (pl.kernel == Kernel::recurrent)
     s += cat("R=", pl.R, " G=", pl.G, " JB=", pl.JB, " TC=", pl.TC, pl.vec ? " loads=16B" : " loads=scalar");
+  else if (pl.kernel == Kernel::parallel)
+    s += cat("row_tiles=", pl.rtiles, " NV=", pl.NV, pl.vec_qk && pl.vec_v ? " loads=16B" : " loads=scalar");
   else
     s += cat("C=", kChunk, " NV=", pl.NV, " D_k=", pl.DK > 0 ? cat(pl.DK, " compiled") : cat(pl.DKP, " run-time"),
              " segments=", pl.nseg, pl.nseg > 1 ? cat(" + segment_scan", pl.pdl ? " pdl=on" : " pdl=off") : "");
@@ -1891,15 +2105,16 @@ Problem problem_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   return pr;
 }
 
-// Each unit's entry point, by Kernel: the core's own; a chunk unit's once Python has built it and
-// called attach() with its address.
+// Each unit's entry point, by Unit: the core's own; a chunk unit's once Python has built it and called
+// attach() with its address.
 namespace {
 ExecuteFn g_execute[3] = {gr_execute_core, nullptr, nullptr};
 }  // namespace
 
 // A plan whose unit is not loaded yet: Python builds it, attaches it and calls again.
 bool unit_ready(const Plan& pl) {
-  GR_REQUIRE("NeedUnit", g_execute[(int)pl.kernel] != nullptr, kKernelNames[(int)pl.kernel]);
+  const int u = (int)kUnitOf[(int)pl.kernel];
+  GR_REQUIRE("NeedUnit", g_execute[u] != nullptr, kUnitNames[u]);
   return true;
 }
 
@@ -1909,7 +2124,7 @@ bool execute(const Plan& pl, const Problem& pr, const at::Tensor& like) {
   at::Tensor work;
   if (pl.work_floats > 0) work = at::empty({pl.work_floats}, like.options().dtype(at::kFloat));
   const char* failed = "";
-  const int err = g_execute[(int)pl.kernel](&pl, &pr, work.defined() ? work.data_ptr<float>() : nullptr,
+  const int err = g_execute[(int)kUnitOf[(int)pl.kernel]](&pl, &pr, work.defined() ? work.data_ptr<float>() : nullptr,
                                             c10::cuda::getCurrentCUDAStream(), &failed);
   GR_REQUIRE("RuntimeError", err == 0, kKernelNames[(int)pl.kernel], " (", failed, ") launch failed: ",
              cudaGetErrorString((cudaError_t)err));
@@ -1987,20 +2202,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("plan", &gr::plan_text);
   m.def("last_error", [] { return gr::g_error; });
-  // A chunk unit's entry point (its address from ctypes) for Kernel index `kernel`.
-  m.def("attach", [](int64_t kernel, int64_t address) {
-    if (kernel >= 1 && kernel <= 2) gr::g_execute[kernel] = reinterpret_cast<gr::ExecuteFn>(address);
+  // A chunk unit's entry point (its address from ctypes) for Unit index `unit`.
+  m.def("attach", [](int64_t unit, int64_t address) {
+    if (unit >= 1 && unit <= 2) gr::g_execute[unit] = reinterpret_cast<gr::ExecuteFn>(address);
   });
 }
 """
 
-SOURCES = {"prelude": PRELUDE_SRC, "device": DEVICE_SRC, "recurrent": RECURRENT_SRC, "chunk": CHUNK_SRC,
+SOURCES = {"prelude": PRELUDE_SRC, "device": DEVICE_SRC, "recurrent": RECURRENT_SRC, "parallel": PARALLEL_SRC,
+           "chunk": CHUNK_SRC,
            "segment_scan": SEGMENT_SCAN_SRC, "chunk_tf32": CHUNK_TF32_SRC, "chunk_bf16": CHUNK_BF16_SRC,
            "host": HOST_SRC, "host_run": HOST_RUN_SRC}
 
 # Each unit's CUDA sources (PRELUDE and DEVICE first) and C entry point; core adds the host file.
 _UNIT_CUDA = {
-    "core": [RECURRENT_SRC],
+    "core": [RECURRENT_SRC, PARALLEL_SRC],
     "chunk_tf32": [CHUNK_SRC, SEGMENT_SCAN_SRC, CHUNK_TF32_SRC],
     "chunk_bf16": [CHUNK_SRC, SEGMENT_SCAN_SRC, CHUNK_BF16_SRC],
 }
@@ -2127,9 +2343,9 @@ def gated_recurrence(q, k, v, gate, beta, initial_state=None, output_final_state
 
 def _gated_recurrence_with(q, k, v, gate, beta, kernel=None, config=(), initial_state=None,
                            output_final_state=False):
-    """Test and benchmark hook: a chosen kernel ("recurrent", "chunked" (the planned chunk kernel),
-    "chunk_tf32", "chunk_bf16") and configuration ((R, G, JB, TC) for recurrent, (NV, segments) for
-    the chunk kernels, () for the planned one)."""
+    """Test and benchmark hook: a chosen kernel ("recurrent", "parallel", "chunked" (the planned chunk
+    kernel), "chunk_tf32", "chunk_bf16") and configuration ((R, G, JB, TC) for recurrent, (NV,) for
+    parallel, (NV, segments) for the chunk kernels, () for the planned one)."""
     if kernel is not None and not isinstance(kernel, str):
         raise TypeError(f"kernel must be a string or None, got {type(kernel).__name__}")
     out = _call(_core.forward_ex, q, k, v, gate, beta, initial_state, bool(output_final_state), kernel or "",

@@ -1,0 +1,93 @@
+"""The parallel kernel against the recurrent one (and the floor) on the device: a correctness smoke,
+the KernelBench shape's four numbers (KernelBench median/mean, CUDA-graph replay per call, host time per
+call) beside the floor row (an output allocation plus one tiny kernel, timed the same way), and a
+crossover grid over B*H, T and D that decides the plan's boundary between the two.
+
+    python3 dev/parallel_vs_recurrent.py [--trials 50]        (writes $OUT/parallel_vs_recurrent.json)
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import reference  # noqa: E402
+import solution  # noqa: E402
+from timing import graph_replay_time, kernelbench_time, rel_l2  # noqa: E402
+
+
+def run(kernel):
+    return lambda *x: solution._gated_recurrence_with(*x, kernel=kernel)
+
+
+def host_us(fn, xs, calls=2000):
+    """Host time per call: perf_counter around calls, no synchronize (the queue absorbs the kernels)."""
+    for _ in range(20):
+        fn(*xs)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn(*xs)
+    dt = (time.perf_counter() - t0) / calls * 1e6
+    torch.cuda.synchronize()
+    return dt
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--trials", type=int, default=50)
+    args = ap.parse_args()
+    out = {"smoke": [], "spec": [], "grid": []}
+    # ---- correctness smoke (the test suite has the full matrix)
+    for shape, gate in [((2, 128, 4, 24, 24), None), ((3, 63, 5, 7, 33), (-1.2, 1.2)), ((1, 255, 2, 64, 100), 1.02),
+                        ((2, 200, 3, 128, 32), (0.0, 0.05)), ((1, 33, 2, 256, 256), None)]:
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            xs = reference.make_inputs(*shape, dtype=dtype, device="cuda")
+            if isinstance(gate, float):
+                xs[3] = torch.full_like(xs[3], gate)
+            elif gate is not None:
+                xs[3] = torch.empty_like(xs[3]).uniform_(*gate)
+            ref = reference.Model()(*[x.double() for x in xs])
+            y = run("parallel")(*xs)
+            row = {"shape": shape, "dtype": str(dtype)[6:], "err": rel_l2(y, ref), "floor": rel_l2(ref.to(dtype), ref),
+                   "nan": bool(torch.isnan(y).any())}
+            out["smoke"].append(row)
+            print(f"smoke {shape} {row['dtype']:9s} err {row['err']:.2e} (dtype floor {row['floor']:.2e}) nan={row['nan']}")
+    # ---- the KernelBench shape: planned (parallel), recurrent, and the floor row
+    xs = [x.cuda() for x in reference.get_inputs()]
+    floor = lambda q, k, v, g, b: torch.empty_like(v).zero_()  # noqa: E731
+    for name, fn in [("floor: empty_like(v).zero_()", floor), ("planned: " + solution.plan(2, 128, 4, 24, 24), solution.gated_recurrence),
+                     ("recurrent", run("recurrent")), ("ModelNew", solution.ModelNew())]:
+        kb = kernelbench_time(fn, xs, trials=200)
+        row = {"what": name, "kb_median_us": kb["median"] * 1e3, "kb_mean_us": kb["mean"] * 1e3,
+               "graph_us": graph_replay_time(fn, xs, trials=50)["median"] * 1e3, "host_us": host_us(fn, xs)}
+        out["spec"].append(row)
+        print(f"spec {name[:40]:40s} KB median {row['kb_median_us']:6.2f} mean {row['kb_mean_us']:6.2f} "
+              f"graph {row['graph_us']:6.2f} host {row['host_us']:6.2f} us")
+    # ---- crossover grid (fp32; bf16 at a few)
+    for BH in (8, 64, 512):
+        for T in (32, 64, 128, 255):
+            for D in (24, 64, 128):
+                B, H = (1, BH) if BH <= 64 else (BH // 64, 64)
+                for dtype in ((torch.float32, torch.bfloat16) if D == 64 else (torch.float32,)):
+                    xs = reference.make_inputs(B, T, H, D, dtype=dtype, device="cuda")
+                    plan = solution.plan(B, T, H, D, D, dtype)
+                    row = {"B": B, "T": T, "H": H, "D": D, "dtype": str(dtype)[6:], "plan": plan.split()[0]}
+                    for kern in ("parallel", "recurrent"):
+                        try:
+                            row[kern + "_us"] = kernelbench_time(run(kern), xs, trials=args.trials)["median"] * 1e3
+                        except ValueError:  # parallel's staging over the shared memory
+                            row[kern + "_us"] = float("nan")
+                    out["grid"].append(row)
+                    print(f"grid B*H={BH:4d} T={T:4d} D={D:4d} {row['dtype']:9s} parallel {row['parallel_us']:8.1f} "
+                          f"recurrent {row['recurrent_us']:8.1f} us  plan {row['plan']}", flush=True)
+    with open(os.path.join(os.environ.get("OUT", "."), "parallel_vs_recurrent.json"), "w") as f:
+        json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
