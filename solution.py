@@ -111,9 +111,9 @@ struct Plan {
   int R, G;              // rows a lane, lanes a column (a compiled pair, GR_RG_PAIRS)
   int JB, TC;            // state columns a block, steps staged at once
   int col_blocks;        // ceil(D_v / JB)
-  bool vec;              // 16-byte staging loads (q, k, v rows aligned)
+  bool vec;              // 16-byte staging loads (q, k, v rows aligned): recurrent, parallel
   // parallel and chunk kernels
-  int rtiles;            // parallel: row tiles of 32 steps
+  int rtiles;            // parallel: row tiles of 16 steps
   int NV, DK;            // column tile; D_k compiled in (64 or 128) or 0 (D_k at run time)
   int DKP;               // D_k padded to 16
   int vtiles;            // ceil(D_v / NV)
@@ -123,17 +123,11 @@ struct Plan {
   int64_t work_floats;   // workspace: (nseg - 1) segment states and decays a (b, h)
 };
 
-#ifdef __CUDACC__
-#define GR_HD __host__ __device__
-#else
-#define GR_HD
-#endif
-// parallel: odd pitches (a warp's rows in different banks), and its shared memory for L staged steps.
-GR_HD constexpr int parallel_ldk(int Dk) { return Dk | 1; }
-GR_HD constexpr int parallel_ldv(int NV) { return NV + 1; }
-inline size_t parallel_smem(int NV, int Dk, int L) {
-  return sizeof(float) * (size_t)(kChunk * parallel_ldk(Dk) + L * parallel_ldk(Dk) + L * parallel_ldv(NV) +
-                                  kChunk * (L + 1) + (L / kChunk) * kGateTableFloats);
+// parallel: q (16 rows) and k (L rows) at pitch DKP + 4, v and a partial y at NV + 8, the gate tables,
+// then P (16 x (L + 4)) or the final state (DKP x (NV + 8)) and its L weights.
+inline size_t parallel_smem(int NV, int DKP, int L) {
+  const size_t ldk = DKP + 4, ldv = NV + 8, p = 16 * (size_t)(L + 4), st = DKP * ldv + L;
+  return sizeof(float) * ((16 + L) * ldk + (L + 16) * ldv + (L / kChunk) * kGateTableFloats + (p > st ? p : st));
 }
 inline size_t recurrent_smem(int R, int G, int JB, int TC) {
   return sizeof(float) * (size_t)TC * (2 * G * R + JB + 2);
@@ -292,6 +286,21 @@ __device__ __forceinline__ void write_gate_tables(float* t, float g_reg, float b
 __device__ __forceinline__ float masked_entry(float d, int t, int s, const GateTables& gt) {
   if (s > t) return 0.f;
   return d * (((t >> 4) == (s >> 4) ? gt.ltab[t * 16 + (s & 15)] : gt.pin[t] * gt.sout[s]) * gt.bsm[s]);
+}
+
+// Four 8x8 b16 matrices (or 8x4 fp32 tiles) of shared memory in one instruction; lane l receives
+// element (l / 4, l % 4) of tile i in r[i] (as 32-bit words), the mma fragment layout. `row` is this
+// lane's address: row l % 8 of tile l / 8 (16-byte aligned). TRANS: each 8x8 b16 tile transposed
+// (lane l receives elements (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4)).
+template <bool TRANS = false>
+__device__ __forceinline__ void ldm4(uint32_t (&r)[4], const void* row) {
+  const uint32_t a = (uint32_t)__cvta_generic_to_shared(row);
+  if constexpr (TRANS)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
 }
 
 // Every launch: kernel<<<blocks, kMaxThreads, smem, stream>>>(args), as a programmatic dependent
@@ -505,24 +514,157 @@ cudaError_t launch_recurrent(const Plan& pl, const Problem& pr, cudaStream_t s) 
 
 """
 
+TF32_MMA_SRC = r"""
+// ===================================== tf32_mma: fp32-accurate products on TF32 mma.sync ======
+// Raw mma.sync m16n8k8 TF32 with fragments loaded by plain shared loads or ldmatrix in the documented
+// layouts (g = lane / 4, q = lane % 4):
+//   A 16x8: a0 (g, q), a1 (g+8, q), a2 (g, q+4), a3 (g+8, q+4);  B 8x8: b0 (q, g), b1 (q+4, g);
+//   C 16x8: c0 (g, 2q), c1 (g, 2q+1), c2 (g+8, 2q), c3 (g+8, 2q+1).
+// SPLIT: each fp32 operand as hi + lo TF32 terms and three products (3xTF32, fp32-level error).
+// Used by parallel (core unit) and chunk_tf32.
+namespace gr {
+namespace {
+
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// hi = x rounded to TF32 (adding half a TF32 ulp to the bit pattern and clearing the 13 low bits
+// rounds the magnitude to nearest: two integer instructions where __float_to_tf32 takes five);
+// lo = x - hi (exact) as raw fp32 bits, which the tensor core truncates to TF32. Truncating hi
+// instead doubled the error (rel-L2 1.02e-5 with gates of 1.02 over 300 steps, over the 1e-5 bound).
+// NaN survives in lo: CUDA's NaN 0x7fffffff plus half an ulp carries into the sign bit (hi = -0), but
+// x - hi is NaN again; rounding lo too would lose it (measured).
+__device__ __forceinline__ uint32_t round_tf32(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
+
+template <int N>
+__device__ __forceinline__ void split_tf32(const float (&x)[N], uint32_t (&hi)[N], uint32_t (&lo)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    hi[i] = round_tf32(x[i]);
+    lo[i] = __float_as_uint(x[i] - __uint_as_float(hi[i]));
+  }
+}
+
+// d += a b with fp32-level accuracy (SPLIT: lo*hi + hi*lo + hi*hi) or one TF32 product.
+template <bool SPLIT>
+__device__ __forceinline__ void mma3(float (&d)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4],
+                                     const float (&b)[2]) {
+  uint32_t bh[2], bl[2];
+  if constexpr (SPLIT) {
+    split_tf32<2>(b, bh, bl);
+    mma_tf32(d, al, bh);
+    mma_tf32(d, ah, bl);
+  } else {
+    bh[0] = __float_as_uint(b[0]); bh[1] = __float_as_uint(b[1]);
+  }
+  mma_tf32(d, ah, bh);
+}
+
+template <bool SPLIT>
+__device__ __forceinline__ void prep_a(const float (&a)[4], uint32_t (&ah)[4], uint32_t (&al)[4]) {
+  if constexpr (SPLIT) {
+    split_tf32<4>(a, ah, al);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) { ah[i] = __float_as_uint(a[i]); al[i] = 0u; }
+  }
+}
+
+__device__ __forceinline__ void ldm_x4(float (&r)[4], const float* row) {
+  uint32_t x[4];
+  ldm4(x, row);
+  r[0] = __uint_as_float(x[0]); r[1] = __uint_as_float(x[1]); r[2] = __uint_as_float(x[2]); r[3] = __uint_as_float(x[3]);
+}
+
+// 16x8 A fragment at A (row-major, pitch ld a multiple of 4, A 16-byte aligned): tiles rows 0-7 /
+// 8-15 by columns 0-3 / 4-7 give a0 (g, q), a1 (g+8, q), a2 (g, q+4), a3 (g+8, q+4).
+__device__ __forceinline__ void frag_a(float (&a)[4], const float* A, int ld, int g, int q) {
+  const int lane = 4 * g + q;
+  ldm_x4(a, A + ((lane & 7) + ((lane >> 3) & 1) * 8) * ld + (lane >> 4) * 4);
+}
+
+// acc[n] += A (16 x kend, row-major at a, pitch lda) times B (kend x 8, row-major at b + n * 8, pitch ldb).
+template <bool SPLIT, int N>
+__device__ __forceinline__ void row_strip(float (&acc)[N][4], const float* a, int lda, const float* b, int ldb,
+                                          int kend, int g, int q4) {
+#pragma unroll
+  for (int k0 = 0; k0 < kend; k0 += 8) {
+    float af[4];
+    uint32_t ah[4], al[4];
+    frag_a(af, a + k0, lda, g, q4);
+    prep_a<SPLIT>(af, ah, al);
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      const float* bp = b + k0 * ldb + n * 8 + g;
+      const float bb[2] = {bp[q4 * ldb], bp[(q4 + 4) * ldb]};
+      mma3<SPLIT>(acc[n], ah, al, bb);
+    }
+  }
+}
+
+// One warp's strip of S: rows 16 (at sp, pitch ldv) x N tiles of 8 columns.
+// S = decay * S + sum_s (kscale[s] k_s)^T v_s over the chunk's 32 steps (staged as zeros, with
+// kscale 0, past the end of the sequence); kc: k at this row block.
+template <bool SPLIT, int N>
+__device__ __forceinline__ void s_update_strip(float* sp, int ldv, const float* kc, int ldk, const float* vc,
+                                               const float* kscale, float decay, int g, int q4) {
+  float acc[N][4];
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    const float2 lo2 = *reinterpret_cast<const float2*>(sp + g * ldv + n * 8 + 2 * q4);
+    const float2 hi2 = *reinterpret_cast<const float2*>(sp + (g + 8) * ldv + n * 8 + 2 * q4);
+    acc[n][0] = lo2.x * decay; acc[n][1] = lo2.y * decay; acc[n][2] = hi2.x * decay; acc[n][3] = hi2.y * decay;
+  }
+#pragma unroll
+  for (int s0k = 0; s0k < 32; s0k += 8) {
+    const float w0 = kscale[s0k + q4], w1 = kscale[s0k + q4 + 4];
+    const float* k0 = kc + (s0k + q4) * ldk + g;
+    const float* k1 = kc + (s0k + q4 + 4) * ldk + g;
+    const float a[4] = {k0[0] * w0, k0[8] * w0, k1[0] * w1, k1[8] * w1};
+    uint32_t ah[4], al[4];
+    prep_a<SPLIT>(a, ah, al);
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      const float* bv = vc + s0k * ldv + n * 8 + g;
+      const float bb[2] = {bv[q4 * ldv], bv[(q4 + 4) * ldv]};
+      mma3<SPLIT>(acc[n], ah, al, bb);
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    *reinterpret_cast<float2*>(sp + g * ldv + n * 8 + 2 * q4) = make_float2(acc[n][0], acc[n][1]);
+    *reinterpret_cast<float2*>(sp + (g + 8) * ldv + n * 8 + 2 * q4) = make_float2(acc[n][2], acc[n][3]);
+  }
+}
+
+}  // namespace
+}  // namespace gr
+"""
+
 PARALLEL_SRC = r"""
 // ===================================== parallel: short sequences without a carried state ====
 // For T <= 256 a head's outputs need no recurrence at all (naive.chunked_naive has the algebra):
 //   y_t = sum_{s<=t} M[t][s] (q_t . k_s) v_s + A[t] (q_t^T S_0),  M[t][s] = beta_s prod_{r=s+1..t} g_r,
 //   A[t] = prod_{r<=t} g_r;  S_T = A[T-1] S_0 + sum_s (beta_s prod_{r=s+1..T-1} g_r) k_s v_s^T.
-// Grid: one block per (b, h, row tile of 32 steps, column tile of NV), so a head's row tiles run at once
-// (the recurrent kernel's 128 dependent steps at the KernelBench shape become 4 parallel tiles). A block
-// stages q of its rows and k, v, gate, beta of every step up to its last row in one round trip, writes
-// the gate tables of each 32-step chunk (warp c for chunk c), then P = masked, decayed q k^T and
-// y = P V in fp32 FMAs (exact fp32 products; the state term keeps NaN/inf semantics of the other
-// kernels). Decays across chunks are direct products too: M[t][s] = rowd_ct[t] * (whole chunks between)
-// * kscale_cs[s]. The last row tile also writes the final state when it is asked for.
+// Grid: one block per (b, h, row tile of 16 steps, column tile of NV), so every row tile of a head runs
+// at once (at the KernelBench shape the recurrent kernel's 128 dependent steps become 8 tiles). A block
+// stages q of its rows and k, v, gate, beta of every step up to its last row in one memory round trip,
+// writes the gate tables of each 32-step chunk (warp c for chunk c), then on TF32 mma.sync with 3xTF32
+// splits for every dtype (fp32-level products): P = masked, decayed q k^T for s < t0 + 16, and
+// y = P V + A[t] (q S_0). Decays across chunks are direct products: M[t][s] = rowd_cd[t] * (whole
+// chunks between) * kscale_cs[s]. The diagonal 16x16 block of P V goes through fp32 FMAs when the
+// staged v holds a NaN or inf (a masked zero must never meet it). The last row tile also writes the
+// final state when it is asked for.
 namespace gr {
 namespace {
 
 struct ParallelParams : Problem {
-  int vtiles, rtiles;   // column tiles of NV, row tiles of 32 steps
-  int vec_qk, vec_v;    // 16-byte loads are legal for q and k / v
+  int vtiles, rtiles;   // column tiles of NV, row tiles of 16 steps
+  int DKP;              // D_k padded to 16
+  int vec;              // 16-byte loads legal for q, k and v
 };
 
 // Product of the whole chunks c0 .. c1 - 1 (their gate tables' rowd[31]).
@@ -532,24 +674,81 @@ __device__ __forceinline__ float chunks_product(const float* tabs, int c0, int c
   return m;
 }
 
+// Up to three tiles of strided sources into shared memory as float, in one job space with U loads in
+// flight a thread, so that a block waits for one memory round trip; zero outside the valid rows and
+// columns. Returns whether this thread staged a NaN or inf from the last tile (v).
+template <typename scalar_t>
+struct TileSpec {
+  float* dst; int ld; const scalar_t* src; int64_t st, sd; int rows_valid, cols_valid, rows, cols;
+};
+template <typename scalar_t, bool VEC, int U = 8>
+__device__ __forceinline__ bool stage_tiles(const TileSpec<scalar_t>& ta, const TileSpec<scalar_t>& tb,
+                                            const TileSpec<scalar_t>& tv) {
+  using L = Vec16<scalar_t, VEC>;
+  const int n0 = ta.rows * (ta.cols / L::V), n1 = n0 + tb.rows * (tb.cols / L::V);
+  const int total = n1 + tv.rows * (tv.cols / L::V);
+  // Field by field (a reference into an array of the three would put them in local memory).
+#define GR_PICK(f) (i == 0 ? ta.f : i == 1 ? tb.f : tv.f)
+  bool bad = false;
+  for (int base = threadIdx.x; base < total; base += U * blockDim.x) {
+    L buf[U];
+    float* dst[U];
+    bool last[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      int e = base + u * blockDim.x;
+      dst[u] = nullptr;
+      if (e < total) {
+        const int i = e < n0 ? 0 : e < n1 ? 1 : 2;
+        e -= i == 0 ? 0 : i == 1 ? n0 : n1;
+        const int per_row = GR_PICK(cols) / L::V, r = e / per_row, c = (e - r * per_row) * L::V;
+        buf[u].u.raw = make_uint4(0u, 0u, 0u, 0u);
+        if (r < GR_PICK(rows_valid) && c < GR_PICK(cols_valid)) {
+          const scalar_t* src = GR_PICK(src) + r * GR_PICK(st) + c * GR_PICK(sd);
+          if constexpr (VEC) buf[u].u.raw = __ldg(reinterpret_cast<const uint4*>(src));
+          else buf[u].u.x[0] = src[0];
+        }
+        dst[u] = GR_PICK(dst) + r * GR_PICK(ld) + c;
+        last[u] = i == 2;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (dst[u] != nullptr) {
+#pragma unroll
+        for (int i = 0; i < L::V; ++i) {
+          const float x = to_float(buf[u].u.x[i]);
+          bad |= last[u] && !finite(x);
+          dst[u][i] = x;
+        }
+      }
+  }
+#undef GR_PICK
+  return bad;
+}
+
 template <typename scalar_t, int NV>
 __global__ void __launch_bounds__(kMaxThreads) parallel_kernel(const ParallelParams p) {
-  constexpr int C = kChunk, LDV = parallel_ldv(NV), JN = NV / 8;
-  extern __shared__ float par_smem[];
+  constexpr int C = kChunk, RT = 16, NT8 = NV / 8, KS = 8 / NT8, LDV = NV + 8, WARPS = kMaxThreads / 32;
+  extern __shared__ __align__(16) float par_smem[];
   int blk = blockIdx.x;
   const int vt = blk % p.vtiles;
   blk /= p.vtiles;
-  const int ct = blk % p.rtiles;  // this block's row tile (chunk)
+  const int rt = blk % p.rtiles;
   blk /= p.rtiles;
   const int h = blk % p.H, b = blk / p.H;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int t0 = ct * C, tc = min(C, p.T - t0), nch = ct + 1, L = nch * C;  // steps staged: [0, L)
-  const int j0 = vt * NV, nv = min(NV, p.Dv - j0), LDK = parallel_ldk(p.Dk), LDP = L + 1;
-  float* Qs = par_smem;            // C x LDK
-  float* Ks = Qs + C * LDK;        // L x LDK
-  float* Vs = Ks + L * LDK;        // L x LDV
-  float* Ps = Vs + L * LDV;        // C x LDP: the masked, decayed, beta-weighted q . k (then final-state weights)
-  float* tabs = Ps + C * LDP;      // nch sets of gate tables
+  const int warp = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 5, 0), lane = threadIdx.x & 31;
+  const int g = lane >> 2, q4 = lane & 3;
+  const int t0 = rt * RT, tc = min(RT, p.T - t0);   // this tile's rows
+  const int cd = t0 / C, ro = t0 - cd * C;          // their chunk and offset in it
+  const int nch = cd + 1, L = nch * C, Lv = min(L, p.T);
+  const int j0 = vt * NV, nv = min(NV, p.Dv - j0), DKP = p.DKP, LDK = DKP + 4, LDP = L + 4;
+  float* Qs = par_smem;                // RT x LDK
+  float* Ks = Qs + RT * LDK;           // L x LDK
+  float* Vs = Ks + L * LDK;            // L x LDV
+  float* Yr = Vs + L * LDV;            // RT x LDV: the second k-group's partial y
+  float* tabs = Yr + RT * LDV;         // nch sets of gate tables
+  float* Ps = tabs + nch * kGateTableFloats;  // RT x LDP; later the final state (DKP x LDV) and its weights
 
   const scalar_t* q = static_cast<const scalar_t*>(p.q) + b * p.sq.b + h * p.sq.h;
   const scalar_t* k = static_cast<const scalar_t*>(p.k) + b * p.sk.b + h * p.sk.h;
@@ -557,91 +756,117 @@ __global__ void __launch_bounds__(kMaxThreads) parallel_kernel(const ParallelPar
   const scalar_t* gate = static_cast<const scalar_t*>(p.gate) + b * p.sg.b + h * p.sg.h;
   const scalar_t* beta = static_cast<const scalar_t*>(p.beta) + b * p.sb.b + h * p.sb.h;
 
-  // ---- stage: gate and beta of step warp * 32 + lane first (in flight with the tiles), then the tiles
+  // ---- stage: gate and beta of step warp * 32 + lane first, then q, k, v in one round trip
   float g_reg = 1.f, b_reg = 0.f;
-  const int st = warp * C + lane;
-  if (warp < nch && st < p.T) {
-    g_reg = to_float(gate[(int64_t)st * p.sg.t]);
-    b_reg = to_float(beta[(int64_t)st * p.sb.t]);
+  if (warp < nch && warp * C + lane < p.T) {
+    g_reg = to_float(gate[(int64_t)(warp * C + lane) * p.sg.t]);
+    b_reg = to_float(beta[(int64_t)(warp * C + lane) * p.sb.t]);
   }
-  const int Lv = min(L, p.T);
-  load_tile_any<scalar_t>(p.vec_qk, Qs, LDK, q + (int64_t)t0 * p.sq.t, p.sq.t, p.sq.d, tc, p.Dk, C, p.Dk);
-  load_tile_any<scalar_t>(p.vec_qk, Ks, LDK, k, p.sk.t, p.sk.d, Lv, p.Dk, L, p.Dk);
-  load_tile_any<scalar_t>(p.vec_v, Vs, LDV, v, p.sv.t, p.sv.d, Lv, nv, L, (nv + 3) & ~3);
+  const TileSpec<scalar_t> tq{Qs, LDK, q + (int64_t)t0 * p.sq.t, p.sq.t, p.sq.d, tc, p.Dk, RT, DKP};
+  const TileSpec<scalar_t> tk{Ks, LDK, k, p.sk.t, p.sk.d, Lv, p.Dk, L, DKP};
+  const TileSpec<scalar_t> tv{Vs, LDV, v, p.sv.t, p.sv.d, Lv, nv, L, NV};
+  const bool v_bad = p.vec ? stage_tiles<scalar_t, true>(tq, tk, tv) : stage_tiles<scalar_t, false>(tq, tk, tv);
   if (warp < nch) write_gate_tables(tabs + warp * kGateTableFloats, g_reg, b_reg, lane);
-  __syncthreads();  // B1
+  const bool vbad = __syncthreads_or(v_bad);  // B1
 
-  // ---- P: row tr of this tile against 4 columns of each chunk, chunks from this one down to 0 (so the
-  // product of the whole chunks between accumulates)
-  const int tr = tid >> 3, sg = tid & 7;
-  const GateTables gd = gate_tables_at(tabs + ct * kGateTableFloats);
-  float mid = 1.f;  // product of the chunks strictly between cs and ct
-  for (int cs = ct; cs >= 0; --cs) {
-    float d[4] = {0.f, 0.f, 0.f, 0.f};
-    const float* qr = Qs + tr * LDK;
-    const float* kr = Ks + (cs * C + sg * 4) * LDK;
-    for (int i = 0; i < p.Dk; ++i) {
-      const float qi = qr[i];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) d[u] = fmaf(qi, kr[u * LDK + i], d[u]);
+  // ---- P tiles (16 x 8) for s < t0 + 16 (later steps are masked for every row), masked and decayed
+  const GateTables gd = gate_tables_at(tabs + cd * kGateTableFloats);
+  for (int n = warp; n < (t0 + RT) / 8; n += WARPS) {
+    float d[4] = {0.f, 0.f, 0.f, 0.f}, d2[4] = {0.f, 0.f, 0.f, 0.f};  // even / odd k: two chains
+    const float* Bk = Ks + n * 8 * LDK;
+    for (int kk = 0; kk < DKP; kk += 16) {
+      float a[4], a2[4], kb[4];
+      ldm_x4(kb, Bk + (lane & 7) * LDK + kk + (lane >> 3) * 4);  // B = K^T: k's rows are its columns
+      const float bb[2] = {kb[0], kb[1]}, bb2[2] = {kb[2], kb[3]};
+      uint32_t ah[4], al[4], ah2[4], al2[4];
+      frag_a(a, Qs + kk, LDK, g, q4);
+      frag_a(a2, Qs + kk + 8, LDK, g, q4);
+      prep_a<true>(a, ah, al);
+      prep_a<true>(a2, ah2, al2);
+      mma3<true>(d, ah, al, bb);
+      mma3<true>(d2, ah2, al2, bb2);
     }
+    const int cs = n * 8 / C;
     const GateTables gs = gate_tables_at(tabs + cs * kGateTableFloats);
+    const float mid = chunks_product(tabs, cs + 1, cd);
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int sl = sg * 4 + u;
-      Ps[tr * LDP + cs * C + sl] = cs == ct ? masked_entry(d[u], tr, sl, gd) : d[u] * (gd.rowd[tr] * mid * gs.kscale[sl]);
+    for (int i = 0; i < 4; ++i) {
+      const int row = g + 8 * (i >> 1), s = (n * 8 + 2 * q4 + (i & 1)) % C;
+      const float x = d[i] + d2[i];
+      Ps[row * LDP + n * 8 + 2 * q4 + (i & 1)] =
+          cs == cd ? masked_entry(x, ro + row, s, gd) : x * (gd.rowd[ro + row] * mid * gs.kscale[s]);
     }
-    if (cs < ct) mid *= gs.rowd[C - 1];
   }
-  // mid is now the product of the chunks before this one: A[t] = rowd_ct[t] * mid.
   __syncthreads();  // B2
 
-  // ---- y = P V over s <= t (a masked zero must never meet a non-finite v), plus A[t] (q_t^T S_0)
-  const int t = t0 + tr, jg = sg;
-  float acc[JN];
+  // ---- y = P V: warp (n-tile n, k-group ks); the diagonal block [t0, t0 + 16) in group 0, by fp32 FMAs
+  // (s <= t only) when v is not finite
+  const int n = warp % NT8, ks = warp / NT8;
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  auto mma_step = [&](int k0) {
+    float af[4];
+    uint32_t ah[4], al[4];
+    frag_a(af, Ps + k0, LDP, g, q4);
+    prep_a<true>(af, ah, al);
+    const float bb[2] = {Vs[(k0 + q4) * LDV + n * 8 + g], Vs[(k0 + q4 + 4) * LDV + n * 8 + g]};
+    mma3<true>(acc, ah, al, bb);
+  };
+  for (int k0 = ks * 8; k0 < t0; k0 += 8 * KS) mma_step(k0);
+  if (ks == 0 && !vbad) {
+    mma_step(t0);
+    mma_step(t0 + 8);
+  } else if (ks == 0) {
 #pragma unroll
-  for (int u = 0; u < JN; ++u) acc[u] = 0.f;
-  const float* pr = Ps + tr * LDP;
-  for (int s = 0; s <= t && s < L; ++s) {
-    const float pv = pr[s];
-#pragma unroll
-    for (int u = 0; u < JN; ++u) acc[u] = fmaf(pv, Vs[s * LDV + jg + 8 * u], acc[u]);
-  }
-  const float At = gd.rowd[tr] * mid;
-  float qs[JN];
-#pragma unroll
-  for (int u = 0; u < JN; ++u) qs[u] = 0.f;
-  for (int i = 0; i < p.Dk; ++i) {
-    const float qi = Qs[tr * LDK + i];
-#pragma unroll
-    for (int u = 0; u < JN; ++u) {
-      const int j = jg + 8 * u;
-      const float s0 = p.s_in != nullptr && j < nv ? p.s_in[b * p.ssi.b + h * p.ssi.h + i * p.ssi.i + (j0 + j) * p.ssi.j] : 0.f;
-      qs[u] = fmaf(qi, s0, qs[u]);  // with no initial state: 0, or NaN where q_t holds a NaN or inf
+    for (int i = 0; i < 4; ++i) {
+      const int row = g + 8 * (i >> 1), j = n * 8 + 2 * q4 + (i & 1);
+      for (int s = t0; s <= t0 + row; ++s) acc[i] = fmaf(Ps[row * LDP + s], Vs[s * LDV + j], acc[i]);
     }
   }
-  scalar_t* y = static_cast<scalar_t*>(p.y) + b * p.sy.b + h * p.sy.h + (int64_t)t * p.sy.t;
+  if (KS > 1) {
+    if (ks == 1)
 #pragma unroll
-  for (int u = 0; u < JN; ++u) {
-    const int j = jg + 8 * u;
-    if (tr < tc && j < nv) y[(j0 + j) * p.sy.d] = from_float<scalar_t>(fmaf(At, qs[u], acc[u]));
+      for (int i = 0; i < 4; ++i) Yr[(g + 8 * (i >> 1)) * LDV + n * 8 + 2 * q4 + (i & 1)] = acc[i];
+    __syncthreads();  // B3
+  }
+  const float before = chunks_product(tabs, 0, cd);  // A[t] = rowd_cd[t] * before
+  if (ks == 0) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int row = g + 8 * (i >> 1), j = n * 8 + 2 * q4 + (i & 1);
+      float y = acc[i] + (KS > 1 ? Yr[row * LDV + j] : 0.f);
+      // + A[t] (q_t^T S_0): with no initial state, 0 (or NaN where q_t holds a NaN or inf)
+      float qs = 0.f;
+      const float* s0 = p.s_in != nullptr && j < nv ? p.s_in + b * p.ssi.b + h * p.ssi.h + (j0 + j) * p.ssi.j : nullptr;
+      for (int c = 0; c < p.Dk; ++c) qs = fmaf(Qs[row * LDK + c], s0 != nullptr ? s0[c * p.ssi.i] : 0.f, qs);
+      y = fmaf(gd.rowd[ro + row] * before, qs, y);
+      if (row < tc && j < nv)
+        static_cast<scalar_t*>(p.y)[b * p.sy.b + h * p.sy.h + (int64_t)(t0 + row) * p.sy.t + (j0 + j) * p.sy.d] =
+            from_float<scalar_t>(y);
+    }
   }
 
-  // ---- the final state, from the last row tile: S_T = A[T-1] S_0 + sum_s w_s k_s v_s^T
-  if (p.s_out == nullptr || ct != p.rtiles - 1) return;
-  __syncthreads();  // B3: P is read; its first row becomes the weights w_s
-  for (int s = tid; s < L; s += blockDim.x) {
-    const int cs = s / C;
-    Ps[s] = s < p.T ? tabs[cs * kGateTableFloats + C + (s % C)] * chunks_product(tabs, cs + 1, nch) : 0.f;
+  // ---- the final state, from the last row tile: S_T = A[T-1] S_0 + sum_s w_s k_s v_s^T, 16-row strips
+  if (p.s_out == nullptr || rt != p.rtiles - 1) return;
+  __syncthreads();  // B4: P is read
+  float* Ss = Ps;              // DKP x LDV
+  float* w = Ss + DKP * LDV;   // L weights
+  const float all = chunks_product(tabs, 0, nch);  // padded steps have gate 1
+  for (int s = threadIdx.x; s < L; s += blockDim.x)
+    w[s] = tabs[(s / C) * kGateTableFloats + C + s % C] * chunks_product(tabs, s / C + 1, nch);
+  for (int e = threadIdx.x; e < DKP * NV; e += blockDim.x) {
+    const int i = e / NV, j = e % NV;
+    Ss[i * LDV + j] = i < p.Dk && j < nv && p.s_in != nullptr
+                          ? all * p.s_in[b * p.ssi.b + h * p.ssi.h + i * p.ssi.i + (j0 + j) * p.ssi.j] : 0.f;
   }
   __syncthreads();
-  const float Aall = chunks_product(tabs, 0, nch);  // padded steps have gate 1
-  for (int e = tid; e < p.Dk * nv; e += blockDim.x) {
+  for (int mi = warp; mi < DKP / 16; mi += WARPS)  // each warp owns its strips across the chunks
+    for (int c = 0; c < nch; ++c)
+      s_update_strip<true, NT8>(Ss + mi * 16 * LDV, LDV, Ks + c * C * LDK + mi * 16, LDK, Vs + c * C * LDV,
+                                w + c * C, 1.f, g, q4);
+  __syncthreads();
+  for (int e = threadIdx.x; e < p.Dk * nv; e += blockDim.x) {
     const int i = e / nv, j = e - (e / nv) * nv;
-    float acc_s = 0.f;
-    for (int s = 0; s < Lv; ++s) acc_s = fmaf(Ps[s] * Ks[s * LDK + i], Vs[s * LDV + j], acc_s);
-    const float s0 = p.s_in != nullptr ? p.s_in[b * p.ssi.b + h * p.ssi.h + i * p.ssi.i + (j0 + j) * p.ssi.j] : 0.f;
-    p.s_out[b * p.sso.b + h * p.sso.h + i * p.sso.i + (j0 + j) * p.sso.j] = fmaf(Aall, s0, acc_s);
+    p.s_out[b * p.sso.b + h * p.sso.h + i * p.sso.i + (j0 + j) * p.sso.j] = Ss[i * LDV + j];
   }
 }
 
@@ -649,12 +874,12 @@ template <typename scalar_t>
 cudaError_t launch_parallel(const Plan& pl, const Problem& pr, cudaStream_t s) {
   ParallelParams p;
   static_cast<Problem&>(p) = pr;
-  p.vtiles = pl.vtiles; p.rtiles = pl.rtiles; p.vec_qk = pl.vec_qk; p.vec_v = pl.vec_v;
-#define GR_CASE(NV_)                                                                \
-  if (pl.NV == NV_) {                                                               \
-    static bool done[64] = {};                                                      \
-    const auto kernel = parallel_kernel<scalar_t, NV_>;                             \
-    const cudaError_t err = allow_smem(kernel, done);                               \
+  p.vtiles = pl.vtiles; p.rtiles = pl.rtiles; p.DKP = pl.DKP; p.vec = pl.vec;
+#define GR_CASE(NV_)                                                                      \
+  if (pl.NV == NV_) {                                                                     \
+    static bool done[64] = {};                                                            \
+    const auto kernel = parallel_kernel<scalar_t, NV_>;                                   \
+    const cudaError_t err = allow_smem(kernel, done);                                     \
     return err != cudaSuccess ? err : launch_ex(kernel, pl.blocks, pl.smem, s, false, p); \
   }
   GR_CASE(32) GR_CASE(64)
@@ -806,28 +1031,6 @@ __device__ __forceinline__ void load_gate_beta(const ChunkParams& p, const Chunk
   }
 }
 
-// Strips per row block of S in the S update: as many as the warps allow (a power of two <= NT8).
-__host__ __device__ constexpr int s_splits(int MI, int NT8, int warps) {
-  int ssplit = 1;
-  while (ssplit * 2 <= NT8 && MI * ssplit * 2 <= warps) ssplit *= 2;
-  return ssplit;
-}
-
-// Four 8x8 b16 matrices (or 8x4 fp32 tiles) of shared memory in one instruction; lane l receives
-// element (l / 4, l % 4) of tile i in r[i] (as 32-bit words), the mma fragment layout. `row` is this
-// lane's address: row l % 8 of tile l / 8 (16-byte aligned). TRANS: each 8x8 b16 tile transposed
-// (lane l receives elements (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4)).
-template <bool TRANS = false>
-__device__ __forceinline__ void ldm4(uint32_t (&r)[4], const void* row) {
-  const uint32_t a = (uint32_t)__cvta_generic_to_shared(row);
-  if constexpr (TRANS)
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-  else
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-}
-
 // y for steps [t0, t0 + tc) from the fp32 staged Ys; with `diagonal`, plus the diagonal 16x16 blocks
 // of the masked product Ps in fp32 FMAs (s <= t only: a masked zero never meets a non-finite v). VEC
 // (y's rows 16-byte aligned, unit column stride): without the diagonal, 16 bytes a store.
@@ -859,6 +1062,13 @@ __device__ __forceinline__ void write_y(scalar_t* y, const ChunkParams& p, const
     }
     if (t < tc && j < nv) y[(int64_t)(t0 + t) * p.sy.t + j * p.sy.d] = from_float<scalar_t>(acc);
   }
+}
+
+// Strips per row block of S in the S update: as many as the warps allow (a power of two <= NT8).
+__host__ __device__ constexpr int s_splits(int MI, int NT8, int warps) {
+  int ssplit = 1;
+  while (ssplit * 2 <= NT8 && MI * ssplit * 2 <= warps) ssplit *= 2;
+  return ssplit;
 }
 
 template <int N> struct Width {};  // a strip width as a type
@@ -993,11 +1203,7 @@ cudaError_t execute_chunks(const Plan& pl, const Problem& pr, float* work, cudaS
 
 CHUNK_TF32_SRC = r"""
 // ===================================== chunk_tf32: float32 and float16 on TF32 mma.sync =====
-// Raw mma.sync m16n8k8 TF32 with fragments loaded by plain shared loads or ldmatrix in the documented
-// layouts (g = lane / 4, q = lane % 4):
-//   A 16x8: a0 (g, q), a1 (g+8, q), a2 (g, q+4), a3 (g+8, q+4);  B 8x8: b0 (q, g), b1 (q+4, g);
-//   C 16x8: c0 (g, 2q), c1 (g, 2q+1), c2 (g+8, 2q), c3 (g+8, 2q+1).
-// Knowing the accumulator layout, the mask, the decays and beta are applied to P in registers, the
+// TF32_MMA_SRC's products. Knowing the accumulator layout, the mask, the decays and beta are applied to P in registers, the
 // decayed q rows become a scale of the (q S) accumulator rows, and w[s] beta_s scales the k' fragment
 // as it is loaded, so no sweep over shared memory rescales anything. The diagonal 16x16 blocks of the
 // masked product go through the tensor cores unless the chunk's v holds a NaN or inf (then fp32 FMAs,
@@ -1005,121 +1211,6 @@ CHUNK_TF32_SRC = r"""
 // (TF32 holds fp16 values exactly).
 namespace gr {
 namespace {
-
-__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-// hi = x rounded to TF32 (adding half a TF32 ulp to the bit pattern and clearing the 13 low bits
-// rounds the magnitude to nearest: two integer instructions where __float_to_tf32 takes five);
-// lo = x - hi (exact) as raw fp32 bits, which the tensor core truncates to TF32. Truncating hi
-// instead doubled the error (rel-L2 1.02e-5 with gates of 1.02 over 300 steps, over the 1e-5 bound).
-// NaN survives in lo: CUDA's NaN 0x7fffffff plus half an ulp carries into the sign bit (hi = -0), but
-// x - hi is NaN again; rounding lo too would lose it (measured).
-__device__ __forceinline__ uint32_t round_tf32(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
-
-template <int N>
-__device__ __forceinline__ void split_tf32(const float (&x)[N], uint32_t (&hi)[N], uint32_t (&lo)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-    hi[i] = round_tf32(x[i]);
-    lo[i] = __float_as_uint(x[i] - __uint_as_float(hi[i]));
-  }
-}
-
-// d += a b with fp32-level accuracy (SPLIT: lo*hi + hi*lo + hi*hi) or one TF32 product.
-template <bool SPLIT>
-__device__ __forceinline__ void mma3(float (&d)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4],
-                                     const float (&b)[2]) {
-  uint32_t bh[2], bl[2];
-  if constexpr (SPLIT) {
-    split_tf32<2>(b, bh, bl);
-    mma_tf32(d, al, bh);
-    mma_tf32(d, ah, bl);
-  } else {
-    bh[0] = __float_as_uint(b[0]); bh[1] = __float_as_uint(b[1]);
-  }
-  mma_tf32(d, ah, bh);
-}
-
-template <bool SPLIT>
-__device__ __forceinline__ void prep_a(const float (&a)[4], uint32_t (&ah)[4], uint32_t (&al)[4]) {
-  if constexpr (SPLIT) {
-    split_tf32<4>(a, ah, al);
-  } else {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) { ah[i] = __float_as_uint(a[i]); al[i] = 0u; }
-  }
-}
-
-__device__ __forceinline__ void ldm_x4(float (&r)[4], const float* row) {
-  uint32_t x[4];
-  ldm4(x, row);
-  r[0] = __uint_as_float(x[0]); r[1] = __uint_as_float(x[1]); r[2] = __uint_as_float(x[2]); r[3] = __uint_as_float(x[3]);
-}
-
-// 16x8 A fragment at A (row-major, pitch ld a multiple of 4, A 16-byte aligned): tiles rows 0-7 /
-// 8-15 by columns 0-3 / 4-7 give a0 (g, q), a1 (g+8, q), a2 (g, q+4), a3 (g+8, q+4).
-__device__ __forceinline__ void frag_a(float (&a)[4], const float* A, int ld, int g, int q) {
-  const int lane = 4 * g + q;
-  ldm_x4(a, A + ((lane & 7) + ((lane >> 3) & 1) * 8) * ld + (lane >> 4) * 4);
-}
-
-// acc[n] += A (16 x kend, row-major at a, pitch lda) times B (kend x 8, row-major at b + n * 8, pitch ldb).
-template <bool SPLIT, int N>
-__device__ __forceinline__ void row_strip(float (&acc)[N][4], const float* a, int lda, const float* b, int ldb,
-                                          int kend, int g, int q4) {
-#pragma unroll
-  for (int k0 = 0; k0 < kend; k0 += 8) {
-    float af[4];
-    uint32_t ah[4], al[4];
-    frag_a(af, a + k0, lda, g, q4);
-    prep_a<SPLIT>(af, ah, al);
-#pragma unroll
-    for (int n = 0; n < N; ++n) {
-      const float* bp = b + k0 * ldb + n * 8 + g;
-      const float bb[2] = {bp[q4 * ldb], bp[(q4 + 4) * ldb]};
-      mma3<SPLIT>(acc[n], ah, al, bb);
-    }
-  }
-}
-
-// One warp's strip of S: rows 16 (at sp, pitch ldv) x N tiles of 8 columns.
-// S = decay * S + sum_s (kscale[s] k_s)^T v_s over the chunk's 32 steps (staged as zeros, with
-// kscale 0, past the end of the sequence); kc: k at this row block.
-template <bool SPLIT, int N>
-__device__ __forceinline__ void s_update_strip(float* sp, int ldv, const float* kc, int ldk, const float* vc,
-                                               const float* kscale, float decay, int g, int q4) {
-  float acc[N][4];
-#pragma unroll
-  for (int n = 0; n < N; ++n) {
-    const float2 lo2 = *reinterpret_cast<const float2*>(sp + g * ldv + n * 8 + 2 * q4);
-    const float2 hi2 = *reinterpret_cast<const float2*>(sp + (g + 8) * ldv + n * 8 + 2 * q4);
-    acc[n][0] = lo2.x * decay; acc[n][1] = lo2.y * decay; acc[n][2] = hi2.x * decay; acc[n][3] = hi2.y * decay;
-  }
-#pragma unroll
-  for (int s0k = 0; s0k < 32; s0k += 8) {
-    const float w0 = kscale[s0k + q4], w1 = kscale[s0k + q4 + 4];
-    const float* k0 = kc + (s0k + q4) * ldk + g;
-    const float* k1 = kc + (s0k + q4 + 4) * ldk + g;
-    const float a[4] = {k0[0] * w0, k0[8] * w0, k1[0] * w1, k1[8] * w1};
-    uint32_t ah[4], al[4];
-    prep_a<SPLIT>(a, ah, al);
-#pragma unroll
-    for (int n = 0; n < N; ++n) {
-      const float* bv = vc + s0k * ldv + n * 8 + g;
-      const float bb[2] = {bv[q4 * ldv], bv[(q4 + 4) * ldv]};
-      mma3<SPLIT>(acc[n], ah, al, bb);
-    }
-  }
-#pragma unroll
-  for (int n = 0; n < N; ++n) {
-    *reinterpret_cast<float2*>(sp + g * ldv + n * 8 + 2 * q4) = make_float2(acc[n][0], acc[n][1]);
-    *reinterpret_cast<float2*>(sp + (g + 8) * ldv + n * 8 + 2 * q4) = make_float2(acc[n][2], acc[n][3]);
-  }
-}
 
 // The block's state slice in shared memory: fp32 at pitch ld.
 struct StateF32 {
@@ -1992,7 +2083,7 @@ bool plan_chunked(const Shape& s, const Layout& lay, const DeviceLimits& lim, co
   return true;
 }
 
-// Parallel: row tiles of 32 steps, column tiles of 32 for narrow states (else 64, or 32 where 64 does
+// Parallel: row tiles of 16 steps, column tiles of 32 for narrow states (else 64, or 32 where 64 does
 // not fit the device's shared memory); the last tile stages every step. Or config = (NV,).
 bool plan_parallel(const Shape& s, const Layout& lay, const DeviceLimits& lim, const std::vector<int64_t>& config,
                    Plan& pl) {
@@ -2001,15 +2092,15 @@ bool plan_parallel(const Shape& s, const Layout& lay, const DeviceLimits& lim, c
              " values");
   GR_REQUIRE("ValueError", planned || config[0] == 32 || config[0] == 64, "NV must be 32 or 64, got ", config[0]);
   GR_REQUIRE("ValueError", s.T <= kParallelMaxT, "parallel serves T up to ", kParallelMaxT, ", got ", s.T);
-  pl.rtiles = (int)std::max<int64_t>(1, ceil_div(s.T, kChunk));
-  const int L = pl.rtiles * kChunk;
-  pl.NV = !planned ? (int)config[0] : s.Dv <= 32 || parallel_smem(64, (int)s.Dk, L) > lim.smem ? 32 : 64;
-  pl.smem = parallel_smem(pl.NV, (int)s.Dk, L);
+  pl.rtiles = (int)std::max<int64_t>(1, ceil_div(s.T, 16));
+  pl.DKP = (int)ceil_div(s.Dk, 16) * 16;
+  const int L = (int)std::max<int64_t>(1, ceil_div(s.T, kChunk)) * kChunk;  // steps the last row tile stages
+  pl.NV = !planned ? (int)config[0] : s.Dv <= 32 || parallel_smem(64, pl.DKP, L) > lim.smem ? 32 : 64;
+  pl.smem = parallel_smem(pl.NV, pl.DKP, L);
   GR_REQUIRE("ValueError", pl.smem <= lim.smem, "parallel with NV=", pl.NV, ", D_k=", s.Dk, " and T=", s.T, " needs ",
              pl.smem, " bytes of shared memory a block, over this device's ", lim.smem);
   pl.vtiles = (int)ceil_div(s.Dv, pl.NV);
-  pl.vec_qk = lay.q && lay.k;
-  pl.vec_v = lay.v;
+  pl.vec = lay.q && lay.k && lay.v;
   pl.blocks = s.B * s.H * pl.rtiles * pl.vtiles;
   GR_REQUIRE("ValueError", pl.blocks <= INT32_MAX, "B * H = ", s.B * s.H, " is too large for one launch");
   return true;
@@ -2062,7 +2153,7 @@ std::string describe(const Plan& pl) {
   if (pl.kernel == Kernel::recurrent)
     s += cat("R=", pl.R, " G=", pl.G, " JB=", pl.JB, " TC=", pl.TC, pl.vec ? " loads=16B" : " loads=scalar");
   else if (pl.kernel == Kernel::parallel)
-    s += cat("row_tiles=", pl.rtiles, " NV=", pl.NV, pl.vec_qk && pl.vec_v ? " loads=16B" : " loads=scalar");
+    s += cat("row_tiles=", pl.rtiles, " NV=", pl.NV, " D_k=", pl.DKP, pl.vec ? " loads=16B" : " loads=scalar");
   else
     s += cat("C=", kChunk, " NV=", pl.NV, " D_k=", pl.DK > 0 ? cat(pl.DK, " compiled") : cat(pl.DKP, " run-time"),
              " segments=", pl.nseg, pl.nseg > 1 ? cat(" + segment_scan", pl.pdl ? " pdl=on" : " pdl=off") : "");
@@ -2211,13 +2302,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
 SOURCES = {"prelude": PRELUDE_SRC, "device": DEVICE_SRC, "recurrent": RECURRENT_SRC, "parallel": PARALLEL_SRC,
            "chunk": CHUNK_SRC,
-           "segment_scan": SEGMENT_SCAN_SRC, "chunk_tf32": CHUNK_TF32_SRC, "chunk_bf16": CHUNK_BF16_SRC,
+           "segment_scan": SEGMENT_SCAN_SRC, "tf32_mma": TF32_MMA_SRC, "chunk_tf32": CHUNK_TF32_SRC, "chunk_bf16": CHUNK_BF16_SRC,
            "host": HOST_SRC, "host_run": HOST_RUN_SRC}
 
 # Each unit's CUDA sources (PRELUDE and DEVICE first) and C entry point; core adds the host file.
 _UNIT_CUDA = {
-    "core": [RECURRENT_SRC, PARALLEL_SRC],
-    "chunk_tf32": [CHUNK_SRC, SEGMENT_SCAN_SRC, CHUNK_TF32_SRC],
+    "core": [RECURRENT_SRC, TF32_MMA_SRC, PARALLEL_SRC],
+    "chunk_tf32": [CHUNK_SRC, SEGMENT_SCAN_SRC, TF32_MMA_SRC, CHUNK_TF32_SRC],
     "chunk_bf16": [CHUNK_SRC, SEGMENT_SCAN_SRC, CHUNK_BF16_SRC],
 }
 CUDA_FLAGS = ["-O3"]
