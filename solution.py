@@ -12,13 +12,14 @@ Kernels. make_plan() (HOST_SRC, section "plan") picks one per call and fills one
 everything the launch depends on; plan(B, T, H, D_k, D_v, dtype) prints that record.
 
     kernel        source / unit        serves                       how
-    parallel      PARALLEL_SRC         T < 256 where the chunk      no carried state: one block per (b, h, row tile of
-                  unit core            kernels do not serve and     32 steps, column tile); each stages every step up to
-                  (built at import)    its staging fits shared      its last row and computes y = (masked, decayed
-                                       memory                       q k^T) v + A (q S_0) in fp32 FMAs; all tiles at once.
-    recurrent     RECURRENT_SRC        what parallel does not fit   one block per (b, h, column block); each state
-                  unit core            (D_k and T large, a small    column is owned by G lanes of one warp (R rows a
-                                       GPU's shared memory)         lane, S in registers); TC steps staged per barrier.
+    parallel      PARALLEL_SRC         T < 256 with B*H*T < 8192    no carried state: one block per (b, h, row tile of
+                  unit core            and T >= 64 or D_k >= 96     16 steps, column tile); each stages every step up to
+                  (built at import)    (latency-bound: GPU not      its last row in one round trip and computes
+                                       full), where it fits         y = (masked, decayed q k^T) v + A (q S_0) on TF32
+                                       shared memory                mma.sync (3xTF32); all tiles of a head at once.
+    recurrent     RECURRENT_SRC        the rest of T < 256          one block per (b, h, column block); each state
+                  unit core                                         column is owned by G lanes of one warp (R rows a
+                                                                    lane, S in registers); TC steps staged per barrier.
     chunk_tf32    CHUNK_TF32_SRC       float32 and float16 with     chunkwise-parallel form (CHUNK_SRC has the math),
                   unit chunk_tf32      T >= 256, or D_k >= 96 and   chunks of 32 steps: masked (q k^T) v + (decayed q) S,
                   (built on first use) B*H*T >= 8192               then one state update, on TF32 mma.sync; fp32 inputs
@@ -855,8 +856,10 @@ __global__ void __launch_bounds__(kMaxThreads) parallel_kernel(const ParallelPar
     w[s] = tabs[(s / C) * kGateTableFloats + C + s % C] * chunks_product(tabs, s / C + 1, nch);
   for (int e = threadIdx.x; e < DKP * NV; e += blockDim.x) {
     const int i = e / NV, j = e % NV;
-    Ss[i * LDV + j] = i < p.Dk && j < nv && p.s_in != nullptr
-                          ? all * p.s_in[b * p.ssi.b + h * p.ssi.h + i * p.ssi.i + (j0 + j) * p.ssi.j] : 0.f;
+    // all * 0 without an initial state, as the other kernels (NaN where a gate is NaN or inf)
+    Ss[i * LDV + j] = i < p.Dk && j < nv
+                          ? all * (p.s_in != nullptr ? p.s_in[b * p.ssi.b + h * p.ssi.h + i * p.ssi.i + (j0 + j) * p.ssi.j] : 0.f)
+                          : 0.f;
   }
   __syncthreads();
   for (int mi = warp; mi < DKP / 16; mi += WARPS)  // each warp owns its strips across the chunks
@@ -2008,6 +2011,11 @@ bool check_sizes(const Shape& s) {
 // Chunked once the sequence is long enough for the recurrent kernel's per-step latency to dominate,
 // or earlier for wide heads in large batches (the recurrent kernel then needs several waves).
 bool use_chunked(const Shape& s) { return s.T >= kChunkedMinT || (s.Dk >= 96 && s.T >= 32 && s.B * s.H * s.T >= 8192); }
+// Below that, parallel where the GPU is not full (latency-bound: its row tiles run at once) and the
+// sequence is long enough for the recurrent kernel's chain of steps to cost more than parallel's
+// staging, or for wide heads; the recurrent kernel where many heads fill the GPU (it does O(T D^2)
+// work against parallel's O(T^2 D)). From the crossover grid (dev/parallel_vs_recurrent.py).
+bool use_parallel(const Shape& s) { return s.B * s.H * s.T < 8192 && (s.T >= 64 || s.Dk >= 96); }
 
 // Recurrent: fewest lanes per column with at most 8 rows a lane, the smallest row count that covers
 // D_k, all columns of a head in one block when they fit, as many steps as 48 KB hold; or config.
@@ -2108,8 +2116,8 @@ bool plan_parallel(const Shape& s, const Layout& lay, const DeviceLimits& lim, c
 
 // The one place a launch is decided. kernel: "" (planned), "recurrent", "parallel", "chunked" (the
 // planned chunk kernel for the dtype), "chunk_tf32" or "chunk_bf16"; config: empty (planned) or the
-// kernel's own. Planned: the chunk kernels for long sequences (use_chunked), else parallel where its
-// staging fits the device's shared memory, else recurrent.
+// kernel's own. Planned: the chunk kernels for long sequences (use_chunked), else parallel where it
+// wins (use_parallel) and its staging fits the device's shared memory, else recurrent.
 bool make_plan(const Shape& s, DType dt, const Layout& lay, const DeviceLimits& lim, const std::string& kernel,
                const std::vector<int64_t>& config, Plan& pl) {
   pl = Plan{};
@@ -2117,7 +2125,7 @@ bool make_plan(const Shape& s, DType dt, const Layout& lay, const DeviceLimits& 
   const Kernel chunked = dt == DType::bf16 ? Kernel::chunk_bf16 : Kernel::chunk_tf32;
   if (kernel.empty()) {
     GR_REQUIRE("ValueError", config.empty(), "config needs an explicit kernel");
-    pl.kernel = use_chunked(s) ? chunked : Kernel::parallel;
+    pl.kernel = use_chunked(s) ? chunked : use_parallel(s) ? Kernel::parallel : Kernel::recurrent;
   } else if (kernel == "recurrent" || kernel == "chunked" || kernel == "parallel") {
     pl.kernel = kernel == "chunked" ? chunked : kernel == "parallel" ? Kernel::parallel : Kernel::recurrent;
   } else if (kernel == "chunk_tf32") {

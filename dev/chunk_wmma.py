@@ -2,23 +2,37 @@
 standalone script. Dropped from solution.py when it was rewritten.
 
 What it is: the chunkwise-parallel form (naive.chunked_naive has the math) on wmma m16n16k8 TF32
-tiles. Per chunk of C steps: P = q k^T, mask, decay and beta applied in passes over shared memory,
-Y = P V + (decayed q) S, S = decay S + (scaled k)^T V; fp32 inputs use 3xTF32 (hi/lo truncation split,
-fp32-level error), fp16/bf16 one TF32 product; the diagonal 16x16 blocks of P V in fp32 FMAs (a masked
-zero never meets a NaN v). One block per (b, h, segment, column tile of NV); segments > 1 run a state
-phase, a scan of the segment states (state_scan) and the output phase, as the original did. Zero
-initial state only (the production API's initial/final states are left out).
+tiles. Per chunk of C steps (C = 32 or 64): P = q k^T, mask, decay and beta applied in passes over
+shared memory, Y = P V + (decayed q) S, S = decay S + (scaled k)^T V; fp32 inputs use 3xTF32 (hi/lo
+truncation split, fp32-level error), fp16/bf16 one TF32 product; the diagonal 16x16 blocks of P V in
+fp32 FMAs (a masked zero never meets a NaN v). One block per (b, h, segment, column tile of NV);
+segments > 1 run a state phase, segment_scan and the output phase. Optional initial state and final
+state, as in the production API.
+
+What it shares with solution.py: its CUDA source is solution's PRELUDE_SRC + DEVICE_SRC + CHUNK_SRC +
+SEGMENT_SCAN_SRC (the Plan and Problem records; to_float / from_float, load_tile_any, launch_ex,
+allow_smem; ChunkParams, ChunkBlock, init_state / leave_state, load_gate_beta, write_y; segment_scan
+and execute_chunks, which runs the state phase, the scan and the output phase) followed by WMMA_SRC
+below, which holds only what is this kernel's own: Strip (wmma tiles), stage_chunk, WmmaState,
+pair_decay, the kernel (templated on dtype, C and NV), WmmaKernels for execute_chunks and the entry
+points. Solution's sources sit between two pragmas that silence "declared but never referenced" for
+the production kernels' helpers this unit does not call. The host (HOST_SRC) fills a gr::Plan and a
+gr::Problem; the argument checks and the segment rule are in Python (chunk_wmma, plan_launch).
 
 Why it was replaced (docs/perf-notes.md, "Chunked path: versions"): wmma's TF32 fragment loads compile
 to generic 64-bit-addressed loads even from shared memory, and the split and the shared-memory passes
 cost more issue slots than the tensor cores; raw mma.sync with shared-memory fragment loads, a
 2-instruction split and mask/decay in registers (chunk_v2) was 1.7x faster at every shape. Last
-measured (H200, third session, run 1): S1 0.116, S2 1.655, S3 0.584 ms fp32.
+measured (H200, third session, run 1, as chunk_v1 inside solution.py): S1 0.116, S2 1.655, S3 0.584 ms
+fp32. Since then the script runs on the production segment_scan and launches the scan and the output
+phase as programmatic dependent launches on sm_90+ (the original: the scan only).
 
     python3 dev/chunk_wmma.py [--trials 30] [--no-timing]     (writes $OUT/dev_chunk_wmma.json with OUT set)
+    python3 dev/chunk_wmma.py --build-only                    (compiles the extension; no GPU needed)
 
 Checks itself against the float64 loop (naive.recurrent_naive), then times itself against
-solution.gated_recurrence at S1-S3 fp32. The first run compiles the extension (a minute on 2 cores).
+solution.gated_recurrence at S1-S3 fp32. Importing it imports solution (which builds its core unit if
+that is not cached); the first run compiles the extension dev_chunk_wmma (under a minute on 2 cores).
 """
 import argparse
 import json
@@ -32,102 +46,22 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import naive  # noqa: E402
 import reference  # noqa: E402
+import solution  # noqa: E402  (its source constants; importing it builds its core unit)
 from timing import kernelbench_time, rel_l2  # noqa: E402
 
-# Seen by both translation units: the launch parameters and the launchers' declarations.
-COMMON_SRC = r"""
-#include <cuda_runtime_api.h>
-#include <cstddef>
-#include <cstdint>
-
-namespace cw {
-constexpr int kMaxThreads = 256;
-enum class DType : int { f32 = 0, f16 = 1, bf16 = 2 };
-
-struct Strides4 { int64_t b, t, h, d; };
-struct Strides3 { int64_t b, t, h; };
-
-// A (b, h) sequence is cut into nseg segments of seg_chunks chunks of C steps. With nseg > 1 a state
-// phase (mode 1) computes each segment's own state contribution and gate product, state_scan chains
-// them, and the output phase (mode 0) runs every segment from its start state.
-struct ChunkParams {
-  const void* q; const void* k; const void* v; const void* gate; const void* beta; void* y;
-  Strides4 sq, sk, sv, sy;
-  Strides3 sg, sb;
-  int T, H, Dk, Dv;
-  int64_t BH;
-  int DKP;          // D_k rounded up to 16
-  int vtiles;       // ceil(D_v / NV) column tiles
-  int nseg, seg_chunks;
-  int seg_launch;   // segments in this launch: nseg (outputs) or nseg - 1 (states)
-  int mode;         // 0: outputs, 1: segment states only
-  int vec_qk, vec_v;  // 16-byte loads are legal for q and k / v
-  int pdl;          // launch as a programmatic dependent of the previous kernel (sm_90+)
-  float* seg_states;  // (B, H, nseg - 1, D_k, D_v): contributions, then (after the scan) end states
-  float* seg_decays;  // (B, H, nseg - 1)
-};
-
-inline size_t chunk_smem(int C, int NV, int DKP) {
-  return sizeof(float) * (size_t)(2 * C * (DKP + 4) + 2 * C * (NV + 8) + DKP * (NV + 8) + C * (C + 4) + 6 * C);
-}
-
-// (C, NV) pairs compiled (the Python wrapper's PAIRS).
-#define CW_CHUNK_PAIRS(X) X(32, 32) X(32, 64) X(64, 32) X(64, 64)
-
-cudaError_t launch_chunk_wmma(const ChunkParams& p, int C, int NV, DType dtype, int64_t blocks, cudaStream_t stream);
-cudaError_t launch_state_scan(const ChunkParams& p, cudaStream_t stream);
-}  // namespace cw
-"""
-
-# The .cu file (no torch headers).
-KERNELS_SRC = r"""
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
+# What is this kernel's own; it follows solution's PRELUDE, DEVICE, CHUNK and SEGMENT_SCAN sources in
+# the .cu file (no torch headers), inside the same namespaces.
+WMMA_SRC = r"""
+// ===================================== chunk_wmma: chunk_v1 on wmma m16n16k8 TF32 tiles =========
+// The chunkwise form of CHUNK_SRC with chunks of C = 32 or 64 steps. Matrix products run on TF32
+// tensor cores through wmma; for fp32 inputs every operand is split into hi + lo TF32 parts and three
+// products are summed (3xTF32, ~fp32 accuracy; see Strip::split). The mask, the decays and beta are
+// applied in passes over shared memory; the diagonal 16x16 blocks of the masked product use fp32 FMAs
+// (write_y): a zero mask entry times a NaN or inf v_s (s > t) would otherwise reach y_t.
 #include <mma.h>
-#include <type_traits>
 
-namespace cw {
-namespace {  // internal linkage up to the entry points
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T> __device__ __forceinline__ T from_float(float x);
-template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-
-// Programmatic dependent launch (sm_90+): state_scan may start while the state phase still runs; it
-// waits here before it touches memory. Both are no-ops for a kernel launched without pdl.
-__device__ __forceinline__ void griddep_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void griddep_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
-// One load job: V consecutive elements (16 bytes when vectorised) of a row of q, k or v.
-template <typename scalar_t, bool VEC>
-struct Chunk {
-  static constexpr int V = VEC ? 16 / (int)sizeof(scalar_t) : 1;
-  union { uint4 raw; scalar_t x[V]; } u;
-};
-
-// Chunkwise-parallel form. Within a chunk of C steps starting from state S (t, s in 0..C-1):
-//   L[t][s] = prod_{r=s+1..t} g_r (s <= t),  A[t] = prod_{r=0..t} g_r,  w[s] = prod_{r=s+1..C-1} g_r
-//   y_t   = sum_{s<=t} L[t][s] beta_s (q_t . k_s) v_s  +  (A[t] q_t)^T S
-//   S_new = A[C-1] S + sum_s (w[s] beta_s k_s) v_s^T
-// Decays are direct products of gates (never logs or quotients), so gates of 0, < 0 or > 1 are exact.
-// Matrix products run on TF32 tensor cores (wmma m16n16k8); for fp32 inputs every operand is split
-// into hi + lo TF32 parts and three products are summed (3xTF32, ~fp32 accuracy; see Strip::split).
-// The diagonal 16x16 blocks of the masked product use fp32 FMAs: a zero mask entry times a NaN or
-// inf v_s (s > t) would otherwise reach y_t, which the reference never lets happen.
-// Grid: one block per (b, h, segment, column tile of NV state columns); a block walks the chunks of
-// its segment in order, with its Dk x NV slice of S in shared memory.
+namespace gr {
+namespace {
 namespace wm = nvcuda::wmma;
 
 // A strip of up to N 16x16 output tiles that share their A operand (one 16-row block): per k-step
@@ -198,56 +132,25 @@ struct Strip {
   }
 };
 
-// rows x cols (cols a multiple of V) of a strided source into dst (pitch ld) as float; zero outside
-// rows_valid x cols_valid. V > 1: 16-byte loads (the caller checked alignment and cols_valid % V == 0).
-// U jobs per thread are in flight at once.
-// Returns whether any staged value is NaN or inf (this thread's share).
-template <typename scalar_t, int V, int U = 8>
-__device__ __forceinline__ bool load_tile(float* dst, int ld, const scalar_t* __restrict__ src, int64_t st,
-                                          int64_t sd, int rows_valid, int cols_valid, int rows, int cols) {
-  using Job = Chunk<scalar_t, (V > 1)>;
-  bool nonfinite = false;
-  const int per_row = cols / V, total = rows * per_row;
-  for (int base = threadIdx.x; base < total; base += U * blockDim.x) {
-    Job buf[U];
-    int off[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int e = base + u * blockDim.x;
-      off[u] = -1;
-      if (e < total) {
-        const int r = e / per_row, c = (e - r * per_row) * V;
-        off[u] = r * ld + c;
-        if (r < rows_valid && c < cols_valid) {
-          const scalar_t* s = src + r * st + c * sd;
-          if constexpr (V > 1) buf[u].u.raw = __ldg(reinterpret_cast<const uint4*>(s));
-          else buf[u].u.x[0] = s[0];
-        } else {
-          buf[u].u.raw = make_uint4(0u, 0u, 0u, 0u);
-        }
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (off[u] >= 0) {
-#pragma unroll
-        for (int i = 0; i < Job::V; ++i) {
-          const float x = to_float(buf[u].u.x[i]);
-          nonfinite |= !(fabsf(x) <= 3.4028235e38f);
-          dst[off[u] + i] = x;
-        }
-      }
-  }
-  return nonfinite;
+// Steps [t0, t0 + tc) into shared memory: k (and q with outputs) as C x DKP, v as C x NV; gate and beta
+// of step threadIdx.x into registers first (1 and 0 past the end; in flight while the tiles load).
+template <typename scalar_t>
+__device__ __forceinline__ void stage_chunk(float* Qs, float* Ks, int ldk, float* Vs, int ldv, int C, int NV,
+                                            const ChunkParams& p, const ChunkBlock<scalar_t>& cb, int t0, int tc,
+                                            float& g_reg, float& b_reg) {
+  load_gate_beta(p, cb, t0, threadIdx.x, tc, g_reg, b_reg);
+  const int64_t t = t0;
+  load_tile_any<scalar_t>(p.vec_qk, Ks, ldk, cb.k + t * p.sk.t, p.sk.t, p.sk.d, tc, p.Dk, C, p.DKP);
+  if (p.mode == 0) load_tile_any<scalar_t>(p.vec_qk, Qs, ldk, cb.q + t * p.sq.t, p.sq.t, p.sq.d, tc, p.Dk, C, p.DKP);
+  load_tile_any<scalar_t>(p.vec_v, Vs, ldv, cb.v + t * p.sv.t, p.sv.t, p.sv.d, tc, cb.nv, C, NV);
 }
 
-template <typename scalar_t>
-__device__ __forceinline__ bool load_tile_any(bool vec, float* dst, int ld, const scalar_t* src, int64_t st,
-                                              int64_t sd, int rows_valid, int cols_valid, int rows, int cols) {
-  constexpr int V = 16 / (int)sizeof(scalar_t);
-  if (vec) return load_tile<scalar_t, V>(dst, ld, src, st, sd, rows_valid, cols_valid, rows, cols);
-  return load_tile<scalar_t, 1>(dst, ld, src, st, sd, rows_valid, cols_valid, rows, cols);
-}
+// The block's state slice in shared memory (row pitch `pitch`), as init_state and leave_state address it.
+struct WmmaState {
+  float* base; int pitch;
+  __device__ __forceinline__ float get(int i, int j) const { return base[i * pitch + j]; }
+  __device__ __forceinline__ void set(int i, int j, float x) const { base[i * pitch + j] = x; }
+};
 
 // L[t][s] for s <= t from the in-block prefix (pin) and suffix (sout) products of 16-step blocks.
 __device__ __forceinline__ float pair_decay(const float* g, const float* pin, const float* sout, int t, int s) {
@@ -265,107 +168,7 @@ __device__ __forceinline__ float pair_decay(const float* g, const float* pin, co
   return a;
 }
 
-
-// The block's coordinates and pointers.
-template <typename scalar_t>
-struct ChunkBlock {
-  int vt, seg, h, b, j0, nv;
-  int64_t bh;
-  const scalar_t *q, *k, *v, *gate, *beta;
-  scalar_t* y;
-  // Grid: one block per (b, h, segment, column tile of NV state columns), the column tile fastest.
-  __device__ __forceinline__ ChunkBlock(const ChunkParams& p, int NV) {
-    int blk = blockIdx.x;
-    vt = blk % p.vtiles;
-    blk /= p.vtiles;
-    seg = blk % p.seg_launch;
-    blk /= p.seg_launch;
-    h = blk % p.H;
-    b = blk / p.H;
-    j0 = vt * NV;
-    nv = min(NV, p.Dv - j0);
-    bh = (int64_t)b * p.H + h;
-    q = static_cast<const scalar_t*>(p.q) + b * p.sq.b + h * p.sq.h;
-    k = static_cast<const scalar_t*>(p.k) + b * p.sk.b + h * p.sk.h;
-    v = static_cast<const scalar_t*>(p.v) + b * p.sv.b + h * p.sv.h + j0 * p.sv.d;
-    gate = static_cast<const scalar_t*>(p.gate) + b * p.sg.b + h * p.sg.h;
-    beta = static_cast<const scalar_t*>(p.beta) + b * p.sb.b + h * p.sb.h;
-    y = static_cast<scalar_t*>(p.y) + b * p.sy.b + h * p.sy.h + j0 * p.sy.d;
-  }
-  __device__ __forceinline__ float* segment_state(const ChunkParams& p, int s) const {
-    return p.seg_states + (bh * (p.nseg - 1) + s) * ((int64_t)p.Dk * p.Dv);
-  }
-};
-
-// The block's state slice in shared memory, fp32 at pitch ld.
-struct StateF32 {
-  float* s; int ld;
-  __device__ __forceinline__ void set(int i, int j, float x) const { s[i * ld + j] = x; }
-  __device__ __forceinline__ float get(int i, int j) const { return s[i * ld + j]; }
-};
-
-// The state slice (DKP x NV) at the segment's start: the scanned end state of the previous segment
-// (output phase, segments after the first), else zero (the first segment; the state phase computes
-// each segment's own contribution).
-template <typename scalar_t>
-__device__ __forceinline__ void init_state(const StateF32& st, int DKP, int NV, const ChunkParams& p,
-                                           const ChunkBlock<scalar_t>& cb) {
-  const float* s0 = p.mode == 0 && cb.seg > 0 ? cb.segment_state(p, cb.seg - 1) : nullptr;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-  for (int i = warp; i < DKP; i += warps)
-    for (int j = lane; j < NV; j += 32) {
-      float x = 0.f;
-      if (s0 != nullptr && i < p.Dk && j < cb.nv) x = s0[(int64_t)i * p.Dv + cb.j0 + j];
-      st.set(i, j, x);
-    }
-}
-
-// After the last chunk of the state phase: the segment's own contribution and gate product.
-template <typename scalar_t>
-__device__ __forceinline__ void leave_state(const StateF32& st, const ChunkParams& p, const ChunkBlock<scalar_t>& cb,
-                                            float seg_decay) {
-  if (p.mode == 0) return;
-  float* dst = cb.segment_state(p, cb.seg);
-  if (cb.vt == 0 && threadIdx.x == 0) p.seg_decays[cb.bh * (p.nseg - 1) + cb.seg] = seg_decay;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-  for (int i = warp; i < p.Dk; i += warps)
-    for (int j = lane; j < cb.nv; j += 32) dst[(int64_t)i * p.Dv + cb.j0 + j] = st.get(i, j);
-}
-
-// Steps [t0, t0 + tc) into shared memory: k (and q with outputs) as C x DKP, v as C x NV; gate and
-// beta of step threadIdx.x into registers (1 and 0 past the end).
-template <typename scalar_t>
-__device__ __forceinline__ void stage_chunk(float* Qs, float* Ks, int ldk, float* Vs, int ldv, int C, int DKP,
-                                            int NV, const ChunkParams& p, const ChunkBlock<scalar_t>& cb, int t0,
-                                            int tc, float& g_reg, float& b_reg) {
-  g_reg = 1.f;
-  b_reg = 0.f;
-  if ((int)threadIdx.x < tc) {  // issued first: in flight while the tiles load
-    g_reg = to_float(cb.gate[(int64_t)(t0 + threadIdx.x) * p.sg.t]);
-    b_reg = to_float(cb.beta[(int64_t)(t0 + threadIdx.x) * p.sb.t]);
-  }
-  load_tile_any<scalar_t>(p.vec_qk, Ks, ldk, cb.k + (int64_t)t0 * p.sk.t, p.sk.t, p.sk.d, tc, p.Dk, C, DKP);
-  if (p.mode == 0)
-    load_tile_any<scalar_t>(p.vec_qk, Qs, ldk, cb.q + (int64_t)t0 * p.sq.t, p.sq.t, p.sq.d, tc, p.Dk, C, DKP);
-  load_tile_any<scalar_t>(p.vec_v, Vs, ldv, cb.v + (int64_t)t0 * p.sv.t, p.sv.t, p.sv.d, tc, cb.nv, C, NV);
-}
-
-// y for steps [t0, t0 + tc) from the staged Ys plus the diagonal 16x16 blocks of the masked product
-// in fp32 FMAs (s <= t only: a masked zero never meets a non-finite v).
-template <typename scalar_t, int C, int NV>
-__device__ __forceinline__ void write_y(scalar_t* y, const ChunkParams& p, const float* Ys, int ldv, const float* Ps,
-                                        int ldc, const float* Vs, int t0, int tc, int nv) {
-  for (int e = threadIdx.x; e < C * NV; e += blockDim.x) {
-    const int t = e / NV, j = e % NV;
-    float acc = Ys[t * ldv + j];
-    const int s0d = t & ~15;
-#pragma unroll
-    for (int r = 0; r < 16; ++r)
-      if (s0d + r <= t) acc = fmaf(Ps[t * ldc + s0d + r], Vs[(s0d + r) * ldv + j], acc);
-    if (t < tc && j < nv) y[(int64_t)(t0 + t) * p.sy.t + j * p.sy.d] = from_float<scalar_t>(acc);
-  }
-}
-
+// One block per (b, h, segment, column tile of NV): the chunks of its segment in order, S in Ss.
 template <typename scalar_t, int C, int NV>
 __global__ void __launch_bounds__(kMaxThreads, C == 32 ? 2 : 1) chunk_wmma_kernel(const ChunkParams p) {
   constexpr bool SPLIT = std::is_same<scalar_t, float>::value;
@@ -375,6 +178,9 @@ __global__ void __launch_bounds__(kMaxThreads, C == 32 ? 2 : 1) chunk_wmma_kerne
   using Row = wm::row_major;
   using Col = wm::col_major;
   extern __shared__ __align__(128) float chunk_buf[];
+  // The output phase after segment_scan starts early (pdl): it waits here for the scanned states.
+  griddep_wait();
+  griddep_launch();
   const int DKP = p.DKP, LDK = DKP + 4;
   float* Qs = chunk_buf;         // C x LDK: q, then A[t] q_t
   float* Ks = Qs + C * LDK;      // C x LDK: k, then w[s] beta_s k_s
@@ -394,7 +200,7 @@ __global__ void __launch_bounds__(kMaxThreads, C == 32 ? 2 : 1) chunk_wmma_kerne
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int nv = cb.nv;
   scalar_t* y = cb.y;
-  init_state(StateF32{Ss, LDV}, DKP, NV, p, cb);
+  init_state(WmmaState{Ss, LDV}, DKP, NV, p, cb);
   float seg_decay = 1.f;
 
   // Warp roles in the three matrix phases (strips of tiles that share their A rows):
@@ -417,7 +223,7 @@ __global__ void __launch_bounds__(kMaxThreads, C == 32 ? 2 : 1) chunk_wmma_kerne
     const int t0 = ch * C, tc = min(C, p.T - t0);
     // ---- stage the chunk (barrier B5 of the previous chunk, or the state init, came before)
     float g_reg, b_reg;
-    stage_chunk(Qs, Ks, LDK, Vs, LDV, C, DKP, NV, p, cb, t0, tc, g_reg, b_reg);
+    stage_chunk(Qs, Ks, LDK, Vs, LDV, C, NV, p, cb, t0, tc, g_reg, b_reg);
     if (tid < C) { gs[tid] = g_reg; bs[tid] = b_reg; }
     __syncthreads();  // B1
 
@@ -490,214 +296,159 @@ __global__ void __launch_bounds__(kMaxThreads, C == 32 ? 2 : 1) chunk_wmma_kerne
     }
 
     // ---- diagonal blocks in fp32 (s <= t only), then y
-    if (outputs) write_y<scalar_t, C, NV>(y, p, Ys, LDV, Ps, LDC, Vs, t0, tc, nv);
+    if (outputs) write_y<scalar_t, C, NV, false>(y, p, Ys, LDV, Ps, LDC, Vs, t0, tc, nv, true);
     __syncthreads();  // B5
   }
 
-  leave_state(StateF32{Ss, LDV}, p, cb, seg_decay);
+  leave_state(WmmaState{Ss, LDV}, p, cb, seg_decay);
 }
 
-
-// Turns each segment's own state contribution into the state at its end, in place:
-// S = 0; for each segment s but the last: S = decay_s S + contribution_s; store S.
-__global__ void __launch_bounds__(kMaxThreads) state_scan_kernel(const ChunkParams p) {
-  griddep_wait();  // launched with pdl behind the state phase
-  griddep_launch();
-  const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  const int64_t per_head = (int64_t)p.Dk * p.Dv;
-  if (e >= p.BH * per_head) return;
-  const int64_t bh = e / per_head, ij = e - bh * per_head;
-  float S = 0.f;
-  float* st = p.seg_states + bh * (p.nseg - 1) * per_head + ij;
-  const float* dec = p.seg_decays + bh * (p.nseg - 1);
-  // Eight segments' loads before their stores: one memory round trip per eight segments.
-  constexpr int U = 8;
-  for (int s0 = 0; s0 < p.nseg - 1; s0 += U) {
-    float x[U], d[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (s0 + u < p.nseg - 1) { x[u] = st[(s0 + u) * per_head]; d[u] = dec[s0 + u]; }
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (s0 + u < p.nseg - 1) {
-        S = fmaf(d[u], S, x[u]);
-        st[(s0 + u) * per_head] = S;
-      }
-  }
-}
-
-// ---- launcher
-// Calls f with a value of the scalar type that `dtype` names.
-template <typename F>
-cudaError_t with_scalar(DType dtype, F&& f) {
-  switch (dtype) {
-    case DType::f32: return f(float{});
-    case DType::f16: return f(__half{});
-    case DType::bf16: return f(__nv_bfloat16{});
-  }
-  return cudaErrorInvalidValue;
-}
-
-// kernel<<<blocks, kMaxThreads, smem, stream>>>(args), as a programmatic dependent launch when pdl is
-// set; returns the launch's error.
-template <typename... Args>
-cudaError_t launch_ex(void (*kernel)(Args...), int64_t blocks, size_t smem, cudaStream_t stream, bool pdl,
-                      const Args&... args) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((unsigned)blocks);
-  cfg.blockDim = dim3(kMaxThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, kernel, args...);
-}
-
-// One attribute call per kernel and device: the kernel needs more than 48 KB of shared memory.
-template <typename K>
-cudaError_t allow_smem(K kernel, bool (&done)[64]) {
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess || (dev < 64 && done[dev])) return err;
-  int optin = 0;
-  err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-  if (err == cudaSuccess) err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
-  if (err == cudaSuccess && dev < 64) done[dev] = true;
-  return err;
-}
+// Kernels::get<NV, DK>() for execute_chunks: D_k is always a run-time value here (plans carry DK = 0),
+// and GR_CHUNK_INSTANCES' compiled-D_k entries name the NV = 64 kernel again, unused.
+template <typename scalar_t, int C>
+struct WmmaKernels {
+  template <int NV, int DK>
+  static auto get() { return chunk_wmma_kernel<scalar_t, C, NV>; }
+};
 
 template <typename scalar_t>
-cudaError_t launch_chunk_typed(const ChunkParams& p, int C, int NV, int64_t blocks, cudaStream_t s) {
-#define CW_CASE(C_, NV_)                                                                          \
-  if (C == C_ && NV == NV_) {                                                                     \
-    static bool done[64] = {};                                                                    \
-    const cudaError_t err = allow_smem(chunk_wmma_kernel<scalar_t, C_, NV_>, done);               \
-    if (err != cudaSuccess) return err;                                                           \
-    return launch_ex(chunk_wmma_kernel<scalar_t, C_, NV_>, blocks, chunk_smem(C_, NV_, p.DKP), s, false, p); \
-  }
-  CW_CHUNK_PAIRS(CW_CASE)
-#undef CW_CASE
-  return cudaErrorInvalidValue;
+cudaError_t execute_wmma(const Plan& pl, const Problem& pr, int C, float* work, cudaStream_t s, const char** failed) {
+  if (C == 64) return execute_chunks<WmmaKernels<scalar_t, 64>>(pl, pr, work, s, failed);
+  return execute_chunks<WmmaKernels<scalar_t, 32>>(pl, pr, work, s, failed);
 }
 
 }  // namespace
 
-// ---- entry points (declared in the common part)
-cudaError_t launch_chunk_wmma(const ChunkParams& p, int C, int NV, DType dtype, int64_t blocks, cudaStream_t stream) {
-  return with_scalar(dtype, [&](auto x) { return launch_chunk_typed<decltype(x)>(p, C, NV, blocks, stream); });
+// ---- entry points (declared in HOST_SRC)
+// Dynamic shared memory of a block, as chunk_wmma_kernel carves it up.
+int64_t chunk_wmma_smem(int64_t C, int64_t NV, int64_t DKP) {
+  return (int64_t)sizeof(float) * (2 * C * (DKP + 4) + 2 * C * (NV + 8) + DKP * (NV + 8) + C * (C + 4) + 6 * C);
 }
 
-cudaError_t launch_state_scan(const ChunkParams& p, cudaStream_t stream) {
-  const int64_t n = p.BH * p.Dk * p.Dv;
-  return launch_ex(state_scan_kernel, (n + kMaxThreads - 1) / kMaxThreads, 0, stream, p.pdl != 0, p);
+// Every launch of the plan (C: 32 or 64 steps a chunk); a CUDA error code, the failed launch in *failed.
+int chunk_wmma_execute(const Plan& pl, const Problem& pr, int C, float* work, cudaStream_t s, const char** failed) {
+  switch (pl.dtype) {
+    case DType::f32: return (int)execute_wmma<float>(pl, pr, C, work, s, failed);
+    case DType::f16: return (int)execute_wmma<__half>(pl, pr, C, work, s, failed);
+    case DType::bf16: return (int)execute_wmma<__nv_bfloat16>(pl, pr, C, work, s, failed);
+  }
+  return (int)cudaErrorInvalidValue;
 }
 
-}  // namespace cw
+}  // namespace gr
 """
 
-# The C++ file: one entry point. The Python wrapper has checked shapes, dtypes, devices and (C, NV).
+# The C++ file: fills a gr::Plan and a gr::Problem (PRELUDE_SRC) and hands them to the .cu entry point.
+# The Python wrapper has checked every argument and made the launch's decisions (plan_launch).
 # (No integers in TORCH_CHECK messages: on the device's torch 2.11 an integer sent to an ostream from
 # an extension crashed the process, see solution.py's history.)
 HOST_SRC = r"""
 #include <torch/extension.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <algorithm>
 
-namespace cw {
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-inline Strides4 strides4(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2), t.stride(3)}; }
-inline Strides3 strides3(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
-inline DType dtype_of(const at::Tensor& t) {
-  return t.scalar_type() == at::kFloat ? DType::f32 : t.scalar_type() == at::kHalf ? DType::f16 : DType::bf16;
-}
+namespace gr {
+int64_t chunk_wmma_smem(int64_t C, int64_t NV, int64_t DKP);
+int chunk_wmma_execute(const Plan& pl, const Problem& pr, int C, float* work, cudaStream_t s, const char** failed);
+}  // namespace gr
 
-// 16-byte loads are legal when every row segment a block reads starts on a 16-byte boundary.
-inline bool rows_aligned(const at::Tensor& t, int64_t cols_per_block) {
-  const int64_t V = 16 / t.element_size();
-  return t.stride(3) == 1 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && t.stride(0) % V == 0 &&
-         t.stride(1) % V == 0 && t.stride(2) % V == 0 && t.size(3) % V == 0 && cols_per_block % V == 0;
-}
-}  // namespace cw
+int64_t smem_bytes(int64_t C, int64_t NV, int64_t DKP) { return gr::chunk_wmma_smem(C, NV, DKP); }
 
-// y (B, T, H, D_v), written in place: state phase and scan when segments > 1, then the output phase.
+// y (B, T, H, D_v) and, when given, final_state (B, H, D_k, D_v) written in place: with segments the
+// state phase, segment_scan and the output phase, else the output phase (gr::execute_chunks).
+// launch: the values of LAUNCH_FIELDS, in that order.
 void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
-             const at::Tensor& beta, const at::Tensor& y, int64_t C, int64_t NV, int64_t segments) {
-  using namespace cw;
+             const at::Tensor& beta, const at::Tensor& y, const c10::optional<at::Tensor>& initial_state,
+             const c10::optional<at::Tensor>& final_state, const std::vector<int64_t>& launch) {
+  TORCH_CHECK(launch.size() == 9, "chunk_wmma: the launch needs the nine LAUNCH_FIELDS");
   const c10::cuda::CUDAGuard guard(q.device());
-  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Dk = q.size(3), Dv = v.size(3);
-  if (y.numel() == 0) return;
-  int dev = 0, optin = 0, major = 0;
-  TORCH_CHECK(cudaGetDevice(&dev) == cudaSuccess &&
-              cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
-              cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess,
-              "chunk_wmma: device attribute query failed");
-  ChunkParams p;
-  p.q = q.data_ptr(); p.k = k.data_ptr(); p.v = v.data_ptr();
-  p.gate = gate.data_ptr(); p.beta = beta.data_ptr(); p.y = y.data_ptr();
-  p.sq = strides4(q); p.sk = strides4(k); p.sv = strides4(v); p.sy = strides4(y);
-  p.sg = strides3(gate); p.sb = strides3(beta);
-  p.T = (int)T; p.H = (int)H; p.Dk = (int)Dk; p.Dv = (int)Dv; p.BH = B * H;
-  p.DKP = (int)ceil_div(Dk, 16) * 16;
-  TORCH_CHECK(chunk_smem((int)C, (int)NV, p.DKP) <= (size_t)optin,
-              "chunk_wmma: this (C, NV, D_k) needs more shared memory than the device's opt-in limit");
-  p.vtiles = (int)ceil_div(Dv, NV);
-  const int64_t chunks = ceil_div(T, C);
-  p.seg_chunks = (int)ceil_div(chunks, std::min<int64_t>(segments, chunks));
-  p.nseg = (int)ceil_div(chunks, p.seg_chunks);  // no empty segments
-  p.vec_qk = rows_aligned(q, Dk) && rows_aligned(k, Dk);
-  p.vec_v = rows_aligned(v, NV);
-  p.seg_states = nullptr; p.seg_decays = nullptr;
-  p.pdl = 0;
-  const int64_t blocks = p.BH * p.nseg * p.vtiles;
-  TORCH_CHECK(blocks <= INT32_MAX, "chunk_wmma: B * H * segments * column tiles is too large for one launch");
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const DType dt = dtype_of(q);
-  at::Tensor work;  // freed on return; the caching allocator reuses it only after this stream's work
-  if (p.nseg > 1) {
-    const int64_t n = p.BH * (p.nseg - 1);
-    work = at::empty({n * Dk * Dv + n}, q.options().dtype(at::kFloat));
-    p.seg_states = work.data_ptr<float>();
-    p.seg_decays = p.seg_states + n * Dk * Dv;
-    p.mode = 1; p.seg_launch = p.nseg - 1;
-    cudaError_t err = launch_chunk_wmma(p, (int)C, (int)NV, dt, p.BH * p.seg_launch * p.vtiles, stream);
-    TORCH_CHECK(err == cudaSuccess, "chunk_wmma (state phase) launch failed: ", cudaGetErrorString(err));
-    p.pdl = major >= 9 ? 1 : 0;  // the scan waits for the state phase in the kernel (griddepcontrol.wait)
-    err = launch_state_scan(p, stream);
-    TORCH_CHECK(err == cudaSuccess, "state_scan launch failed: ", cudaGetErrorString(err));
-  }
-  p.mode = 0; p.seg_launch = p.nseg;
-  const cudaError_t err = launch_chunk_wmma(p, (int)C, (int)NV, dt, blocks, stream);
-  TORCH_CHECK(err == cudaSuccess, "chunk_wmma launch failed: ", cudaGetErrorString(err));
+  auto rows = [](const at::Tensor& t) { return gr::Strides4{t.stride(0), t.stride(1), t.stride(2), t.stride(3)}; };
+  auto steps = [](const at::Tensor& t) { return gr::Strides3{t.stride(0), t.stride(1), t.stride(2)}; };
+  auto state = [](const at::Tensor& t) { return gr::StateStrides{t.stride(0), t.stride(1), t.stride(2), t.stride(3)}; };
+  gr::Problem pr{};  // no initial state (zero) and no final state unless given
+  pr.q = q.data_ptr(); pr.k = k.data_ptr(); pr.v = v.data_ptr(); pr.y = y.data_ptr();
+  pr.gate = gate.data_ptr(); pr.beta = beta.data_ptr();
+  pr.sq = rows(q); pr.sk = rows(k); pr.sv = rows(v); pr.sy = rows(y); pr.sg = steps(gate); pr.sb = steps(beta);
+  pr.T = (int)q.size(1); pr.H = (int)q.size(2); pr.Dk = (int)q.size(3); pr.Dv = (int)v.size(3);
+  pr.BH = q.size(0) * q.size(2);
+  if (initial_state.has_value()) { pr.s_in = initial_state->data_ptr<float>(); pr.ssi = state(*initial_state); }
+  if (final_state.has_value()) { pr.s_out = final_state->data_ptr<float>(); pr.sso = state(*final_state); }
+
+  gr::Plan pl{};  // kernel, R, G, JB, TC, col_blocks, vec: the recurrent kernel's, unread here
+  const at::ScalarType st = q.scalar_type();
+  pl.dtype = st == at::kFloat ? gr::DType::f32 : st == at::kHalf ? gr::DType::f16 : gr::DType::bf16;
+  const int C = (int)launch[0];
+  pl.NV = (int)launch[1]; pl.DK = 0; pl.DKP = (int)launch[2]; pl.vtiles = (int)launch[3];
+  pl.nseg = (int)launch[4]; pl.seg_chunks = (int)launch[5];
+  pl.vec_qk = launch[6] != 0; pl.vec_v = launch[7] != 0; pl.vec_y = false; pl.pdl = launch[8] != 0;
+  pl.blocks = pr.BH * pl.nseg * pl.vtiles;
+  pl.smem = (size_t)gr::chunk_wmma_smem(C, pl.NV, pl.DKP);
+  pl.work_floats = pl.nseg > 1 ? pr.BH * (pl.nseg - 1) * ((int64_t)pr.Dk * pr.Dv + 1) : 0;
+
+  at::Tensor work;  // segment states and decays; the caching allocator reuses it only after this stream's work
+  if (pl.work_floats > 0) work = at::empty({pl.work_floats}, q.options().dtype(at::kFloat));
+  const char* failed = "";
+  const int err = gr::chunk_wmma_execute(pl, pr, C, work.defined() ? work.data_ptr<float>() : nullptr,
+                                         c10::cuda::getCurrentCUDAStream(), &failed);
+  TORCH_CHECK(err == 0, "chunk_wmma (", failed, ") launch failed: ", cudaGetErrorString((cudaError_t)err));
 }
 """
 
-PAIRS = ((32, 32), (32, 64), (64, 32), (64, 64))  # (C, NV) compiled: CW_CHUNK_PAIRS
+PAIRS = ((32, 32), (32, 64), (64, 32), (64, 64))  # (C, NV) compiled (WmmaKernels, GR_CHUNK_INSTANCES' NV)
+LAUNCH_FIELDS = ("C", "NV", "DKP", "vtiles", "nseg", "seg_chunks", "vec_qk", "vec_v", "pdl")
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _module = None
+# Solution's shared sources carry helpers of the production kernels that this one does not call (the
+# gate tables of a 32-step chunk, masked_entry, s_splits): their "declared but never referenced"
+# warning (#177) is silenced in those sources only, not in WMMA_SRC.
+_QUIET = ("#pragma nv_diagnostic push\n#pragma nv_diag_suppress 177\n", "#pragma nv_diagnostic pop\n")
 
 
-def _ext():
-    """The extension, built on first use (cached by torch under TORCH_EXTENSIONS_DIR as dev_chunk_wmma)."""
+def build():
+    """The extension dev_chunk_wmma (.cu: solution's PRELUDE, DEVICE, CHUNK and SEGMENT_SCAN sources,
+    then WMMA_SRC; .cpp: PRELUDE and HOST_SRC), compiled on first use and cached by torch under
+    TORCH_EXTENSIONS_DIR. Needs nvcc, not a GPU (without one, for TORCH_CUDA_ARCH_LIST or sm_90).
+    DEV_VERBOSE_BUILD=1 shows the compiler's output."""
     global _module
     if _module is None:
-        if not torch.cuda.is_available():  # a build without a device: torch reads the arch list from here
+        if not torch.cuda.is_available():
             os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
-        _module = load_inline(name="dev_chunk_wmma", cpp_sources=COMMON_SRC + HOST_SRC,
-                              cuda_sources=COMMON_SRC + KERNELS_SRC, functions=["forward"],
-                              extra_cflags=["-O3"], extra_cuda_cflags=["-O3"],
-                              verbose=os.environ.get("DEV_VERBOSE_BUILD") == "1")
+        cuda = [solution.PRELUDE_SRC, _QUIET[0], solution.DEVICE_SRC, solution.CHUNK_SRC, solution.SEGMENT_SCAN_SRC,
+                _QUIET[1], WMMA_SRC]
+        _module = load_inline(name="dev_chunk_wmma", cpp_sources=[solution.PRELUDE_SRC, HOST_SRC], cuda_sources=cuda,
+                              functions=["forward", "smem_bytes"], extra_cflags=["-O3"],
+                              extra_cuda_cflags=solution.CUDA_FLAGS + solution._split_compile_flags(),
+                              verbose=os.environ.get("DEV_VERBOSE_BUILD") == "1", **solution._LEAN)
     return _module
 
 
-def chunk_wmma(q, k, v, gate, beta, C=32, NV=64, segments=1, out=None):
+def rows_aligned(x, cols_per_block):
+    """16-byte loads of x's rows are legal: unit column stride, every row a block reads starting on a
+    16-byte boundary, whole vectors per row and per block."""
+    V = 16 // x.element_size()
+    return x.stride(3) == 1 and x.data_ptr() % 16 == 0 and \
+        all(n % V == 0 for n in (*x.stride()[:3], x.shape[3], cols_per_block))
+
+
+def plan_launch(q, k, v, C=32, NV=64, segments=1):
+    """chunk_wmma's launch for these inputs (T >= 1), as a dict of LAUNCH_FIELDS: D_k padded to 16, the
+    column tiles, the segments (at most `segments`, no empty one) and their chunks, the 16-byte loads
+    that are legal, and pdl (the scan and the output phase as dependent launches: sm_90+, segments > 1)."""
+    Dk, Dv = q.shape[3], v.shape[3]
+    chunks = -(-q.shape[1] // C)
+    seg_chunks = -(-chunks // min(segments, chunks))
+    nseg = -(-chunks // seg_chunks)
+    return {"C": C, "NV": NV, "DKP": -(-Dk // 16) * 16, "vtiles": -(-Dv // NV), "nseg": nseg, "seg_chunks": seg_chunks,
+            "vec_qk": rows_aligned(q, Dk) and rows_aligned(k, Dk), "vec_v": rows_aligned(v, NV),
+            "pdl": nseg > 1 and torch.cuda.get_device_capability(q.device)[0] >= 9}
+
+
+def chunk_wmma(q, k, v, gate, beta, C=32, NV=64, segments=1, out=None, initial_state=None, output_final_state=False):
     """y (B, T, H, D_v) in the inputs' dtype (fp32, fp16 or bf16, all alike; any strides; D_k, D_v in
-    1..256), S_0 = 0. C: chunk length, NV: state columns per block ((C, NV) in PAIRS); segments: per
-    (b, h) sequence, > 1 adds the state phase and the scan. out: a (B, T, H, D_v) tensor to write y
-    into (the self-check passes one filled with NaN)."""
+    1..256). C: chunk length, NV: state columns per block ((C, NV) in PAIRS); segments: per (b, h)
+    sequence, > 1 adds the state phase and the scan. out: a (B, T, H, D_v) tensor to write y into (the
+    self-check passes one filled with NaN). initial_state: an optional (B, H, D_k, D_v) float32 S_0 (any
+    strides; zero without it); with output_final_state the result is (y, S_T), S_T a new float32 tensor."""
     if (C, NV) not in PAIRS:
         raise ValueError(f"(C, NV) must be one of {PAIRS}, got {(C, NV)}")
     if int(segments) < 1:
@@ -713,13 +464,33 @@ def chunk_wmma(q, k, v, gate, beta, C=32, NV=64, segments=1, out=None):
         raise ValueError(f"D_k and D_v must be in 1..256, got {q.shape[3]}, {v.shape[3]}")
     if not q.is_cuda or any(x.device != q.device for x in xs):
         raise ValueError("inputs must be on one CUDA device")
-    shape = (*q.shape[:3], v.shape[3])
+    B, T, H, Dk = q.shape
+    Dv = v.shape[3]
+    if initial_state is not None and (initial_state.dtype != torch.float32 or initial_state.device != q.device
+                                      or tuple(initial_state.shape) != (B, H, Dk, Dv)):
+        raise ValueError(f"initial_state must be a float32 tensor of shape {(B, H, Dk, Dv)} on {q.device}")
+    shape = (B, T, H, Dv)
     if out is None:
         out = torch.empty(shape, dtype=q.dtype, device=q.device)
     elif tuple(out.shape) != shape or out.dtype != q.dtype or out.device != q.device:
         raise ValueError(f"out must be a {q.dtype} tensor of shape {shape} on {q.device}")
-    _ext().forward(q, k, v, gate, beta, out, C, NV, int(segments))
-    return out
+    final = torch.empty((B, H, Dk, Dv), dtype=torch.float32, device=q.device) if output_final_state else None
+    if out.numel() == 0:  # no step (or no sequence): nothing to launch, S_T = S_0
+        if final is not None and initial_state is not None:
+            final.copy_(initial_state)
+        elif final is not None:
+            final.zero_()
+    else:
+        launch = plan_launch(q, k, v, C, NV, int(segments))
+        smem = build().smem_bytes(C, NV, launch["DKP"])
+        optin = torch.cuda.get_device_properties(q.device).shared_memory_per_block_optin
+        if smem > optin:
+            raise ValueError(f"(C, NV, D_k) = {(C, NV, Dk)} needs {smem} bytes of shared memory a block, over "
+                             f"the device's {optin}")
+        if B * H * launch["nseg"] * launch["vtiles"] > 2**31 - 1:
+            raise ValueError("B * H * segments * column tiles is too large for one launch")
+        build().forward(q, k, v, gate, beta, out, initial_state, final, [int(launch[f]) for f in LAUNCH_FIELDS])
+    return (out, final) if output_final_state else out
 
 
 def planned_segments(B, T, H, Dv, C=32, NV=64, sms=None):
@@ -754,12 +525,13 @@ def make(B, T, H, Dk, Dv, dtype=torch.float32, gate=None):
     return [x.to(dtype) for x in (q, k, v, g, b)]
 
 
-def poisoned_call(xs, C, NV, segments):
+def poisoned_call(xs, C, NV, segments, **states):
     """chunk_wmma into a NaN-filled output, after filling freed device memory with NaN (the segment
-    states come from the caching allocator)."""
+    states and the final state come from the caching allocator). states: initial_state,
+    output_final_state."""
     torch.empty(1 << 24, device="cuda").fill_(float("nan"))
     out = torch.full((*xs[0].shape[:3], xs[2].shape[3]), float("nan"), dtype=xs[0].dtype, device="cuda")
-    return chunk_wmma(*xs, C=C, NV=NV, segments=segments, out=out)
+    return chunk_wmma(*xs, C=C, NV=NV, segments=segments, out=out, **states)
 
 
 def check():
@@ -800,16 +572,20 @@ def check():
     xs = make(2, 300, 3, 32, 64)
     xs = [x.transpose(1, 2).contiguous().transpose(1, 2) for x in xs[:3]] + xs[3:]  # strided q, k, v
     record("transposed layout (2, 300, 3, 32, 64)", poisoned_call(xs, 32, 64, 3), naive.recurrent_naive(*xs)[0], 1e-5)
+    for T, C, NV, nseg in ((150, 32, 64, 1), (150, 64, 32, 3), (150, 32, 32, 1000), (0, 32, 64, 1)):
+        for dtype in (torch.float32, torch.bfloat16):
+            xs = make(2, T, 3, 24, 40, dtype=dtype)
+            s0 = torch.randn(2, 3, 40, 24, device="cuda").transpose(2, 3)  # a strided (B, H, D_k, D_v) S_0
+            ref_y, ref_s = naive.recurrent_naive(*xs, initial_state=s0)
+            y, s = poisoned_call(xs, C, NV, nseg, initial_state=s0, output_final_state=True)
+            case = f"states T={T} {str(dtype)[6:]} C={C} NV={NV} segments={nseg}"
+            record(f"{case}: y", y, ref_y, TOL[dtype])
+            record(f"{case}: final state", s, ref_s, TOL[dtype])
     return rows
 
 
 def bench(trials):
     """chunk_wmma (C = 32, NV = 64, the old plan's segments) against solution.gated_recurrence, fp32."""
-    try:
-        import solution
-    except Exception as e:  # noqa: BLE001  (the production file is not this script's subject)
-        print(f"import solution failed, timing chunk_wmma alone: {type(e).__name__}: {e}", flush=True)
-        solution = None
     rows = []
     for name, (B, T, H, D) in BENCH.items():
         xs = reference.make_inputs(B, T, H, D, dtype=torch.float32, device="cuda")
@@ -821,17 +597,16 @@ def bench(trials):
 
         row = {"shape": name, "dims": (B, T, H, D), "dtype": "float32", "chunk_wmma_config": (32, 64, nseg),
                "chunk_wmma_err": rel_l2(ours(*xs), ref),
-               "chunk_wmma_ms": kernelbench_time(ours, xs, trials=trials)["median"]}
-        if solution is not None:
-            row["solution_plan"] = solution.plan(B, T, H, D, D, torch.float32)
-            row["solution_err"] = rel_l2(solution.gated_recurrence(*xs), ref)
-            row["solution_ms"] = kernelbench_time(solution.gated_recurrence, xs, trials=trials)["median"]
+               "chunk_wmma_ms": kernelbench_time(ours, xs, trials=trials)["median"],
+               "solution_plan": solution.plan(B, T, H, D, D, torch.float32),
+               "solution_err": rel_l2(solution.gated_recurrence(*xs), ref),
+               "solution_ms": kernelbench_time(solution.gated_recurrence, xs, trials=trials)["median"]}
         rows.append(row)
     print("\n| shape | chunk_wmma (C, NV, segments) | chunk_wmma | err | solution | err | ratio | plan |", flush=True)
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         sol = (f"{r['solution_ms'] * 1e3:.1f} us | {r['solution_err']:.1e} | "
-               f"{r['chunk_wmma_ms'] / r['solution_ms']:.2f}x | {r['solution_plan']}") if "solution_ms" in r else "- | - | - | -"
+               f"{r['chunk_wmma_ms'] / r['solution_ms']:.2f}x | {r['solution_plan']}")
         print(f"| {r['shape']} {r['dims']} | {r['chunk_wmma_config']} | {r['chunk_wmma_ms'] * 1e3:.1f} us | "
               f"{r['chunk_wmma_err']:.1e} | {sol} |", flush=True)
     return rows
@@ -841,7 +616,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--trials", type=int, default=30, help="timed calls per kernel and shape")
     ap.add_argument("--no-timing", action="store_true", help="the self-check only")
+    ap.add_argument("--build-only", action="store_true", help="compile the extension and exit (no GPU needed)")
     args = ap.parse_args()
+    if args.build_only:
+        print(f"built {build().__file__}", flush=True)
+        return
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
     result["checks"] = check()
     bad = sum(not r["ok"] for r in result["checks"])

@@ -1,4 +1,4 @@
-"""Input makers, the float64 references and the checks shared by the GPU tests."""
+"""Input makers, the float64 references, the checks shared by the GPU tests and the dispatch table (BOUNDARY)."""
 import torch
 
 import naive
@@ -47,6 +47,52 @@ CHUNK_INSTANCES = [
 ]
 SEGMENTS = [1, 3, 1000]  # one; a few (the last one short where the chunks do not divide); one chunk each (clamped)
 
+# The dispatch, (B, T, H, D_k, D_v) -> path, on an H200's limits (plan() uses them without a device): the
+# one list to edit when the boundary moves. "chunk" from T = 256, or for D_k >= 96 with T >= 32 and
+# B*H*T >= 8192; below that "parallel" for B*H*T < 8192 with T >= 64 or D_k >= 96, where its staging fits
+# shared memory (parallel_smem); else "recurrent".
+SPEC = (2, 128, 4, 24, 24)
+BOUNDARY = [
+    # T, D_k and B*H*T around the parallel rule
+    (SPEC, "parallel"), ((1, 1, 1, 1, 1), "recurrent"), ((1, 63, 1, 95, 95), "recurrent"),
+    ((1, 64, 1, 95, 95), "parallel"), ((1, 63, 1, 96, 96), "parallel"), ((1, 7, 1, 256, 7), "parallel"),
+    ((1, 0, 1, 128, 8), "parallel"), ((4, 127, 16, 64, 64), "parallel"), ((4, 128, 16, 64, 64), "recurrent"),
+    ((1, 128, 63, 95, 64), "parallel"), ((1, 128, 64, 95, 64), "recurrent"), ((1, 128, 63, 128, 64), "parallel"),
+    ((32, 31, 16, 128, 128), "recurrent"), ((2, 255, 4, 64, 64), "parallel"), ((1, 64, 8, 128, 128), "parallel"),
+    ((3, 100, 5, 33, 100), "parallel"), ((1, 100, 1, 256, 33), "parallel"),
+    # shared memory: the widest D_k at NV = 32 and at NV = 64, and one past each
+    ((1, 255, 1, 128, 32), "parallel"), ((1, 255, 1, 129, 32), "recurrent"), ((1, 255, 1, 80, 64), "parallel"),
+    ((1, 255, 1, 81, 64), "parallel"), ((1, 200, 1, 144, 64), "parallel"), ((1, 200, 1, 145, 64), "recurrent"),
+    ((1, 255, 1, 256, 256), "recurrent"), ((1, 128, 1, 256, 256), "parallel"),
+    # the chunk kernels
+    ((2, 256, 4, 64, 64), "chunk"), ((1, 256, 1, 1, 1), "chunk"), ((8, 2048, 16, 128, 128), "chunk"),
+    ((8, 64, 16, 128, 128), "chunk"), ((1, 128, 64, 96, 64), "chunk"), ((16, 32, 16, 96, 96), "chunk"),
+    ((1, 256, 1, 128, 32), "chunk")]
+CHUNK_KERNEL = {torch.float32: "chunk_tf32", torch.float16: "chunk_tf32", torch.bfloat16: "chunk_bf16"}
+H200_SMEM = 232448  # shared memory a block (opt-in) on the H200, and plan()'s stand-in without a device
+PARALLEL_ROWS = 16  # steps a row tile of the parallel kernel
+
+
+def planned_kernel(shape, dtype):
+    """The kernel BOUNDARY says the plan of `shape` names (dtype: a torch dtype or its name)."""
+    path = dict(BOUNDARY)[shape]
+    return CHUNK_KERNEL[getattr(torch, str(dtype).replace("torch.", ""))] if path == "chunk" else path
+
+
+def parallel_smem(nv, dk, T):
+    """Bytes of shared memory the parallel kernel needs (PRELUDE_SRC's parallel_smem: D_k padded to 16,
+    the last row tile stages the steps of whole chunks of 32)."""
+    L, dkp = 32 * max(1, -(-T // 32)), -(-dk // 16) * 16
+    ldk, ldv = dkp + 4, nv + 8
+    return 4 * ((16 + L) * ldk + (L + 16) * ldv + (L // 32) * 672 + max(16 * (L + 4), dkp * ldv + L))
+
+
+def parallel_nv(T, dk, dv, limit=H200_SMEM):
+    """The planned column tile of the parallel kernel (32 for narrow states or where 64 does not fit), or
+    None where not even 32 fits."""
+    nv = 32 if dv <= 32 or parallel_smem(64, dk, T) > limit else 64
+    return nv if parallel_smem(nv, dk, T) <= limit else None
+
 
 def shape_id(shape):
     return "x".join(map(str, shape))
@@ -83,6 +129,22 @@ def with_beta_zero_negative_large(xs):
     return xs[:4] + [beta]
 
 
+def views(B, T, H, Dk, Dv, dtype):
+    """Non-contiguous layouts of the same shapes: head-major transposes, strided slices, expands."""
+    q, k, v, g, b = inputs(B, T, H, Dk, Dv, dtype=dtype)
+    bhtd = lambda x: x.transpose(1, 2).contiguous().transpose(1, 2)  # noqa: E731  (B,H,T,D) storage
+    return {
+        "transposed": [bhtd(q), bhtd(k), bhtd(v), g.transpose(1, 2).contiguous().transpose(1, 2), b],
+        "sliced": [torch.cat([q, q], -1)[..., ::2], torch.cat([k, k], 1)[:, ::2], v.repeat(1, 1, 2, 1)[:, :, ::2],
+                   g.repeat(1, 1, 3)[:, :, 1::3], b],
+        "expanded": [q, k[:, :, :1].expand(B, T, H, Dk), v, g[:, :1].expand(B, T, H), b[:1].expand(B, T, H)],
+        "time_minor": [x.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2) for x in (q, k, v)] + [g, b],
+    }
+
+
+LAYOUTS = ["transposed", "sliced", "expanded", "time_minor"]
+
+
 def strided_state(B, H, Dk, Dv):
     """A strided (every other column) float32 initial state."""
     return torch.randn(B, H, Dk, 2 * Dv, device="cuda")[..., ::2]
@@ -94,9 +156,13 @@ def ref64(xs):
         return reference.Model()(*[x.double() for x in xs])
 
 
+def rounding_floor(exact, dtype):
+    """rel-L2 error of the exact answer rounded to `dtype`: no output in that dtype can do better."""
+    return rel_l2(exact.to(dtype), exact)
+
+
 def bf16_floor(exact):
-    """rel-L2 error of the exact answer rounded to bf16: no bf16 output can do better."""
-    return rel_l2(exact.to(torch.bfloat16), exact)
+    return rounding_floor(exact, torch.bfloat16)
 
 
 def poison_allocator(nbytes=64 << 20):
@@ -125,8 +191,9 @@ def check(sol, xs, tol=None, kernel=None, config=(), ref=None):
     return y
 
 
-def check_states(sol, xs, s0, kernel=None, config=()):
-    """initial_state in, final state out, both against the float64 loop; returns (y, final state)."""
+def check_states(sol, xs, s0, kernel=None, config=(), state_tol=None):
+    """initial_state in, final state out, both against the float64 loop (the state to `state_tol`, else
+    STATE_TOL); returns (y, final state)."""
     poison_allocator()
     y, sT = run(sol, xs, kernel, config, initial_state=s0, output_final_state=True)
     ry, rs = naive.recurrent_naive(*xs, initial_state=s0)
@@ -134,11 +201,22 @@ def check_states(sol, xs, s0, kernel=None, config=()):
     assert sT.dtype == torch.float32 and sT.shape == rs.shape and sT.device == xs[0].device
     assert y.shape == ry.shape and y.dtype == dtype
     err = rel_l2(sT, rs)
-    assert err <= STATE_TOL[dtype], f"final state rel-L2 {err:.3e}"
+    assert err <= (state_tol or STATE_TOL[dtype]), f"final state rel-L2 {err:.3e}"
     if y.numel():
         err = rel_l2(y, ry)
         assert err <= TOL[dtype], f"rel-L2 {err:.3e}"
     return y, sT
+
+
+def check_chained(sol, xs, kernel, split, state_tol=None):
+    """Streaming use: x[:, :split] then x[:, split:] from the first call's final state gives the one-call
+    y (to TOL) and final state (to `state_tol`, else STATE_TOL)."""
+    dtype = xs[0].dtype
+    y, s = run(sol, xs, kernel, output_final_state=True)
+    a, sa = run(sol, [x[:, :split] for x in xs], kernel, output_final_state=True)
+    b, sb = run(sol, [x[:, split:] for x in xs], kernel, initial_state=sa, output_final_state=True)
+    assert rel_l2(torch.cat([a, b], 1), y) <= TOL[dtype]
+    assert rel_l2(sb, s) <= (state_tol or STATE_TOL[dtype])
 
 
 def check_nonfinite(sol, xs, kernel=None, config=(), same=torch.isnan):
@@ -160,8 +238,50 @@ def check_instance(sol, kernel, dtype, shape, nv, layout, segments, states):
         check(sol, xs, kernel=kernel, config=(nv, segments))
 
 
+NAN_AT = {"q": (0, 5, 1, 3), "k": (1, 7, 2, 0), "v": (0, 41, 0, 4), "gate": (1, 11, 1), "beta": (0, 13, 2)}
+
+
+def with_nan(xs, where):
+    """xs with one NaN in the input named `where` (B >= 2, T >= 42, H >= 3; NAN_AT has the place)."""
+    xs[["q", "k", "v", "gate", "beta"].index(where)][NAN_AT[where]] = float("nan")
+    return xs
+
+
 def v_with(value, dtype, shape=(1, 300, 2, 64, 40)):
     """Inputs with one element of v set to `value` (NaN or inf) mid-chunk, gates in (0.5, 1)."""
     xs = inputs(*shape, dtype=dtype, gate=(0.5, 1.0))
     xs[2][0, 100, 1, 3] = value
     return xs
+
+
+def check_graph(sol, shape, dtype, states, kernel=None):
+    """Captured once, replayed on new inputs: every launch of the call lands in the graph and reads the
+    static inputs, bitwise the same as an uncaptured call and near the float64 loop."""
+    B, _, H, Dk, Dv = shape
+
+    def fresh():
+        return inputs(*shape, dtype=dtype) + ([strided_state(B, H, Dk, Dv)] if states else [])
+
+    def call(xs):
+        if states:
+            return run(sol, xs[:5], kernel, initial_state=xs[5], output_final_state=True)
+        return (run(sol, xs, kernel),)
+
+    static = fresh()
+    call(static)  # builds the unit and warms up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = call(static)
+    for _ in range(2):
+        new = fresh()
+        for dst, src in zip(static, new):
+            dst.copy_(src)
+        for out in outs:
+            out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        for out, want in zip(outs, call(new)):
+            assert torch.equal(out, want)
+        y_ref, _ = naive.recurrent_naive(*new[:5], initial_state=new[5] if states else None)
+        assert rel_l2(outs[0], y_ref) <= TOL[dtype]

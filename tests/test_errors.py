@@ -63,6 +63,11 @@ def test_non_tensor_argument_is_a_type_error(sol, value):
 
 BF16 = [x.to(torch.bfloat16) for x in good()]
 
+
+def cpu_inputs(T, Dk, Dv):
+    return inputs(1, T, 1, Dk, Dv, device="cpu", seed=0)
+
+
 # (kernel, inputs, config, exception, message): every check runs before the device check.
 CONFIG_CASES = {
     "R": ("recurrent", good(), (3, 8, 4, 8), ValueError, r"not a compiled pair"),
@@ -88,6 +93,17 @@ CONFIG_CASES = {
     "bf16-fp32-inputs": ("chunk_bf16", good(), (), TypeError, r"chunk_bf16 takes bfloat16 inputs, got float32"),
     "bf16-fp16-inputs": ("chunk_bf16", [x.half() for x in good()], (64, 1), TypeError,
                          r"chunk_bf16 takes bfloat16 inputs, got float16"),
+    "parallel-length": ("parallel", good(), (32, 1), ValueError, r"config must be \(NV,\) for parallel, got 2"),
+    "parallel-recurrent-config": ("parallel", good(), (6, 8, 4, 8), ValueError, r"config must be \(NV,\) for parallel"),
+    "parallel-NV48": ("parallel", good(), (48,), ValueError, r"NV must be 32 or 64, got 48"),
+    "parallel-NV128-bf16": ("parallel", BF16, (128,), ValueError, r"NV must be 32 or 64"),
+    "parallel-T257": ("parallel", cpu_inputs(257, 8, 8), (), ValueError, r"parallel serves T up to 256, got 257"),
+    "parallel-T300-NV32": ("parallel", cpu_inputs(300, 8, 8), (32,), ValueError, r"parallel serves T up to 256"),
+    "parallel-smem-nv32": ("parallel", cpu_inputs(256, 129, 32), (32,), ValueError,
+                           r"parallel with NV=32, D_k=129 and T=256 needs \d+ bytes of shared memory"),
+    "parallel-smem-nv64": ("parallel", cpu_inputs(256, 81, 64), (64,), ValueError,
+                           r"parallel with NV=64, D_k=81 and T=256 needs \d+ bytes of shared memory"),
+    "parallel-smem-planned": ("parallel", cpu_inputs(255, 256, 256), (), ValueError, r"shared memory"),
 }
 
 
@@ -104,16 +120,23 @@ def test_unknown_kernel_is_a_value_error(sol, kernel):
         sol._gated_recurrence_with(*good(), kernel=kernel)
 
 
-@pytest.mark.parametrize("kernel,dtype", [("chunk_tf32", torch.float32), ("chunk_bf16", torch.bfloat16)],
-                         ids=["chunk_tf32", "chunk_bf16"])
-def test_largest_chunk_configuration_passes_the_checks(sol, kernel, dtype):
-    """D_k = 256 with NV = 64 fits an H200's shared memory (the limits plan() uses without a device):
-    the call gets as far as the device check."""
+LARGEST = [("chunk_tf32", torch.float32, (5, 256, 64), (64, 1000)),
+           ("chunk_bf16", torch.bfloat16, (5, 256, 64), (64, 1000)),
+           ("parallel", torch.float32, (256, 128, 32), (32,)), ("parallel", torch.bfloat16, (256, 80, 64), (64,))]
+
+
+@pytest.mark.parametrize("kernel,dtype,size,config", LARGEST,
+                         ids=["chunk_tf32", "chunk_bf16", "parallel-nv32-dk128", "parallel-nv64-dk80"])
+def test_largest_configuration_passes_the_checks(sol, kernel, dtype, size, config):
+    """The largest staging that fits an H200's shared memory (the limits plan() uses without a device):
+    D_k = 256 with NV = 64 for the chunk kernels, T = 256 with D_k = 128 (NV = 32) or 80 (NV = 64) for
+    parallel (one more D_k is over: CONFIG_CASES). The call gets as far as the device check."""
     if HAS_CUDA and torch.cuda.get_device_properties(0).shared_memory_per_block_optin < 227 * 1024:
         pytest.skip("a device with less shared memory per block than an H200")
+    T, Dk, Dv = size
     with pytest.raises(ValueError, match="q must be a CUDA tensor"):
-        sol._gated_recurrence_with(*inputs(1, 5, 1, 256, 64, dtype=dtype, device="cpu", seed=0), kernel=kernel,
-                                   config=(64, 1000))
+        sol._gated_recurrence_with(*inputs(1, T, 1, Dk, Dv, dtype=dtype, device="cpu", seed=0), kernel=kernel,
+                                   config=config)
 
 
 EMPTY_SCRIPT = """

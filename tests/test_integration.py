@@ -5,58 +5,34 @@ lazily built units."""
 import pytest
 import torch
 
-import naive
 import reference
 from conftest import cuda
-from helpers import (DTYPE_IDS, DTYPES, SHAPES, TOL, check, check_nonfinite, inputs, ref64, rel_l2, shape_id,
-                     strided_state)
+from helpers import (BOUNDARY, DTYPE_IDS, DTYPES, LAYOUTS, SHAPES, SPEC, TOL, check, check_graph, check_nonfinite,
+                     inputs, planned_kernel, ref64, rel_l2, shape_id, views, with_nan)
 
 pytestmark = cuda
 
 FP32, FP16, BF16 = torch.float32, torch.float16, torch.bfloat16
 
+# The planned recurrent kernel: BOUNDARY's recurrent shape with the most steps over all heads.
+RECURRENT_SHAPE = max((shape for shape, path in BOUNDARY if path == "recurrent"), key=lambda s: s[0] * s[1] * s[2])
 GRAPH_CASES = [("segments-dk64", (1, 1024, 2, 64, 64), FP32, False),
                ("segments-general", (1, 2000, 1, 24, 20), FP32, False),
                ("segments-bf16", (1, 1024, 2, 64, 64), BF16, False),
                ("segments-states", (1, 1024, 2, 64, 64), FP32, True),
-               ("recurrent", (2, 128, 4, 24, 24), FP32, False)]
+               ("recurrent", RECURRENT_SHAPE, FP32, False)]
 
 
 @pytest.mark.parametrize("name,shape,dtype,states", GRAPH_CASES, ids=[c[0] for c in GRAPH_CASES])
 def test_cuda_graph_capture_and_replay(sol, name, shape, dtype, states):
-    """Captured once, replayed on new inputs: the chunked path with segments is three launches (the
-    scan and the output phase may be programmatic dependent launches), all of which must land in the
-    graph and read the static inputs, bitwise the same as an uncaptured call."""
+    """The chunked path with segments is three launches (the scan and the output phase may be
+    programmatic dependent launches), all of which must land in the graph (check_graph)."""
     assert shape[1] < 256 or "segment_scan" in sol.plan(*shape, dtype)
-    B, _, H, Dk, Dv = shape
-    static = inputs(*shape, dtype=dtype) + ([strided_state(B, H, Dk, Dv)] if states else [])
-
-    def call(xs):
-        if states:
-            return sol.gated_recurrence(*xs[:5], initial_state=xs[5], output_final_state=True)
-        return (sol.gated_recurrence(*xs),)
-
-    call(static)  # builds the unit and warms up outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = call(static)
-    for _ in range(2):
-        fresh = inputs(*shape, dtype=dtype) + ([strided_state(B, H, Dk, Dv)] if states else [])
-        for dst, src in zip(static, fresh):
-            dst.copy_(src)
-        for out in outs:
-            out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        for out, want in zip(outs, call(fresh)):
-            assert torch.equal(out, want)
-        y_ref, _ = naive.recurrent_naive(*fresh[:5], initial_state=fresh[5] if states else None)
-        assert rel_l2(outs[0], y_ref) <= TOL[dtype]
+    check_graph(sol, shape, dtype, states)
 
 
 @pytest.mark.parametrize("shape,dtype", [((2, 64, 3, 24, 24), FP32), ((1, 1024, 2, 64, 64), FP32),
-                                         ((1, 1024, 2, 64, 64), BF16)], ids=["recurrent", "segments", "segments-bf16"])
+                                         ((1, 1024, 2, 64, 64), BF16)], ids=["short", "segments", "segments-bf16"])
 def test_current_stream_is_used(sol, shape, dtype):
     xs = inputs(*shape, dtype=dtype)
     sol.gated_recurrence(*xs)  # the unit built outside the timed stream
@@ -69,48 +45,33 @@ def test_current_stream_is_used(sol, shape, dtype):
     assert rel_l2(y, ref64(xs)) <= TOL[dtype]
 
 
-@pytest.mark.parametrize("shape,dtype", [((2, 200, 4, 64, 48), FP32), ((2, 900, 4, 64, 48), FP32),
-                                         ((2, 900, 4, 64, 48), FP16), ((2, 900, 4, 64, 48), BF16),
-                                         ((1, 4096, 2, 128, 128), FP32)],
-                         ids=["recurrent", "chunk_tf32", "chunk_tf32-fp16", "chunk_bf16", "segments"])
+@pytest.mark.parametrize("shape,dtype", [((2, 200, 4, 64, 48), FP32), (RECURRENT_SHAPE, FP32),
+                                         ((2, 900, 4, 64, 48), FP32), ((2, 900, 4, 64, 48), FP16),
+                                         ((2, 900, 4, 64, 48), BF16), ((1, 4096, 2, 128, 128), FP32)],
+                         ids=["short", "recurrent", "chunk_tf32", "chunk_tf32-fp16", "chunk_bf16", "segments"])
 def test_deterministic_bitwise(sol, shape, dtype):
     xs = inputs(*shape, dtype=dtype)
     assert torch.equal(sol.gated_recurrence(*xs), sol.gated_recurrence(*xs))
 
 
-def _views(B, T, H, Dk, Dv, dtype):
-    """Non-contiguous layouts of the same shapes: head-major transposes, strided slices, expands."""
-    q, k, v, g, b = inputs(B, T, H, Dk, Dv, dtype=dtype)
-    bhtd = lambda x: x.transpose(1, 2).contiguous().transpose(1, 2)  # noqa: E731  (B,H,T,D) storage
-    return {
-        "transposed": [bhtd(q), bhtd(k), bhtd(v), g.transpose(1, 2).contiguous().transpose(1, 2), b],
-        "sliced": [torch.cat([q, q], -1)[..., ::2], torch.cat([k, k], 1)[:, ::2], v.repeat(1, 1, 2, 1)[:, :, ::2],
-                   g.repeat(1, 1, 3)[:, :, 1::3], b],
-        "expanded": [q, k[:, :, :1].expand(B, T, H, Dk), v, g[:, :1].expand(B, T, H), b[:1].expand(B, T, H)],
-        "time_minor": [x.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2) for x in (q, k, v)] + [g, b],
-    }
-
-
 @pytest.mark.parametrize("kernel,shape", [("recurrent", (2, 63, 3, 33, 20)), ("chunked", (2, 63, 3, 33, 20)),
                                           ("chunked", (2, 300, 2, 64, 64))],
                          ids=["recurrent", "chunked-dk33", "chunked-dk64"])
-@pytest.mark.parametrize("layout", ["transposed", "sliced", "expanded", "time_minor"])
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_strided_inputs_are_read_in_place(sol, layout, dtype, kernel, shape):
-    xs = _views(*shape, dtype)[layout]
+    xs = views(*shape, dtype)[layout]
     assert not all(x.is_contiguous() for x in xs)
     check(sol, xs, kernel=kernel)
 
 
 @pytest.mark.parametrize("dk", [24, 64, 128], ids=["dk24", "dk64", "dk128"])  # chunk kernels: generic, compiled D_k
-@pytest.mark.parametrize("kernel", ["recurrent", "chunk_tf32", "chunk_bf16"])
+@pytest.mark.parametrize("kernel", ["recurrent", "parallel", "chunk_tf32", "chunk_bf16"])
 @pytest.mark.parametrize("where", ["q", "k", "v", "gate", "beta"])
 def test_nan_propagates_like_reference(sol, where, kernel, dk):
     dtype = BF16 if kernel == "chunk_bf16" else FP32
     xs = inputs(2, 80, 3, dk, 20 if dk == 24 else 40, dtype=dtype)  # D_v = 40: NV = 64, aligned rows
-    idx = {"q": (0, 5, 1, 3), "k": (1, 7, 2, 0), "v": (0, 41, 0, 4), "gate": (1, 11, 1), "beta": (0, 13, 2)}[where]
-    xs["q k v gate beta".split().index(where)][idx] = float("nan")
-    check_nonfinite(sol, xs, kernel)
+    check_nonfinite(sol, with_nan(xs, where), kernel)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -134,7 +95,7 @@ FP16_REF_NOTE = ("the fp16 reference also rounds its state every step; on random
 def test_spec_shape_kernelbench_allclose(sol, dtype):
     """KernelBench: ModelNew against the reference run in the same precision, at the spec shape."""
     xs = [x.cuda().to(dtype) for x in reference.get_inputs()]
-    assert sol.plan(2, 128, 4, 24, 24, dtype).split()[0] == "recurrent"
+    assert sol.plan(*SPEC, dtype).split()[0] == planned_kernel(SPEC, dtype)
     y = sol.ModelNew()(*xs)
     assert rel_l2(y, ref64(xs)) <= TOL[dtype]
     tol = 1e-4 if dtype == FP32 else 1e-2

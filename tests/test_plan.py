@@ -1,20 +1,24 @@
-"""CPU: KERNELS, the CUDA kernels in SOURCES and plan() agree; the dispatch boundary and the chunk kernel
-of each dtype; segments fill one wave of the GPU and no more; plan()'s argument checks. Without a GPU
-plan() answers for an H200 (132 SMs)."""
+"""CPU: KERNELS, the CUDA kernels in SOURCES and plan() agree; the dispatch boundary (chunk, parallel,
+recurrent: helpers.BOUNDARY) and the chunk kernel of each dtype; the parallel kernel's column tile and
+shared memory; segments fill one wave of the GPU and no more; plan()'s argument checks. Without a GPU
+plan() answers for an H200 (132 SMs, 232448 bytes of shared memory a block)."""
 import re
 
 import pytest
 import torch
 
-from helpers import CHUNK_INSTANCES, PAIR_CONFIGS, shape_id
+from helpers import (BOUNDARY, CHUNK_INSTANCES, H200_SMEM, PAIR_CONFIGS, PARALLEL_ROWS, SPEC, parallel_nv,
+                     parallel_smem, planned_kernel, shape_id)
 
 GLOBAL_KERNEL = r"__global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)_kernel\("
 DTYPE_NAMES = ["float32", "float16", "bfloat16"]
-CHUNK_KERNEL = {"float32": "chunk_tf32", "float16": "chunk_tf32", "bfloat16": "chunk_bf16"}
+# The parallel kernel's fit depends on shared memory a block: BOUNDARY's parallel and recurrent rows are an
+# H200's (plan() assumes one without a device).
+SMEM = torch.cuda.get_device_properties(0).shared_memory_per_block_optin if torch.cuda.is_available() else H200_SMEM
 
 
 def test_kernels_are_the_cuda_kernels(sol):
-    assert sol.KERNELS == ("recurrent", "chunk_tf32", "chunk_bf16", "segment_scan")
+    assert sol.KERNELS == ("recurrent", "parallel", "chunk_tf32", "chunk_bf16", "segment_scan")
     found = re.findall(GLOBAL_KERNEL, "".join(sol.SOURCES.values()))
     assert sorted(found) == sorted(sol.KERNELS)
 
@@ -56,8 +60,9 @@ def test_chunk_instantiations_are_the_tested_ones(sol):
     assert macro_pairs(sol, "GR_CHUNK_INSTANCES") in (None, [(32, 0), (64, 0), (64, 64), (64, 128)])
 
 
-PLAN_SHAPES = [(2, 128, 4, 24, 24), (1, 1, 1, 1, 1), (1, 0, 1, 8, 8), (4, 1024, 8, 64, 64), (8, 2048, 16, 128, 128),
-               (1, 8192, 8, 128, 128), (3, 63, 5, 33, 100), (1, 7, 1, 256, 7), (1, 300, 1, 256, 256)]
+PLAN_SHAPES = [SPEC, (1, 1, 1, 1, 1), (1, 0, 1, 8, 8), (4, 1024, 8, 64, 64), (8, 2048, 16, 128, 128),
+               (1, 8192, 8, 128, 128), (3, 63, 5, 33, 100), (1, 7, 1, 256, 7), (1, 300, 1, 256, 256),
+               (1, 255, 1, 256, 256)]
 
 
 @pytest.mark.parametrize("dtype", DTYPE_NAMES)
@@ -68,32 +73,52 @@ def test_plan_names_a_kernel_and_its_configuration(sol, shape, dtype):
     assert kernel in sol.KERNELS and kernel != "segment_scan", text
     if kernel == "recurrent":
         assert re.search(r"\bR=\d+ G=\d+ JB=\d+ TC=\d+", text), text
+    elif kernel == "parallel":
+        assert re.search(r"\brow_tiles=\d+ NV=(32|64) D_k=\d+ loads=(16B|scalar)\b", text), text
     else:
         segments = int(re.search(r"\bsegments=(\d+)", text).group(1))
         assert segments >= 1 and ("segment_scan" in text) == (segments > 1), text
 
 
-# (B, T, H, D_k, D_v) and the path: chunked from T = 256, or for D_k >= 96 with T >= 32 and B*H*T >= 8192.
-BOUNDARY = [((2, 128, 4, 24, 24), "recurrent"), ((2, 255, 4, 64, 64), "recurrent"), ((2, 256, 4, 64, 64), "chunk"),
-            ((1, 256, 1, 1, 1), "chunk"), ((8, 2048, 16, 128, 128), "chunk"), ((8, 64, 16, 128, 128), "chunk"),
-            ((1, 64, 8, 128, 128), "recurrent"), ((1, 128, 64, 96, 64), "chunk"), ((1, 128, 64, 95, 64), "recurrent"),
-            ((1, 128, 63, 128, 64), "recurrent"), ((16, 32, 16, 96, 96), "chunk"),
-            ((32, 31, 16, 128, 128), "recurrent")]
-
-
 @pytest.mark.parametrize("dtype", DTYPE_NAMES)
 @pytest.mark.parametrize("shape,path", BOUNDARY, ids=[shape_id(s) for s, _ in BOUNDARY])
 def test_dispatch_boundary(sol, shape, path, dtype):
-    want = CHUNK_KERNEL[dtype] if path == "chunk" else "recurrent"
-    assert sol.plan(*shape, dtype).split()[0] == want
+    if path != "chunk" and SMEM != H200_SMEM:
+        pytest.skip("BOUNDARY's short-sequence rows are for an H200's shared memory")
+    assert sol.plan(*shape, dtype).split()[0] == planned_kernel(shape, dtype)
+
+
+PARALLEL_PLANS = [shape for shape, path in BOUNDARY if path == "parallel"]
+
+
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
+@pytest.mark.parametrize("shape", PARALLEL_PLANS, ids=shape_id)
+def test_parallel_plan(sol, shape, dtype):
+    """Row tiles of PARALLEL_ROWS steps (one at T = 0), NV = 32 for D_v <= 32 else 64 unless only 32 fits,
+    D_k padded to 16, 16-byte loads where D_k and D_v rows are 16-byte multiples, and its shared memory
+    (parallel_smem)."""
+    B, T, H, Dk, Dv = shape
+    if parallel_nv(T, Dk, Dv, SMEM) is None:
+        pytest.skip("does not fit this device's shared memory")
+    text = sol.plan(*shape, dtype)
+    found = re.fullmatch(r"parallel \(PARALLEL_SRC, unit core\) row_tiles=(\d+) NV=(\d+) D_k=(\d+) loads=(\w+) "
+                         r"grid=(\d+)x256 smem=(\d+)", text)
+    assert found, text
+    tiles, nv, dkp, loads, grid, smem = found.groups()
+    per16 = 4 if dtype == "float32" else 8
+    assert int(tiles) == max(1, -(-T // PARALLEL_ROWS)) and int(nv) == parallel_nv(T, Dk, Dv, SMEM), text
+    assert int(dkp) == -(-Dk // 16) * 16, text
+    assert loads == ("16B" if Dk % per16 == 0 and Dv % per16 == 0 else "scalar"), text
+    assert int(grid) == B * H * int(tiles) * -(-Dv // int(nv)), text
+    assert int(smem) == parallel_smem(int(nv), Dk, T) <= SMEM, text
 
 
 @pytest.mark.parametrize("dtype", DTYPE_NAMES)
 def test_chunk_kernel_by_dtype(sol, dtype):
     """bf16 inputs on chunk_bf16, fp32 and fp16 on chunk_tf32; a torch dtype or its name."""
     for name in (dtype, getattr(torch, dtype)):
-        assert sol.plan(8, 2048, 16, 128, 128, name).split()[0] == CHUNK_KERNEL[dtype]
-        assert sol.plan(2, 128, 4, 24, 24, name).split()[0] == "recurrent"
+        assert sol.plan(8, 2048, 16, 128, 128, name).split()[0] == planned_kernel((8, 2048, 16, 128, 128), name)
+        assert sol.plan(*SPEC, name).split()[0] == planned_kernel(SPEC, name)
 
 
 @pytest.mark.parametrize("shape", [(4, 1024, 8, 64, 64), (8, 2048, 16, 128, 128), (1, 8192, 8, 128, 128),

@@ -1,10 +1,11 @@
 """GPU: initial and final states on every kernel (recurrent, chunk_tf32 with float32 and float16 inputs,
-chunk_bf16, the planned path), with segments, at T = 0, and chained calls equal to one call."""
+chunk_bf16, the planned path), with segments, at T = 0, and chained calls equal to one call. (The parallel
+kernel serves T up to 256: its states and chained calls are test_parallel's; T = 0 is here.)"""
 import pytest
 import torch
 
 from conftest import cuda
-from helpers import STATE_TOL, TOL, check_states, inputs, rel_l2, run, strided_state
+from helpers import check_chained, check_states, inputs, run, strided_state
 
 pytestmark = cuda
 
@@ -26,11 +27,12 @@ def test_initial_and_final_state(sol, name, kernel, dtype, config, T):
     check_states(sol, inputs(2, T, 3, 33, 20, dtype=dtype), strided_state(2, 3, 33, 20), kernel, config)
 
 
-EMPTY_CASES = [(None, FP32), ("recurrent", FP32), ("chunk_tf32", FP16), ("chunk_bf16", BF16)]
+EMPTY_CASES = [(None, FP32), ("recurrent", FP32), ("parallel", BF16), ("chunk_tf32", FP16), ("chunk_bf16", BF16)]
 
 
 @pytest.mark.parametrize("given", [False, True], ids=["zero-state", "initial-state"])
-@pytest.mark.parametrize("kernel,dtype", EMPTY_CASES, ids=["planned", "recurrent", "chunk_tf32", "chunk_bf16"])
+@pytest.mark.parametrize("kernel,dtype", EMPTY_CASES,
+                         ids=["planned", "recurrent", "parallel", "chunk_tf32", "chunk_bf16"])
 def test_empty_sequence_returns_the_initial_state(sol, kernel, dtype, given):
     """T = 0: y is empty and the final state is the initial one (zero without one), in a new tensor."""
     s0 = strided_state(2, 3, 8, 5) if given else None
@@ -48,14 +50,7 @@ CHAIN_CASES = [(None, FP32), ("recurrent", FP32), ("chunk_tf32", FP32), ("chunk_
 @pytest.mark.parametrize("kernel,dtype", CHAIN_CASES,
                          ids=["planned", "recurrent", "chunk_tf32-fp32", "chunk_tf32-fp16", "chunk_bf16"])
 def test_two_calls_chained_equal_one(sol, kernel, dtype, split):
-    """Streaming use: x[:, :t] then x[:, t:] from the first call's final state gives the one-call y
-    and final state."""
-    xs = inputs(1, 700, 2, 64, 64, dtype=dtype)
-    y, s = run(sol, xs, kernel, output_final_state=True)
-    a, sa = run(sol, [x[:, :split] for x in xs], kernel, output_final_state=True)
-    b, sb = run(sol, [x[:, split:] for x in xs], kernel, initial_state=sa, output_final_state=True)
-    assert rel_l2(torch.cat([a, b], 1), y) <= TOL[dtype]
-    assert rel_l2(sb, s) <= STATE_TOL[dtype]
+    check_chained(sol, inputs(1, 700, 2, 64, 64, dtype=dtype), kernel, split)
 
 
 @pytest.mark.parametrize("dtype", [FP32, FP16, BF16], ids=["fp32", "fp16", "bf16"])
