@@ -587,6 +587,30 @@ __device__ __forceinline__ void frag_a(float (&a)[4], const float* A, int ld, in
   ldm_x4(a, A + ((lane & 7) + ((lane >> 3) & 1) * 8) * ld + (lane >> 4) * 4);
 }
 
+// One 16x8 tile of q k^T: d += A B^T with A the 16 rows at a and B the 8 rows at bk (D_k along each
+// row, pitch ld, dkp a multiple of 16). B^T's fragments come straight from k's rows (k's 8 rows x 16
+// columns are four 8x4 tiles for ldmatrix); even and odd k-steps run as two chains.
+template <bool SPLIT>
+__device__ __forceinline__ void qk_tile(float (&d)[4], const float* a, const float* bk, int ld, int dkp, int lane) {
+  const int g = lane >> 2, q4 = lane & 3;
+  float d2[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+  for (int kk = 0; kk < dkp; kk += 16) {
+    float a1[4], a2[4], kb[4];
+    ldm_x4(kb, bk + (lane & 7) * ld + kk + (lane >> 3) * 4);
+    const float bb[2] = {kb[0], kb[1]}, bb2[2] = {kb[2], kb[3]};
+    uint32_t ah[4], al[4], ah2[4], al2[4];
+    frag_a(a1, a + kk, ld, g, q4);
+    frag_a(a2, a + kk + 8, ld, g, q4);
+    prep_a<SPLIT>(a1, ah, al);
+    prep_a<SPLIT>(a2, ah2, al2);
+    mma3<SPLIT>(d, ah, al, bb);
+    mma3<SPLIT>(d2, ah2, al2, bb2);
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) d[i] += d2[i];
+}
+
 // acc[n] += A (16 x kend, row-major at a, pitch lda) times B (kend x 8, row-major at b + n * 8, pitch ldb).
 template <bool SPLIT, int N>
 __device__ __forceinline__ void row_strip(float (&acc)[N][4], const float* a, int lda, const float* b, int ldb,
@@ -773,27 +797,15 @@ __global__ void __launch_bounds__(kMaxThreads) parallel_kernel(const ParallelPar
   // ---- P tiles (16 x 8) for s < t0 + 16 (later steps are masked for every row), masked and decayed
   const GateTables gd = gate_tables_at(tabs + cd * kGateTableFloats);
   for (int n = warp; n < (t0 + RT) / 8; n += WARPS) {
-    float d[4] = {0.f, 0.f, 0.f, 0.f}, d2[4] = {0.f, 0.f, 0.f, 0.f};  // even / odd k: two chains
-    const float* Bk = Ks + n * 8 * LDK;
-    for (int kk = 0; kk < DKP; kk += 16) {
-      float a[4], a2[4], kb[4];
-      ldm_x4(kb, Bk + (lane & 7) * LDK + kk + (lane >> 3) * 4);  // B = K^T: k's rows are its columns
-      const float bb[2] = {kb[0], kb[1]}, bb2[2] = {kb[2], kb[3]};
-      uint32_t ah[4], al[4], ah2[4], al2[4];
-      frag_a(a, Qs + kk, LDK, g, q4);
-      frag_a(a2, Qs + kk + 8, LDK, g, q4);
-      prep_a<true>(a, ah, al);
-      prep_a<true>(a2, ah2, al2);
-      mma3<true>(d, ah, al, bb);
-      mma3<true>(d2, ah2, al2, bb2);
-    }
+    float d[4] = {0.f, 0.f, 0.f, 0.f};
+    qk_tile<true>(d, Qs, Ks + n * 8 * LDK, LDK, DKP, lane);
     const int cs = n * 8 / C;
     const GateTables gs = gate_tables_at(tabs + cs * kGateTableFloats);
     const float mid = chunks_product(tabs, cs + 1, cd);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int row = g + 8 * (i >> 1), s = (n * 8 + 2 * q4 + (i & 1)) % C;
-      const float x = d[i] + d2[i];
+      const float x = d[i];
       Ps[row * LDP + n * 8 + 2 * q4 + (i & 1)] =
           cs == cd ? masked_entry(x, ro + row, s, gd) : x * (gd.rowd[ro + row] * mid * gs.kscale[s]);
     }
@@ -1319,25 +1331,8 @@ struct ChunkTF32 {
     const int g = lane >> 2, q4 = lane & 3;
     if (warp < 6) {
       const int pb = warp < 2 ? 0 : 1, pn = warp < 2 ? warp : warp - 2;
-      float d[4] = {0.f, 0.f, 0.f, 0.f}, d2[4] = {0.f, 0.f, 0.f, 0.f};  // even / odd k: two chains
-      const float* A = Qs + pb * 16 * LDK;
-      const float* Bk = Ks + pn * 8 * LDK;
-#pragma unroll 4
-      for (int kk = 0; kk < DKP; kk += 16) {  // DKP is a multiple of 16
-        // B = K^T: rows n of K are its columns, so k's 8 rows x 16 columns are four 8x4 tiles.
-        float a[4], a2[4], kb[4];
-        ldm_x4(kb, Bk + (lane & 7) * LDK + kk + (lane >> 3) * 4);
-        const float bb[2] = {kb[0], kb[1]}, bb2[2] = {kb[2], kb[3]};
-        uint32_t ah[4], al[4], ah2[4], al2[4];
-        frag_a(a, A + kk, LDK, g, q4);
-        frag_a(a2, A + kk + 8, LDK, g, q4);
-        prep_a<SPLIT>(a, ah, al);
-        prep_a<SPLIT>(a2, ah2, al2);
-        mma3<SPLIT>(d, ah, al, bb);
-        mma3<SPLIT>(d2, ah2, al2, bb2);
-      }
-#pragma unroll
-      for (int i = 0; i < 4; ++i) d[i] += d2[i];
+      float d[4] = {0.f, 0.f, 0.f, 0.f};
+      qk_tile<SPLIT>(d, Qs + pb * 16 * LDK, Ks + pn * 8 * LDK, LDK, DKP, lane);
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int t = pb * 16 + g + 8 * half;
