@@ -21,6 +21,7 @@ for step in "$@"; do
     bench) timeout 300 python3 bench.py --shapes S1,S2,S3,S2-bf16,S3-bf16 --trials 30 --eager-max-s 0.1 --out $OUT 2>&1 | tee $OUT/bench.log | tail -8 | tee -a $OUT/log.txt ;;
     sweep) timeout 400 python3 bench.py --sweep --trials 30 --out $OUT 2>&1 | grep -v "^{" | tail -20 | tee -a $OUT/log.txt ;;
     eval) timeout 120 python3 eval.py 2>&1 | tail -15 | tee -a $OUT/log.txt ;;
+    parallel) timeout 200 python3 dev/parallel_vs_recurrent.py ${PVR_ARGS:---no-grid} 2>&1 | grep -v Warn | tail -30 | tee -a $OUT/log.txt ;;
     variants) timeout 400 python3 tools/variants.py ${VARIANTS:-GR_PDL=0} --trials 30 2>&1 | grep -v Warn | tail -20 | tee -a $OUT/log.txt ;;
     ncu)
       for dt in ${NCU_DTYPES:-bfloat16 float32}; do
