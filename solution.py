@@ -2163,7 +2163,9 @@ std::string describe(const Plan& pl) {
     s += cat("row_tiles=", pl.rtiles, " NV=", pl.NV, " D_k=", pl.DKP, pl.vec ? " loads=16B" : " loads=scalar");
   else
     s += cat("C=", kChunk, " NV=", pl.NV, " D_k=", pl.DK > 0 ? cat(pl.DK, " compiled") : cat(pl.DKP, " run-time"),
-             " segments=", pl.nseg, pl.nseg > 1 ? cat(" + segment_scan", pl.pdl ? " pdl=on" : " pdl=off") : "");
+             " segments=", pl.nseg, pl.nseg > 1 ? cat(" + segment_scan", pl.pdl ? " pdl=on" : " pdl=off") : "",
+             " loads=", pl.vec_qk && pl.vec_v && pl.vec_y ? "16B" : pl.vec_qk || pl.vec_v || pl.vec_y ? "mixed" : "scalar",
+             pl.work_floats > 0 ? cat(" workspace=", pl.work_floats * 4, "B") : "");
   return s + cat(" grid=", pl.blocks, "x", kMaxThreads, " smem=", (int64_t)pl.smem);
 }
 
