@@ -81,7 +81,7 @@ namespace gr {
 enum : int {
   kMaxThreads = 256,             // every kernel's block
   kChunk = 32,                   // steps per chunk of the chunk kernels
-  kGateTableFloats = 21 * kChunk  // one chunk's gate tables (CHUNK_SRC)
+  kGateTableFloats = 21 * kChunk  // one chunk's gate tables (DEVICE_SRC, write_gate_tables)
 };
 enum class DType : int { f32 = 0, f16 = 1, bf16 = 2 };
 enum class Kernel : int { recurrent = 0, parallel = 1, chunk_tf32 = 2, chunk_bf16 = 3 };
@@ -2140,7 +2140,8 @@ bool make_plan(const Shape& s, DType dt, const Layout& lay, const DeviceLimits& 
     if (pl.kernel == Kernel::parallel ? plan_parallel(s, lay, lim, config, pl) : plan_chunked(s, lay, lim, config, pl))
       return true;
     if (!kernel.empty()) return false;  // an explicit request: its error stands
-    pl = Plan{};  // the planned kernel does not fit this device: the recurrent kernel serves
+    g_error.clear();  // the planned kernel does not fit this device: the recurrent kernel serves
+    pl = Plan{};
     pl.dtype = dt;
     pl.kernel = Kernel::recurrent;
   }
