@@ -12,11 +12,12 @@ Kernels. make_plan() (HOST_SRC, section "plan") picks one per call and fills one
 everything the launch depends on; plan(B, T, H, D_k, D_v, dtype) prints that record.
 
     kernel        source / unit        serves                       how
-    parallel      PARALLEL_SRC         T < 256 with B*H*T < 8192    no carried state: one block per (b, h, row tile of
-                  unit core            and T >= 64 or D_k >= 96     16 steps, column tile); each stages every step up to
-                  (built at import)    (latency-bound: GPU not      its last row in one round trip and computes
-                                       full), where it fits         y = (masked, decayed q k^T) v + A (q S_0) on TF32
-                                       shared memory                mma.sync (3xTF32); all tiles of a head at once.
+    parallel      PARALLEL_SRC         T < 256 where the GPU is     no carried state: one block per (b, h, row tile of
+                  unit core            not full (B*H*T <= 8192,     8 steps, column tile); each stages q, k, v, gate,
+                  (built at import)    B*H*T^2 <= 2^20, T >= 32 or  beta up to its last row in one cp.async round trip
+                                       D_k >= 96) or heads as wide  and computes y = (masked, decayed q k^T) v + A (q S_0)
+                                       as T is long, where it fits  in fp32 FMAs; all tiles of a head at once.
+                                       shared memory
     recurrent     RECURRENT_SRC        the rest of T < 256          one block per (b, h, column block); each state
                   unit core                                         column is owned by G lanes of one warp (R rows a
                                                                     lane, S in registers); TC steps staged per barrier.
@@ -81,7 +82,8 @@ namespace gr {
 enum : int {
   kMaxThreads = 256,             // every kernel's block
   kChunk = 32,                   // steps per chunk of the chunk kernels
-  kGateTableFloats = 21 * kChunk  // one chunk's gate tables (DEVICE_SRC, write_gate_tables)
+  kGateTableFloats = 21 * kChunk,  // one chunk's gate tables (CHUNK_SRC, write_gate_tables)
+  kParallelRows = 8               // steps a row tile of the parallel kernel (even)
 };
 enum class DType : int { f32 = 0, f16 = 1, bf16 = 2 };
 enum class Kernel : int { recurrent = 0, parallel = 1, chunk_tf32 = 2, chunk_bf16 = 3 };
@@ -114,9 +116,10 @@ struct Plan {
   int col_blocks;        // ceil(D_v / JB)
   bool vec;              // 16-byte staging loads (q, k, v rows aligned): recurrent, parallel
   // parallel and chunk kernels
-  int rtiles;            // parallel: row tiles of 16 steps
+  int rtiles;            // parallel: row tiles of kParallelRows steps
+  int sp_log;            // parallel: each P V sum split over 2^sp_log lanes
   int NV, DK;            // column tile; D_k compiled in (64 or 128) or 0 (D_k at run time)
-  int DKP;               // D_k padded to 16
+  int DKP;               // D_k padded to 16 (chunk kernels) or 8 (parallel)
   int vtiles;            // ceil(D_v / NV)
   int nseg, seg_chunks;  // segments a (b, h) sequence, chunks a segment
   bool vec_qk, vec_v, vec_y;  // 16-byte accesses legal for q and k / v / y
@@ -124,11 +127,12 @@ struct Plan {
   int64_t work_floats;   // workspace: (nseg - 1) segment states and decays a (b, h)
 };
 
-// parallel: q (16 rows) and k (L rows) at pitch DKP + 4, v and a partial y at NV + 8, the gate tables,
-// then P (16 x (L + 4)) or the final state (DKP x (NV + 8)) and its L weights.
-inline size_t parallel_smem(int NV, int DKP, int L) {
-  const size_t ldk = DKP + 4, ldv = NV + 8, p = 16 * (size_t)(L + 4), st = DKP * ldv + L;
-  return sizeof(float) * ((16 + L) * ldk + (L + 16) * ldv + (L / kChunk) * kGateTableFloats + (p > st ? p : st));
+// parallel: prod-g doubles, then k (L rows), q (kParallelRows) and v (L rows) in the input dtype at
+// pitch D + 16 bytes, then P (kParallelRows x (L + 4)), gates, betas, W (L each) and the diagonal table.
+inline size_t parallel_smem(int NV, int DKP, int L, int esize) {
+  const size_t pad = 16 / esize, R = kParallelRows;
+  return 16 * sizeof(double) + esize * ((L + R) * (DKP + pad) + L * (NV + pad)) +
+         sizeof(float) * (R * (L + 4) + 3 * L + R * R);
 }
 inline size_t recurrent_smem(int R, int G, int JB, int TC) {
   return sizeof(float) * (size_t)TC * (2 * G * R + JB + 2);
@@ -160,7 +164,7 @@ extern "C" int gr_execute_core(const gr::Plan*, const gr::Problem*, float*, cuda
 
 DEVICE_SRC = r"""
 // ===================================== device: what every kernel unit uses =================
-// Conversions, tile loads, the gate tables of a 32-step chunk (parallel and both chunk kernels), launches.
+// Conversions, tile loads, asynchronous copies, launches.
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <type_traits>
@@ -190,7 +194,9 @@ struct Vec16 {
 };
 
 // Not NaN and not infinite. Each value on its own: fmaxf drops a NaN operand (a NaN in v went unseen).
-__device__ __forceinline__ bool finite(float x) { return fabsf(x) <= 3.4028235e38f; }
+// A template: a unit that never asks (core) compiles no copy and warns of none.
+template <typename F>
+__device__ __forceinline__ bool finite(F x) { return fabsf((float)x) <= 3.4028235e38f; }
 // rows x cols (cols a multiple of V) of a strided source into dst (pitch ld) as float; zero outside
 // rows_valid x cols_valid. VEC: 16-byte loads (the plan checked alignment and cols_valid % V == 0).
 // U jobs per thread are in flight at once. Returns whether this thread staged a NaN or inf.
@@ -240,58 +246,6 @@ __device__ __forceinline__ bool load_tile_any(bool vec, float* dst, int ld, cons
   return load_tile<scalar_t, false>(dst, ld, src, st, sd, rows_valid, cols_valid, rows, cols);
 }
 
-// One chunk's gate tables, consecutive arrays of C = 32 floats (ltab 16 C): rowd[t] = prod g[0..t],
-// kscale[s] = beta_s prod g[s+1..31], the in-block prefix (pin) and suffix (sout) products of 16-step
-// blocks, beta (bsm), and ltab[t][s % 16] = prod g[s+1..t] within a block.
-struct GateTables { const float *rowd, *kscale, *pin, *sout, *bsm, *ltab; };
-__device__ __forceinline__ GateTables gate_tables_at(const float* t) {
-  return {t, t + kChunk, t + 2 * kChunk, t + 3 * kChunk, t + 4 * kChunk, t + 5 * kChunk};
-}
-
-// Writes the tables at t from one warp: lane s holds step s's gate g_reg and beta b_reg. The products
-// come from warp shuffles (prefix, suffix and in-block products) in Acc. A scan tree squares equal
-// partial products, so with a constant gate its fp32 rounding errors add up coherently (31 ulps at
-// 32 steps, rel-L2 7.6e-6 in y at T = 255, gate 1.02); Acc = double rounds once.
-template <typename Acc = float>
-__device__ __forceinline__ void write_gate_tables(float* t, float g_reg, float b_reg, int lane) {
-  float *rowd = t, *kscale = t + kChunk, *pin = t + 2 * kChunk, *sout = t + 3 * kChunk, *bsm = t + 4 * kChunk;
-  float* ltab = t + 5 * kChunk;
-  const unsigned full = 0xffffffffu;
-  Acc pre = g_reg, suf = g_reg, bpre = g_reg, bsuf = g_reg;
-#pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-    const Acc x = __shfl_up_sync(full, pre, off), z = __shfl_down_sync(full, suf, off);
-    if (lane >= off) pre *= x;
-    if (lane + off < 32) suf *= z;
-    if (off < 16) {
-      const Acc x2 = __shfl_up_sync(full, bpre, off), z2 = __shfl_down_sync(full, bsuf, off);
-      if ((lane & 15) >= off) bpre *= x2;
-      if ((lane & 15) + off < 16) bsuf *= z2;
-    }
-  }
-  const Acc suf_ex = __shfl_down_sync(full, suf, 1), bsuf_ex = __shfl_down_sync(full, bsuf, 1);
-  rowd[lane] = (float)pre;
-  kscale[lane] = (float)(b_reg * (lane == 31 ? Acc(1) : suf_ex));
-  pin[lane] = (float)bpre;
-  sout[lane] = (lane & 15) == 15 ? 1.f : (float)bsuf_ex;
-  bsm[lane] = b_reg;
-  const int base = lane & ~15, sl = lane & 15;  // lane = column s of its 16-block
-  float run = 1.f;
-#pragma unroll
-  for (int r = 0; r < 16; ++r) {
-    const float gt = __shfl_sync(full, g_reg, base + r);
-    if (r > sl) run *= gt;
-    ltab[(base + r) * 16 + sl] = r >= sl ? run : 0.f;
-  }
-}
-
-// Entry (t, s) of the masked, decayed, beta-weighted product from its q . k accumulator d: zero above
-// the diagonal (selected, not multiplied: a NaN in q . k must not leak into a masked entry).
-__device__ __forceinline__ float masked_entry(float d, int t, int s, const GateTables& gt) {
-  if (s > t) return 0.f;
-  return d * (((t >> 4) == (s >> 4) ? gt.ltab[t * 16 + (s & 15)] : gt.pin[t] * gt.sout[s]) * gt.bsm[s]);
-}
-
 // Four 8x8 b16 matrices (or 8x4 fp32 tiles) of shared memory in one instruction; lane l receives
 // element (l / 4, l % 4) of tile i in r[i] (as 32-bit words), the mma fragment layout. `row` is this
 // lane's address: row l % 8 of tile l / 8 (16-byte aligned). TRANS: each 8x8 b16 tile transposed
@@ -307,16 +261,34 @@ __device__ __forceinline__ void ldm4(uint32_t (&r)[4], const void* row) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
 }
 
-// Every launch: kernel<<<blocks, kMaxThreads, smem, stream>>>(args), as a programmatic dependent
+// BYTES (16, or 4: one element) global -> shared without passing through registers; `valid` false
+// writes zeros (reads nothing). A template: a unit that never copies compiles no copy and warns of none.
+template <int BYTES>
+__device__ __forceinline__ void cp_async(void* dst, const void* src, bool valid) {
+  static_assert(BYTES == 16 || BYTES == 4, "cp.async copies 16 bytes (.cg) or 4 (.ca)");
+  const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+  if constexpr (BYTES == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 4 : 0) : "memory");
+}
+template <int = 0>
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+
+// Every launch: kernel<<<grid, kMaxThreads, smem, stream>>>(args), as a programmatic dependent
 // launch when pdl is set; returns the launch's error.
 template <typename... Args>
-cudaError_t launch_ex(void (*kernel)(Args...), int64_t blocks, size_t smem, cudaStream_t stream, bool pdl,
+cudaError_t launch_ex(void (*kernel)(Args...), dim3 grid, size_t smem, cudaStream_t stream, bool pdl,
                       const Args&... args) {
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((unsigned)blocks);
+  cfg.gridDim = grid;
   cfg.blockDim = dim3(kMaxThreads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
@@ -507,7 +479,7 @@ cudaError_t launch_recurrent(const Plan& pl, const Problem& pr, cudaStream_t s) 
   p.JB = pl.JB; p.TC = pl.TC; p.col_blocks = pl.col_blocks; p.vec = pl.vec;
   // Always kMaxThreads: threads past G * JB only stage, which keeps more loads in flight.
 #define GR_CASE(R_, G_) \
-  if (pl.R == R_ && pl.G == G_) return launch_ex(recurrent_kernel<scalar_t, R_, G_>, pl.blocks, pl.smem, s, false, p);
+  if (pl.R == R_ && pl.G == G_) return launch_ex(recurrent_kernel<scalar_t, R_, G_>, dim3((unsigned)pl.blocks), pl.smem, s, false, p);
   GR_RG_PAIRS(GR_CASE)
 #undef GR_CASE
   return cudaErrorInvalidValue;
@@ -676,216 +648,255 @@ PARALLEL_SRC = r"""
 // ===================================== parallel: short sequences without a carried state ====
 // For T <= 256 a head's outputs need no recurrence at all (naive.chunked_naive has the algebra):
 //   y_t = sum_{s<=t} M[t][s] (q_t . k_s) v_s + A[t] (q_t^T S_0),  M[t][s] = beta_s prod_{r=s+1..t} g_r,
-//   A[t] = prod_{r<=t} g_r;  S_T = A[T-1] S_0 + sum_s (beta_s prod_{r=s+1..T-1} g_r) k_s v_s^T.
-// Grid: one block per (b, h, row tile of 16 steps, column tile of NV), so every row tile of a head runs
-// at once (at the KernelBench shape the recurrent kernel's 128 dependent steps become 8 tiles). A block
-// stages q of its rows and k, v, gate, beta of every step up to its last row in one memory round trip,
-// writes the gate tables of each 32-step chunk (warp c for chunk c), then on TF32 mma.sync with 3xTF32
-// splits for every dtype (fp32-level products): P = masked, decayed q k^T for s < t0 + 16, and
-// y = P V + A[t] (q S_0). Decays across chunks are direct products: M[t][s] = rowd_cd[t] * (whole
-// chunks between) * kscale_cs[s]. The diagonal 16x16 block of P V goes through fp32 FMAs when the
-// staged v holds a NaN or inf (a masked zero must never meet it). The last row tile also writes the
-// final state when it is asked for.
+//   A[t] = prod_{r<=t} g_r;  S_T = A[T-1] S_0 + sum_s M[T-1][s] k_s v_s^T.
+// Grid: one block per (b, h, row tile of RT = 8 steps, column tile of NV), so every row tile of a head
+// runs at once (at the KernelBench shape the recurrent kernel's 128 dependent steps become 16 tiles).
+// The problem is tiny and latency-bound: the time goes to dependent instructions (about 6 cycles each
+// with two warps a scheduler) and to fetching code, not to arithmetic. So the block is built for few
+// instructions a warp: q of its rows, k and v of every step up to its last row, gate and beta in ONE
+// memory round trip (cp.async, in the input dtype); fp32 FMAs only (exact fp32 products for every
+// dtype, and no mask ever meets a NaN or inf: sums skip s > t); loops not unrolled beyond what hides
+// shared-memory latency. With t0 the tile's first step, M splits as Grow[t] * W[s] for s < t0
+// (Grow[t] = prod g[t0..t], W[s] = beta_s prod g[s+1..t0-1], a suffix scan in double rounded once) and
+// a direct RT x RT table D for the diagonal block. Three barriers: staged; dots and tables; P.
 namespace gr {
 namespace {
 
 struct ParallelParams : Problem {
-  int vtiles, rtiles;   // column tiles of NV, row tiles of 16 steps
-  int DKP;              // D_k padded to 16
-  int vec;              // 16-byte loads legal for q, k and v
+  int vtiles, rtiles;  // column tiles of NV, row tiles of kParallelRows steps
+  int NV, DKP;         // column tile and D_k, multiples of 8
+  int L;               // steps the shared-memory layout holds: rtiles * kParallelRows
+  int sp_log;          // each P V sum split over 1 << sp_log lanes
+  int vec;             // 16-byte copies legal for q, k and v
+  int vec_y;           // y rows of whole groups of 4 aligned (D_v % 4 == 0)
 };
 
-// Product of the whole chunks c0 .. c1 - 1 (their gate tables' rowd[31]), in double: every decay
-// across chunks is then rounded to fp32 once (see write_gate_tables).
-__device__ __forceinline__ double chunks_product(const float* tabs, int c0, int c1) {
-  double m = 1.0;
-  for (int c = c0; c < c1; ++c) m *= tabs[c * kGateTableFloats + kChunk - 1];
-  return m;
-}
-
-// Up to three tiles of strided sources into shared memory as float, in one job space with U loads in
-// flight a thread, so that a block waits for one memory round trip; zero outside the valid rows and
-// columns. Returns whether this thread staged a NaN or inf from the last tile (v).
-template <typename scalar_t>
-struct TileSpec {
-  float* dst; int ld; const scalar_t* src; int64_t st, sd; int rows_valid, cols_valid, rows, cols;
-};
-template <typename scalar_t, bool VEC, int U = 8>
-__device__ __forceinline__ bool stage_tiles(const TileSpec<scalar_t>& ta, const TileSpec<scalar_t>& tb,
-                                            const TileSpec<scalar_t>& tv) {
-  using L = Vec16<scalar_t, VEC>;
-  const int n0 = ta.rows * (ta.cols / L::V), n1 = n0 + tb.rows * (tb.cols / L::V);
-  const int total = n1 + tv.rows * (tv.cols / L::V);
-  // Field by field (a reference into an array of the three would put them in local memory).
-#define GR_PICK(f) (i == 0 ? ta.f : i == 1 ? tb.f : tv.f)
-  bool bad = false;
-  for (int base = threadIdx.x; base < total; base += U * blockDim.x) {
-    L buf[U];
-    float* dst[U];
-    bool last[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      int e = base + u * blockDim.x;
-      dst[u] = nullptr;
-      if (e < total) {
-        const int i = e < n0 ? 0 : e < n1 ? 1 : 2;
-        e -= i == 0 ? 0 : i == 1 ? n0 : n1;
-        const int per_row = GR_PICK(cols) / L::V, r = e / per_row, c = (e - r * per_row) * L::V;
-        buf[u].u.raw = make_uint4(0u, 0u, 0u, 0u);
-        if (r < GR_PICK(rows_valid) && c < GR_PICK(cols_valid)) {
-          const scalar_t* src = GR_PICK(src) + r * GR_PICK(st) + c * GR_PICK(sd);
-          if constexpr (VEC) buf[u].u.raw = __ldg(reinterpret_cast<const uint4*>(src));
-          else buf[u].u.x[0] = src[0];
-        }
-        dst[u] = GR_PICK(dst) + r * GR_PICK(ld) + c;
-        last[u] = i == 2;
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (dst[u] != nullptr) {
-#pragma unroll
-        for (int i = 0; i < L::V; ++i) {
-          const float x = to_float(buf[u].u.x[i]);
-          bad |= last[u] && !finite(x);
-          dst[u][i] = x;
-        }
-      }
+// Four consecutive staged elements (8- or 16-byte aligned) as float.
+template <typename T>
+__device__ __forceinline__ float4 lds4(const T* p) {
+  if constexpr (sizeof(T) == 4) {
+    return *reinterpret_cast<const float4*>(p);
+  } else {
+    union { uint2 raw; T x[4]; } u;
+    u.raw = *reinterpret_cast<const uint2*>(p);
+    return make_float4(to_float(u.x[0]), to_float(u.x[1]), to_float(u.x[2]), to_float(u.x[3]));
   }
-#undef GR_PICK
-  return bad;
 }
 
-template <typename scalar_t, int NV>
+// Two floats rounded to a 16-bit type, packed low first.
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float a, float b) {
+  if constexpr (std::is_same<T, __half>::value)
+    return (uint32_t)__half_as_ushort(__float2half_rn(a)) | ((uint32_t)__half_as_ushort(__float2half_rn(b)) << 16);
+  else
+    return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(a)) |
+           ((uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(b)) << 16);
+}
+
+// rows x cols (padded, multiples of 8) of a strided source into dst (pitch ld), in the source dtype, zero
+// outside rows_valid x cols_valid: cp.async of 16 bytes (vec) or of 4-byte elements, or (2-byte elements
+// without vec) plain loads. Issues only; the caller waits. Not unrolled: code this
+// kernel runs a few times costs more to fetch than its loop overhead.
+template <typename T>
+__device__ __forceinline__ void stage_async(bool vec, T* dst, int ld, const T* src, int64_t st, int64_t sd,
+                                         int rows_valid, int cols_valid, int rows, int cols) {
+  const int V = vec ? 16 / (int)sizeof(T) : 1;
+  const int per_row = cols / V, dr = kMaxThreads / per_row, dc = kMaxThreads - dr * per_row;
+  int r = threadIdx.x / per_row, c = threadIdx.x - r * per_row;  // (r, c) advance without a division
+#pragma unroll 1
+  while (r < rows) {
+    const bool ok = r < rows_valid && c * V < cols_valid;
+    T* d = dst + r * ld + c * V;
+    const T* s = ok ? src + r * st + (int64_t)c * V * sd : src;
+    if (vec) cp_async<16>(d, s, ok);
+    else if constexpr (sizeof(T) == 4) cp_async<4>(d, s, ok);
+    else *d = ok ? __ldg(s) : from_float<T>(0.f);
+    r += dr;
+    c += dc;
+    if (c >= per_row) { c -= per_row; ++r; }
+  }
+}
+
+template <typename scalar_t>
 __global__ void __launch_bounds__(kMaxThreads) parallel_kernel(const ParallelParams p) {
-  constexpr int C = kChunk, RT = 16, NT8 = NV / 8, KS = 8 / NT8, LDV = NV + 8, WARPS = kMaxThreads / 32;
-  extern __shared__ __align__(16) float par_smem[];
-  int blk = blockIdx.x;
-  const int vt = blk % p.vtiles;
-  blk /= p.vtiles;
-  const int rt = blk % p.rtiles;
-  blk /= p.rtiles;
-  const int h = blk % p.H, b = blk / p.H;
-  const int warp = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 5, 0), lane = threadIdx.x & 31;
-  const int g = lane >> 2, q4 = lane & 3;
-  const int t0 = rt * RT, tc = min(RT, p.T - t0);   // this tile's rows
-  const int cd = t0 / C, ro = t0 - cd * C;          // their chunk and offset in it
-  const int nch = cd + 1, L = nch * C, Lv = min(L, p.T);
-  const int j0 = vt * NV, nv = min(NV, p.Dv - j0), DKP = p.DKP, LDK = DKP + 4, LDP = L + 4;
-  float* Qs = par_smem;                // RT x LDK
-  float* Ks = Qs + RT * LDK;           // L x LDK
-  float* Vs = Ks + L * LDK;            // L x LDV
-  float* Yr = Vs + L * LDV;            // RT x LDV: the second k-group's partial y
-  float* tabs = Yr + RT * LDV;         // nch sets of gate tables
-  float* Ps = tabs + nch * kGateTableFloats;  // RT x LDP; later the final state (DKP x LDV) and its weights
+  constexpr int RT = kParallelRows, PAD = 16 / (int)sizeof(scalar_t);
+  extern __shared__ __align__(16) unsigned char par_smem[];
+  const int b = blockIdx.x / p.H, h = blockIdx.x - b * p.H, rt = blockIdx.y, vt = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int t0 = rt * RT, L = t0 + RT;  // this tile's first step; steps it stages
+  const int j0 = vt * p.NV, nv = min(p.NV, p.Dv - j0), LDK = p.DKP + PAD, LDV = p.NV + PAD, LDP = p.L + 4;
+  // Layout (parallel_smem): doubles, staged inputs, floats.
+  double* Growd = reinterpret_cast<double*>(par_smem);  // RT: prod g[t0..t]; [RT]: prod g[0..t0-1]
+  scalar_t* Ks = reinterpret_cast<scalar_t*>(par_smem + 16 * sizeof(double));  // p.L x LDK
+  scalar_t* Qs = Ks + p.L * LDK;                                                // RT x LDK
+  scalar_t* Vs = Qs + RT * LDK;                                                 // p.L x LDV
+  float* Ps = reinterpret_cast<float*>(Vs + p.L * LDV);  // RT x LDP: M (q . k), zero above the diagonal
+  float* gs = Ps + RT * LDP;                             // p.L gates (1 past T)
+  float* bs = gs + p.L;                                  // p.L betas (0 past T)
+  float* Wf = bs + p.L;                                  // W[s], s < t0
+  float* Dt = Wf + p.L;                                  // RT x RT: M[t0 + i][t0 + s'], s' <= i
 
   const scalar_t* q = static_cast<const scalar_t*>(p.q) + b * p.sq.b + h * p.sq.h;
   const scalar_t* k = static_cast<const scalar_t*>(p.k) + b * p.sk.b + h * p.sk.h;
   const scalar_t* v = static_cast<const scalar_t*>(p.v) + b * p.sv.b + h * p.sv.h + j0 * p.sv.d;
-  const scalar_t* gate = static_cast<const scalar_t*>(p.gate) + b * p.sg.b + h * p.sg.h;
-  const scalar_t* beta = static_cast<const scalar_t*>(p.beta) + b * p.sb.b + h * p.sb.h;
 
-  // ---- stage: gate and beta of step warp * 32 + lane first, then q, k, v in one round trip
+  // ---- stage: gate and beta of step tid (registers), q, k, v by cp.async: one round trip
   float g_reg = 1.f, b_reg = 0.f;
-  if (warp < nch && warp * C + lane < p.T) {
-    g_reg = to_float(gate[(int64_t)(warp * C + lane) * p.sg.t]);
-    b_reg = to_float(beta[(int64_t)(warp * C + lane) * p.sb.t]);
+  if (tid < L && tid < p.T) {
+    g_reg = to_float(static_cast<const scalar_t*>(p.gate)[b * p.sg.b + h * p.sg.h + (int64_t)tid * p.sg.t]);
+    b_reg = to_float(static_cast<const scalar_t*>(p.beta)[b * p.sb.b + h * p.sb.h + (int64_t)tid * p.sb.t]);
   }
-  const TileSpec<scalar_t> tq{Qs, LDK, q + (int64_t)t0 * p.sq.t, p.sq.t, p.sq.d, tc, p.Dk, RT, DKP};
-  const TileSpec<scalar_t> tk{Ks, LDK, k, p.sk.t, p.sk.d, Lv, p.Dk, L, DKP};
-  const TileSpec<scalar_t> tv{Vs, LDV, v, p.sv.t, p.sv.d, Lv, nv, L, NV};
-  const bool v_bad = p.vec ? stage_tiles<scalar_t, true>(tq, tk, tv) : stage_tiles<scalar_t, false>(tq, tk, tv);
-  if (warp < nch) write_gate_tables<double>(tabs + warp * kGateTableFloats, g_reg, b_reg, lane);
-  const bool vbad = __syncthreads_or(v_bad);  // B1
+  const int Lv = min(L, p.T);
+  stage_async<scalar_t>(p.vec, Qs, LDK, q + (int64_t)t0 * p.sq.t, p.sq.t, p.sq.d, Lv - t0, p.Dk, RT, p.DKP);
+  stage_async<scalar_t>(p.vec, Ks, LDK, k, p.sk.t, p.sk.d, Lv, p.Dk, L, p.DKP);
+  stage_async<scalar_t>(p.vec, Vs, LDV, v, p.sv.t, p.sv.d, Lv, nv, L, p.NV);
+  if (tid < L) { gs[tid] = g_reg; bs[tid] = b_reg; }
+  cp_async_commit<>();
+  cp_async_wait<0>();
+  __syncthreads();  // B1
 
-  // ---- P tiles (16 x 8) for s < t0 + 16 (later steps are masked for every row), masked and decayed
-  const GateTables gd = gate_tables_at(tabs + cd * kGateTableFloats);
-  for (int n = warp; n < (t0 + RT) / 8; n += WARPS) {
-    float d[4] = {0.f, 0.f, 0.f, 0.f};
-    qk_tile<true>(d, Qs, Ks + n * 8 * LDK, LDK, DKP, lane);
-    const int cs = n * 8 / C;
-    const GateTables gs = gate_tables_at(tabs + cs * kGateTableFloats);
-    const double mid = chunks_product(tabs, cs + 1, cd);
+  if (warp == 0) {
+    // W[s] = beta_s prod g[s+1..t0-1] for s < t0: lane l owns steps [l E, l E + E), a warp suffix scan
+    // of the lanes' products joins them; all in double, rounded once.
+    const int E = (t0 + 31) / 32, s_lo = min(lane * E, t0), s_hi = min(s_lo + E, t0);
+    double own = 1.0;
+    for (int s = s_lo; s < s_hi; ++s) own *= gs[s];
+    double suf = own;  // inclusive suffix product over lanes l..31
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int row = g + 8 * (i >> 1), s = (n * 8 + 2 * q4 + (i & 1)) % C;
-      const float x = d[i];
-      Ps[row * LDP + n * 8 + 2 * q4 + (i & 1)] =
-          cs == cd ? masked_entry(x, ro + row, s, gd) : x * (float)(gd.rowd[ro + row] * mid * gs.kscale[s]);
+    for (int off = 1; off < 32; off <<= 1) {
+      const double z = __shfl_down_sync(0xffffffffu, suf, off);
+      if (lane + off < 32) suf *= z;
     }
-  }
-  __syncthreads();  // B2
-
-  // ---- y = P V: warp (n-tile n, k-group ks); the diagonal block [t0, t0 + 16) in group 0, by fp32 FMAs
-  // (s <= t only) when v is not finite
-  const int n = warp % NT8, ks = warp / NT8;
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  auto mma_step = [&](int k0) {
-    float af[4];
-    uint32_t ah[4], al[4];
-    frag_a(af, Ps + k0, LDP, g, q4);
-    prep_a<true>(af, ah, al);
-    const float bb[2] = {Vs[(k0 + q4) * LDV + n * 8 + g], Vs[(k0 + q4 + 4) * LDV + n * 8 + g]};
-    mma3<true>(acc, ah, al, bb);
-  };
-  for (int k0 = ks * 8; k0 < t0; k0 += 8 * KS) mma_step(k0);
-  if (ks == 0 && !vbad) {
-    mma_step(t0);
-    mma_step(t0 + 8);
-  } else if (ks == 0) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int row = g + 8 * (i >> 1), j = n * 8 + 2 * q4 + (i & 1);
-      for (int s = t0; s <= t0 + row; ++s) acc[i] = fmaf(Ps[row * LDP + s], Vs[s * LDV + j], acc[i]);
+    double run = __shfl_down_sync(0xffffffffu, suf, 1);  // lanes after this one
+    if (lane == 31) run = 1.0;
+    for (int s = s_hi - 1; s >= s_lo; --s) {
+      Wf[s] = (float)(bs[s] * run);
+      run *= gs[s];
     }
-  }
-  if (KS > 1) {
-    if (ks == 1)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) Yr[(g + 8 * (i >> 1)) * LDV + n * 8 + 2 * q4 + (i & 1)] = acc[i];
-    __syncthreads();  // B3
-  }
-  const double before = chunks_product(tabs, 0, cd);  // A[t] = rowd_cd[t] * before
-  if (ks == 0) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int row = g + 8 * (i >> 1), j = n * 8 + 2 * q4 + (i & 1);
-      float y = acc[i] + (KS > 1 ? Yr[row * LDV + j] : 0.f);
-      // + A[t] (q_t^T S_0): with no initial state, 0 (or NaN where q_t holds a NaN or inf)
-      float qs = 0.f;
-      const float* s0 = p.s_in != nullptr && j < nv ? p.s_in + b * p.ssi.b + h * p.ssi.h + (j0 + j) * p.ssi.j : nullptr;
-      for (int c = 0; c < p.Dk; ++c) qs = fmaf(Qs[row * LDK + c], s0 != nullptr ? s0[c * p.ssi.i] : 0.f, qs);
-      y = fmaf((float)(gd.rowd[ro + row] * before), qs, y);
-      if (row < tc && j < nv)
-        static_cast<scalar_t*>(p.y)[b * p.sy.b + h * p.sy.h + (int64_t)(t0 + row) * p.sy.t + (j0 + j) * p.sy.d] =
-            from_float<scalar_t>(y);
+    if (lane == 0) Growd[RT] = suf;  // prod g[0..t0-1]
+  } else if (warp == 1 && lane < RT) {
+    // Row i of the diagonal block: D[i][s'] = beta prod g[t0+s'+1..t0+i]; Grow[i] = prod g[t0..t0+i].
+    double run = 1.0;
+    for (int s = lane; s >= 0; --s) {
+      Dt[lane * RT + s] = (float)(bs[t0 + s] * run);
+      run *= gs[t0 + s];
     }
+    Growd[lane] = run;
   }
 
-  // ---- the final state, from the last row tile: S_T = A[T-1] S_0 + sum_s w_s k_s v_s^T, 16-row strips
+  // ---- dots q_t . k_s into P: thread (row pair rp, column cq) computes rows 2 rp, 2 rp + 1 at s = cq + CS m
+  constexpr int RP = RT / 2, CS = kMaxThreads / RP;
+  const int rp = tid % RP, cq = tid / RP;
+#pragma unroll 1
+  for (int s = cq; s < L; s += CS) {
+    const scalar_t* kr = Ks + s * LDK;
+    const scalar_t* q0 = Qs + 2 * rp * LDK;
+    float d0 = 0.f, d1 = 0.f;
+#pragma unroll 2
+    for (int c = 0; c < p.DKP; c += 4) {
+      const float4 kk = lds4(kr + c), a = lds4(q0 + c), e = lds4(q0 + LDK + c);
+      d0 = fmaf(a.x, kk.x, fmaf(a.y, kk.y, fmaf(a.z, kk.z, fmaf(a.w, kk.w, d0))));
+      d1 = fmaf(e.x, kk.x, fmaf(e.y, kk.y, fmaf(e.z, kk.z, fmaf(e.w, kk.w, d1))));
+    }
+    Ps[2 * rp * LDP + s] = d0;
+    Ps[(2 * rp + 1) * LDP + s] = d1;
+  }
+  __syncthreads();  // B2: tables
+  // ---- M (q . k), each thread on its own entries
+#pragma unroll 1
+  for (int s = cq; s < L; s += CS)
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int i = 2 * rp + u;
+      float& e = Ps[i * LDP + s];
+      // selected, not multiplied, above the diagonal: a NaN in q . k must not leak into a masked entry
+      e = s < t0 ? e * Wf[s] : s <= t0 + i ? e * Dt[i * RT + s - t0] : 0.f;
+    }
+  __syncthreads();  // B3
+
+  // ---- y = Grow[t] (P V)_{s < t0} + (P V)_{t0 <= s <= t} + A[t] (q_t^T S_0): thread (row i, columns
+  // 4 jg .. 4 jg + 3, lane sp of SP), the sums over s split across the SP lanes, joined by shuffles
+  const int SP = 1 << p.sp_log, sp = tid & (SP - 1), NG = p.NV / 4, total = RT * NG;
+  const double before = Growd[RT];
+#pragma unroll 1
+  for (int base = 0; base < total; base += kMaxThreads >> p.sp_log) {  // uniform across the block
+    const int combo = base + (tid >> p.sp_log), i = combo % RT, jg = combo / RT, t = t0 + i;
+    const bool active = combo < total;
+    float off[4] = {0.f, 0.f, 0.f, 0.f}, dg[4] = {0.f, 0.f, 0.f, 0.f}, s0[4] = {0.f, 0.f, 0.f, 0.f};
+    if (active) {
+      const float* pr = Ps + i * LDP;
+      const scalar_t* vc = Vs + 4 * jg;
+#pragma unroll 4
+      for (int s = sp; s < t0; s += SP) {
+        const float w = pr[s];
+        const float4 x = lds4(vc + s * LDV);
+        off[0] = fmaf(w, x.x, off[0]); off[1] = fmaf(w, x.y, off[1]);
+        off[2] = fmaf(w, x.z, off[2]); off[3] = fmaf(w, x.w, off[3]);
+      }
+#pragma unroll 1
+      for (int s = t0 + sp; s <= t; s += SP) {
+        const float w = pr[s];
+        const float4 x = lds4(vc + s * LDV);
+        dg[0] = fmaf(w, x.x, dg[0]); dg[1] = fmaf(w, x.y, dg[1]);
+        dg[2] = fmaf(w, x.z, dg[2]); dg[3] = fmaf(w, x.w, dg[3]);
+      }
+      if (p.s_in != nullptr) {
+        const float* si = p.s_in + b * p.ssi.b + h * p.ssi.h + (j0 + 4 * jg) * p.ssi.j;
+#pragma unroll 1
+        for (int c = sp; c < p.Dk; c += SP) {
+          const float qc = to_float(Qs[i * LDK + c]);
+#pragma unroll
+          for (int u = 0; u < 4; ++u)
+            if (4 * jg + u < nv) s0[u] = fmaf(qc, si[c * p.ssi.i + u * p.ssi.j], s0[u]);
+        }
+      }
+    }
+    const float grow = (float)Growd[i], a = (float)(before * Growd[i]);
+    float y[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      // with no initial state a * 0: NaN where a gate up to t is NaN or inf, as the recurrence
+      y[u] = fmaf(a, s0[u], fmaf(grow, off[u], dg[u]));
+      for (int o = 1; o < SP; o <<= 1) y[u] += __shfl_xor_sync(0xffffffffu, y[u], o);
+    }
+    if (active && sp == 0 && t < p.T) {
+      scalar_t* yr = static_cast<scalar_t*>(p.y) + b * p.sy.b + h * p.sy.h + (int64_t)t * p.sy.t + (j0 + 4 * jg) * p.sy.d;
+      if (p.vec_y && 4 * jg + 3 < nv) {  // y is ours: contiguous, rows aligned when D_v % 4 == 0
+        if constexpr (sizeof(scalar_t) == 4)
+          *reinterpret_cast<float4*>(yr) = make_float4(y[0], y[1], y[2], y[3]);
+        else
+          *reinterpret_cast<uint2*>(yr) = make_uint2(pack2<scalar_t>(y[0], y[1]), pack2<scalar_t>(y[2], y[3]));
+      } else {
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+          if (4 * jg + u < nv) yr[u * p.sy.d] = from_float<scalar_t>(y[u]);
+      }
+    }
+  }
+
+  // ---- the final state, from the last row tile: S_T = A[T-1] S_0 + sum_s M[T-1][s] k_s v_s^T
   if (p.s_out == nullptr || rt != p.rtiles - 1) return;
-  __syncthreads();  // B4: P is read
-  float* Ss = Ps;              // DKP x LDV
-  float* w = Ss + DKP * LDV;   // L weights
-  const double all = chunks_product(tabs, 0, nch);  // padded steps have gate 1
-  for (int s = threadIdx.x; s < L; s += blockDim.x)
-    w[s] = (float)(tabs[(s / C) * kGateTableFloats + C + s % C] * chunks_product(tabs, s / C + 1, nch));
-  for (int e = threadIdx.x; e < DKP * NV; e += blockDim.x) {
-    const int i = e / NV, j = e % NV;
-    // all * 0 without an initial state, as the other kernels (NaN where a gate is NaN or inf)
-    Ss[i * LDV + j] = i < p.Dk && j < nv
-                          ? (float)all * (p.s_in != nullptr ? p.s_in[b * p.ssi.b + h * p.ssi.h + i * p.ssi.i + (j0 + j) * p.ssi.j] : 0.f)
-                          : 0.f;
-  }
-  __syncthreads();
-  for (int mi = warp; mi < DKP / 16; mi += WARPS)  // each warp owns its strips across the chunks
-    for (int c = 0; c < nch; ++c)
-      s_update_strip<true, NT8>(Ss + mi * 16 * LDV, LDV, Ks + c * C * LDK + mi * 16, LDK, Vs + c * C * LDV,
-                                w + c * C, 1.f, g, q4);
-  __syncthreads();
-  for (int e = threadIdx.x; e < p.Dk * nv; e += blockDim.x) {
-    const int i = e / nv, j = e - (e / nv) * nv;
-    p.s_out[b * p.sso.b + h * p.sso.h + i * p.sso.i + (j0 + j) * p.sso.j] = Ss[i * LDV + j];
+  const int il = p.T - 1 - t0;  // the last step's row in this tile
+  const float gl = (float)Growd[il], al = (float)(before * Growd[il]);
+#pragma unroll 1
+  for (int e = tid; e < p.Dk * NG; e += kMaxThreads) {
+    const int i = e / NG, jg = e - i * NG;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 2
+    for (int s = 0; s < p.T; ++s) {
+      const float w = (s < t0 ? Wf[s] * gl : Dt[il * RT + s - t0]) * to_float(Ks[s * LDK + i]);
+      const float4 x = lds4(Vs + s * LDV + 4 * jg);
+      acc[0] = fmaf(w, x.x, acc[0]); acc[1] = fmaf(w, x.y, acc[1]);
+      acc[2] = fmaf(w, x.z, acc[2]); acc[3] = fmaf(w, x.w, acc[3]);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int j = 4 * jg + u;
+      if (j >= nv) continue;
+      // all * 0 without an initial state, as the other kernels (NaN where a gate is NaN or inf)
+      const float sin = p.s_in != nullptr ? p.s_in[b * p.ssi.b + h * p.ssi.h + i * p.ssi.i + (j0 + j) * p.ssi.j] : 0.f;
+      p.s_out[b * p.sso.b + h * p.sso.h + i * p.sso.i + (j0 + j) * p.sso.j] = fmaf(al, sin, acc[u]);
+    }
   }
 }
 
@@ -893,17 +904,16 @@ template <typename scalar_t>
 cudaError_t launch_parallel(const Plan& pl, const Problem& pr, cudaStream_t s) {
   ParallelParams p;
   static_cast<Problem&>(p) = pr;
-  p.vtiles = pl.vtiles; p.rtiles = pl.rtiles; p.DKP = pl.DKP; p.vec = pl.vec;
-#define GR_CASE(NV_)                                                                      \
-  if (pl.NV == NV_) {                                                                     \
-    static bool done[64] = {};                                                            \
-    const auto kernel = parallel_kernel<scalar_t, NV_>;                                   \
-    const cudaError_t err = allow_smem(kernel, done);                                     \
-    return err != cudaSuccess ? err : launch_ex(kernel, pl.blocks, pl.smem, s, false, p); \
-  }
-  GR_CASE(32) GR_CASE(64)
-#undef GR_CASE
-  return cudaErrorInvalidValue;
+  p.vtiles = pl.vtiles; p.rtiles = pl.rtiles; p.NV = pl.NV; p.DKP = pl.DKP; p.vec = pl.vec;
+  p.L = pl.rtiles * kParallelRows;
+  p.vec_y = pr.sy.d == 1 && pr.Dv % 4 == 0;
+  p.sp_log = pl.sp_log;
+  static bool done[64] = {};
+  const auto kernel = parallel_kernel<scalar_t>;
+  const cudaError_t err = pl.smem > 48 * 1024 ? allow_smem(kernel, done) : cudaSuccess;
+  // grid (b * H + h, row tile, column tile): no divisions to find them
+  const dim3 grid((unsigned)pr.BH, (unsigned)pl.rtiles, (unsigned)pl.vtiles);
+  return err != cudaSuccess ? err : launch_ex(kernel, grid, pl.smem, s, false, p);
 }
 
 }  // namespace
@@ -939,6 +949,58 @@ CHUNK_SRC = r"""
 // block walks the chunks of its segment in order with its D_k x NV slice of S in shared memory.
 namespace gr {
 namespace {
+
+// One chunk's gate tables, consecutive arrays of C = 32 floats (ltab 16 C): rowd[t] = prod g[0..t],
+// kscale[s] = beta_s prod g[s+1..31], the in-block prefix (pin) and suffix (sout) products of 16-step
+// blocks, beta (bsm), and ltab[t][s % 16] = prod g[s+1..t] within a block.
+struct GateTables { const float *rowd, *kscale, *pin, *sout, *bsm, *ltab; };
+__device__ __forceinline__ GateTables gate_tables_at(const float* t) {
+  return {t, t + kChunk, t + 2 * kChunk, t + 3 * kChunk, t + 4 * kChunk, t + 5 * kChunk};
+}
+
+// Writes the tables at t from one warp: lane s holds step s's gate g_reg and beta b_reg. The products
+// come from warp shuffles (prefix, suffix and in-block products) in Acc. A scan tree squares equal
+// partial products, so with a constant gate its fp32 rounding errors add up coherently (31 ulps at
+// 32 steps, rel-L2 7.6e-6 in y at T = 255, gate 1.02); Acc = double rounds once.
+template <typename Acc = float>
+__device__ __forceinline__ void write_gate_tables(float* t, float g_reg, float b_reg, int lane) {
+  float *rowd = t, *kscale = t + kChunk, *pin = t + 2 * kChunk, *sout = t + 3 * kChunk, *bsm = t + 4 * kChunk;
+  float* ltab = t + 5 * kChunk;
+  const unsigned full = 0xffffffffu;
+  Acc pre = g_reg, suf = g_reg, bpre = g_reg, bsuf = g_reg;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const Acc x = __shfl_up_sync(full, pre, off), z = __shfl_down_sync(full, suf, off);
+    if (lane >= off) pre *= x;
+    if (lane + off < 32) suf *= z;
+    if (off < 16) {
+      const Acc x2 = __shfl_up_sync(full, bpre, off), z2 = __shfl_down_sync(full, bsuf, off);
+      if ((lane & 15) >= off) bpre *= x2;
+      if ((lane & 15) + off < 16) bsuf *= z2;
+    }
+  }
+  const Acc suf_ex = __shfl_down_sync(full, suf, 1), bsuf_ex = __shfl_down_sync(full, bsuf, 1);
+  rowd[lane] = (float)pre;
+  kscale[lane] = (float)(b_reg * (lane == 31 ? Acc(1) : suf_ex));
+  pin[lane] = (float)bpre;
+  sout[lane] = (lane & 15) == 15 ? 1.f : (float)bsuf_ex;
+  bsm[lane] = b_reg;
+  const int base = lane & ~15, sl = lane & 15;  // lane = column s of its 16-block
+  float run = 1.f;
+#pragma unroll
+  for (int r = 0; r < 16; ++r) {
+    const float gt = __shfl_sync(full, g_reg, base + r);
+    if (r > sl) run *= gt;
+    ltab[(base + r) * 16 + sl] = r >= sl ? run : 0.f;
+  }
+}
+
+// Entry (t, s) of the masked, decayed, beta-weighted product from its q . k accumulator d: zero above
+// the diagonal (selected, not multiplied: a NaN in q . k must not leak into a masked entry).
+__device__ __forceinline__ float masked_entry(float d, int t, int s, const GateTables& gt) {
+  if (s > t) return 0.f;
+  return d * (((t >> 4) == (s >> 4) ? gt.ltab[t * 16 + (s & 15)] : gt.pin[t] * gt.sout[s]) * gt.bsm[s]);
+}
 
 // Programmatic dependent launch (sm_90+): a kernel launched with pdl may start while the previous
 // kernel in the stream still runs; it waits here before it touches memory, and the previous kernel
@@ -1184,7 +1246,7 @@ cudaError_t launch_chunk_kernel(const Plan& pl, const ChunkParams& p, int64_t bl
     static bool done[64] = {};                                                       \
     const auto kernel = Kernels::template get<NV_, DK_>();                           \
     const cudaError_t err = allow_smem(kernel, done);                                \
-    return err != cudaSuccess ? err : launch_ex(kernel, blocks, pl.smem, s, pdl, p); \
+    return err != cudaSuccess ? err : launch_ex(kernel, dim3((unsigned)blocks), pl.smem, s, pdl, p); \
   }
   GR_CHUNK_INSTANCES(GR_CASE)
 #undef GR_CASE
@@ -1208,7 +1270,7 @@ cudaError_t execute_chunks(const Plan& pl, const Problem& pr, float* work, cudaS
     if (err != cudaSuccess) return err;
     *failed = "segment_scan";
     const int64_t n = p.BH * p.Dk * p.Dv;
-    err = launch_ex(segment_scan_kernel, (n + kMaxThreads - 1) / kMaxThreads, 0, s, pl.pdl, p);
+    err = launch_ex(segment_scan_kernel, dim3((unsigned)((n + kMaxThreads - 1) / kMaxThreads)), 0, s, pl.pdl, p);
     if (err != cudaSuccess) return err;
   }
   p.mode = 0; p.seg_launch = pl.nseg;
@@ -1509,16 +1571,6 @@ __device__ __forceinline__ bool raw_tile(bool vec, __nv_bfloat16* dst, int ld, c
   return bad;
 }
 
-// 16 bytes global -> shared without passing through registers; `valid` false writes zeros (reads nothing).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
-               "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-// Waits until at most N of this thread's committed groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-
 // A 32 x COLS raw bf16 tile (16-byte aligned rows, unit column stride) by cp.async, zero outside
 // rows_valid x cols_valid. This thread copies the 16-byte pieces threadIdx.x + 256 u.
 template <int COLS>
@@ -1529,7 +1581,7 @@ __device__ __forceinline__ void tile_async(__nv_bfloat16* dst, int ld, const __n
   for (int e0 = 0; e0 < TOTAL; e0 += kMaxThreads) {
     const int e = e0 + threadIdx.x, r = e / PER_ROW, c = (e % PER_ROW) * 8;
     const bool ok = r < rows_valid && c < cols_valid;
-    if (TOTAL % kMaxThreads == 0 || e < TOTAL) cp_async16(dst + r * ld + c, src + (ok ? r * st + c : 0), ok);
+    if (TOTAL % kMaxThreads == 0 || e < TOTAL) cp_async<16>(dst + r * ld + c, src + (ok ? r * st + c : 0), ok);
   }
 }
 
@@ -1652,7 +1704,7 @@ struct ChunkBF16 {
     tile_async<DK>(Qb + C * LDK, LDK, cb.k + (int64_t)t0 * p.sk.t, p.sk.t, tc, p.Dk);
     if (p.mode == 0) tile_async<DK>(Qb, LDK, cb.q + (int64_t)t0 * p.sq.t, p.sq.t, tc, p.Dk);
     tile_async<NV>(Qb + 2 * C * LDK, LDV, cb.v + (int64_t)t0 * p.sv.t, p.sv.t, tc, cb.nv);
-    cp_async_commit();
+    cp_async_commit<>();
   }
   __device__ __forceinline__ void begin(int c_begin, int c_end, int warp, int lane) {
     if constexpr (DK > 0) {
@@ -1666,7 +1718,7 @@ struct ChunkBF16 {
       const float g_reg = g_next, b_reg = b_next;
       // The other buffer was last read before the previous chunk's final barrier.
       if (ch + 1 < c_end) issue(ch + 1, set ^ 1, warp, lane);
-      else cp_async_commit();  // an empty group keeps "all but the newest group" meaning this chunk
+      else cp_async_commit<>();  // an empty group keeps "all but the newest group" meaning this chunk
       if (p.mode != 0 && warp == GW) write_gate_tables(tabs + set * kGateTableFloats, g_reg, b_reg, lane);
       cp_async_wait<1>();
       return tile_bad<NV>(Qh + 2 * C * LDK, LDV);
@@ -1850,7 +1902,7 @@ const char* const kKernelNames[] = {"recurrent", "parallel", "chunk_tf32", "chun
 const char* const kSourceNames[] = {"RECURRENT_SRC", "PARALLEL_SRC", "CHUNK_TF32_SRC", "CHUNK_BF16_SRC"};
 const char* const kUnitNames[] = {"core", "chunk_tf32", "chunk_bf16"};
 constexpr Unit kUnitOf[] = {Unit::core, Unit::core, Unit::chunk_tf32, Unit::chunk_bf16};
-constexpr int64_t kParallelMaxT = 8 * kChunk;  // one warp writes each chunk's gate tables
+constexpr int64_t kParallelMaxT = kMaxThreads;  // thread t stages step t's gate and beta
 // Programmatic dependent launch of segment_scan and the output phase (0 to measure without).
 #ifndef GR_PDL
 #define GR_PDL 1
@@ -2010,11 +2062,15 @@ bool check_sizes(const Shape& s) {
 // Chunked once the sequence is long enough for the recurrent kernel's per-step latency to dominate,
 // or earlier for wide heads in large batches (the recurrent kernel then needs several waves).
 bool use_chunked(const Shape& s) { return s.T >= kChunkedMinT || (s.Dk >= 96 && s.T >= 32 && s.B * s.H * s.T >= 8192); }
-// Below that, parallel where the GPU is not full (latency-bound: its row tiles run at once) and the
-// sequence is long enough for the recurrent kernel's chain of steps to cost more than parallel's
-// staging, or for wide heads; the recurrent kernel where many heads fill the GPU (it does O(T D^2)
-// work against parallel's O(T^2 D)). From the crossover grid (dev/parallel_vs_recurrent.py).
-bool use_parallel(const Shape& s) { return s.B * s.H * s.T < 8192 && (s.T >= 64 || s.Dk >= 96); }
+// Below that, parallel (O(T^2 D) work a head, its row tiles at once) where the GPU is not full and the
+// tiles are short (latency-bound: B*H*T up to 8192, B*H*T^2 up to 2^20, T >= 32 or wide heads), or
+// where heads are at least as wide as the sequence is long (its work is then no more than the
+// recurrent kernel's O(T D^2)); else recurrent. From the crossover grid (dev/parallel_vs_recurrent.py).
+bool use_parallel(const Shape& s) {
+  const int64_t bht = s.B * s.H * s.T;
+  return s.T <= kParallelMaxT &&
+         ((bht <= 8192 && bht * s.T <= (int64_t(1) << 20) && (s.T >= 32 || s.Dk >= 96)) || (s.T >= 32 && s.T <= s.Dk));
+}
 
 // Recurrent: fewest lanes per column with at most 8 rows a lane, the smallest row count that covers
 // D_k, all columns of a head in one block when they fit, as many steps as 48 KB hold; or config.
@@ -2090,23 +2146,33 @@ bool plan_chunked(const Shape& s, const Layout& lay, const DeviceLimits& lim, co
   return true;
 }
 
-// Parallel: row tiles of 16 steps, column tiles of 32 for narrow states (else 64, or 32 where 64 does
-// not fit the device's shared memory); the last tile stages every step. Or config = (NV,).
+// Parallel: row tiles of kParallelRows steps; column tiles of at most 64, balanced, multiples of 8
+// (halved while the staging does not fit the device's shared memory); the P V sums split over as many
+// lanes as keep every thread busy. Or config = (NV,).
 bool plan_parallel(const Shape& s, const Layout& lay, const DeviceLimits& lim, const std::vector<int64_t>& config,
                    Plan& pl) {
   const bool planned = config.empty();
   GR_REQUIRE("ValueError", planned || config.size() == 1, "config must be (NV,) for parallel, got ", config.size(),
              " values");
-  GR_REQUIRE("ValueError", planned || config[0] == 32 || config[0] == 64, "NV must be 32 or 64, got ", config[0]);
+  GR_REQUIRE("ValueError", planned || (config[0] >= 8 && config[0] <= kMaxDim && config[0] % 8 == 0),
+             "NV must be a multiple of 8 in 8..", kMaxDim, ", got ", config[0]);
   GR_REQUIRE("ValueError", s.T <= kParallelMaxT, "parallel serves T up to ", kParallelMaxT, ", got ", s.T);
-  pl.rtiles = (int)std::max<int64_t>(1, ceil_div(s.T, 16));
-  pl.DKP = (int)ceil_div(s.Dk, 16) * 16;
-  const int L = (int)std::max<int64_t>(1, ceil_div(s.T, kChunk)) * kChunk;  // steps the last row tile stages
-  pl.NV = !planned ? (int)config[0] : s.Dv <= 32 || parallel_smem(64, pl.DKP, L) > lim.smem ? 32 : 64;
-  pl.smem = parallel_smem(pl.NV, pl.DKP, L);
+  pl.rtiles = (int)std::max<int64_t>(1, ceil_div(s.T, kParallelRows));
+  pl.DKP = (int)ceil_div(s.Dk, 8) * 8;
+  const int L = pl.rtiles * kParallelRows, es = elem_size(pl.dtype);
+  if (planned) {
+    pl.NV = (int)ceil_div(ceil_div(s.Dv, ceil_div(s.Dv, 64)), 8) * 8;
+    while (pl.NV > 8 && parallel_smem(pl.NV, pl.DKP, L, es) > lim.smem) pl.NV = (int)ceil_div(pl.NV / 2, 8) * 8;
+  } else {
+    pl.NV = (int)config[0];
+  }
+  pl.smem = parallel_smem(pl.NV, pl.DKP, L, es);
   GR_REQUIRE("ValueError", pl.smem <= lim.smem, "parallel with NV=", pl.NV, ", D_k=", s.Dk, " and T=", s.T, " needs ",
              pl.smem, " bytes of shared memory a block, over this device's ", lim.smem);
   pl.vtiles = (int)ceil_div(s.Dv, pl.NV);
+  pl.sp_log = 0;
+  const int combos = kParallelRows * pl.NV / 4;  // (row, group of 4 columns) pairs
+  while (pl.sp_log < 5 && (combos << (pl.sp_log + 1)) <= kMaxThreads) ++pl.sp_log;
   pl.vec = lay.q && lay.k && lay.v;
   pl.blocks = s.B * s.H * pl.rtiles * pl.vtiles;
   GR_REQUIRE("ValueError", pl.blocks <= INT32_MAX, "B * H = ", s.B * s.H, " is too large for one launch");
@@ -2161,7 +2227,8 @@ std::string describe(const Plan& pl) {
   if (pl.kernel == Kernel::recurrent)
     s += cat("R=", pl.R, " G=", pl.G, " JB=", pl.JB, " TC=", pl.TC, pl.vec ? " loads=16B" : " loads=scalar");
   else if (pl.kernel == Kernel::parallel)
-    s += cat("row_tiles=", pl.rtiles, " NV=", pl.NV, " D_k=", pl.DKP, pl.vec ? " loads=16B" : " loads=scalar");
+    s += cat("row_tiles=", pl.rtiles, " NV=", pl.NV, " D_k=", pl.DKP, " split=", 1 << pl.sp_log,
+             pl.vec ? " loads=16B" : " loads=scalar");
   else
     s += cat("C=", kChunk, " NV=", pl.NV, " D_k=", pl.DK > 0 ? cat(pl.DK, " compiled") : cat(pl.DKP, " run-time"),
              " segments=", pl.nseg, pl.nseg > 1 ? cat(" + segment_scan", pl.pdl ? " pdl=on" : " pdl=off") : "",
@@ -2317,7 +2384,7 @@ SOURCES = {"prelude": PRELUDE_SRC, "device": DEVICE_SRC, "recurrent": RECURRENT_
 
 # Each unit's CUDA sources (PRELUDE and DEVICE first) and C entry point; core adds the host file.
 _UNIT_CUDA = {
-    "core": [RECURRENT_SRC, TF32_MMA_SRC, PARALLEL_SRC],
+    "core": [RECURRENT_SRC, PARALLEL_SRC],
     "chunk_tf32": [CHUNK_SRC, SEGMENT_SCAN_SRC, TF32_MMA_SRC, CHUNK_TF32_SRC],
     "chunk_bf16": [CHUNK_SRC, SEGMENT_SCAN_SRC, CHUNK_BF16_SRC],
 }

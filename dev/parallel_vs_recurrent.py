@@ -3,8 +3,12 @@ the KernelBench shape's four numbers (KernelBench median/mean, CUDA-graph replay
 call) beside the floor row (an output allocation plus one tiny kernel, timed the same way), and a
 crossover grid over B*H, T and D that decides the plan's boundary between the two.
 
-    python3 dev/parallel_vs_recurrent.py [--trials 50]        (writes $OUT/parallel_vs_recurrent.json)
+    python3 dev/parallel_vs_recurrent.py [--trials 50] [--no-grid] [--baseline old/solution.py]
+                                                              (writes $OUT/parallel_vs_recurrent.json)
+--baseline adds another copy of solution.py's planned call and ModelNew to the KernelBench-shape rows
+(same process, same inputs), for an A/B of a kernel change.
 """
+import importlib.util
 import argparse
 import json
 import os
@@ -41,6 +45,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--trials", type=int, default=50)
     ap.add_argument("--no-grid", action="store_true")
+    ap.add_argument("--baseline", default=None, help="another solution.py to time beside this one")
     args = ap.parse_args()
     out = {"smoke": [], "spec": [], "grid": []}
     # ---- correctness smoke (the test suite has the full matrix)
@@ -70,17 +75,28 @@ def main():
                 row[kern] = rel_l2(run(kern)(*xs), ref)
             out["accuracy"].append(row)
             print(f"accuracy {shape} gate {gate}: " + ", ".join(f"{k} {row[k]:.2e}" for k in ("parallel", "recurrent", "chunk_tf32")))
-    # ---- the KernelBench shape: planned (parallel), recurrent, and the floor row
-    xs = [x.cuda() for x in reference.get_inputs()]
+    # ---- the KernelBench shape: planned (parallel), recurrent, and the floor row, in each dtype
+    base = None
+    if args.baseline:
+        spec = importlib.util.spec_from_file_location("solution_baseline", args.baseline)
+        base = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(base)
     floor = lambda q, k, v, g, b: torch.empty_like(v).zero_()  # noqa: E731
-    for name, fn in [("floor: empty_like(v).zero_()", floor), ("planned: " + solution.plan(2, 128, 4, 24, 24), solution.gated_recurrence),
-                     ("recurrent", run("recurrent")), ("ModelNew", solution.ModelNew())]:
-        kb = kernelbench_time(fn, xs, trials=200)
-        row = {"what": name, "kb_median_us": kb["median"] * 1e3, "kb_mean_us": kb["mean"] * 1e3,
-               "graph_us": graph_replay_time(fn, xs, trials=50)["median"] * 1e3, "host_us": host_us(fn, xs)}
-        out["spec"].append(row)
-        print(f"spec {name[:40]:40s} KB median {row['kb_median_us']:6.2f} mean {row['kb_mean_us']:6.2f} "
-              f"graph {row['graph_us']:6.2f} host {row['host_us']:6.2f} us")
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        xs = [x.cuda().to(dtype) for x in reference.get_inputs()]
+        fns = [("floor: empty_like(v).zero_()", floor),
+               ("planned: " + solution.plan(2, 128, 4, 24, 24, dtype), solution.gated_recurrence),
+               ("recurrent", run("recurrent")), ("ModelNew", solution.ModelNew())]
+        if base is not None:
+            fns += [("baseline planned", base.gated_recurrence), ("baseline ModelNew", base.ModelNew())]
+        for name, fn in fns:
+            kb = kernelbench_time(fn, xs, trials=200)
+            row = {"what": name, "dtype": str(dtype)[6:], "kb_median_us": kb["median"] * 1e3,
+                   "kb_mean_us": kb["mean"] * 1e3, "graph_us": graph_replay_time(fn, xs, trials=50)["median"] * 1e3,
+                   "host_us": host_us(fn, xs)}
+            out["spec"].append(row)
+            print(f"spec {row['dtype']:8s} {name[:40]:40s} KB median {row['kb_median_us']:6.2f} mean "
+                  f"{row['kb_mean_us']:6.2f} graph {row['graph_us']:6.2f} host {row['host_us']:6.2f} us", flush=True)
     # ---- crossover grid (fp32; bf16 at a few)
     for BH in () if args.no_grid else (8, 64, 512):
         for T in (32, 64, 128, 255):

@@ -49,49 +49,61 @@ SEGMENTS = [1, 3, 1000]  # one; a few (the last one short where the chunks do no
 
 # The dispatch, (B, T, H, D_k, D_v) -> path, on an H200's limits (plan() uses them without a device): the
 # one list to edit when the boundary moves. "chunk" from T = 256, or for D_k >= 96 with T >= 32 and
-# B*H*T >= 8192; below that "parallel" for B*H*T < 8192 with T >= 64 or D_k >= 96, where its staging fits
-# shared memory (parallel_smem); else "recurrent".
+# B*H*T >= 8192; below that "parallel" where B*H*T <= 8192 and B*H*T^2 <= 2^20 with T >= 32 or D_k >= 96,
+# or where 32 <= T <= D_k, and its staging fits shared memory (parallel_smem, which depends on the dtype:
+# "parallel|float32:recurrent" names the exception); else "recurrent".
 SPEC = (2, 128, 4, 24, 24)
 BOUNDARY = [
-    # T, D_k and B*H*T around the parallel rule
-    (SPEC, "parallel"), ((1, 1, 1, 1, 1), "recurrent"), ((1, 63, 1, 95, 95), "recurrent"),
-    ((1, 64, 1, 95, 95), "parallel"), ((1, 63, 1, 96, 96), "parallel"), ((1, 7, 1, 256, 7), "parallel"),
-    ((1, 0, 1, 128, 8), "parallel"), ((4, 127, 16, 64, 64), "parallel"), ((4, 128, 16, 64, 64), "recurrent"),
-    ((1, 128, 63, 95, 64), "parallel"), ((1, 128, 64, 95, 64), "recurrent"), ((1, 128, 63, 128, 64), "parallel"),
-    ((32, 31, 16, 128, 128), "recurrent"), ((2, 255, 4, 64, 64), "parallel"), ((1, 64, 8, 128, 128), "parallel"),
+    # T, D_k, B*H*T and B*H*T^2 around the parallel rule
+    (SPEC, "parallel"), ((1, 1, 1, 1, 1), "recurrent"), ((1, 31, 1, 95, 95), "recurrent"),
+    ((1, 32, 1, 95, 95), "parallel"), ((1, 31, 1, 96, 96), "parallel"), ((1, 7, 1, 256, 7), "parallel"),
+    ((1, 0, 1, 128, 8), "parallel"), ((4, 128, 16, 64, 64), "parallel"), ((4, 129, 16, 64, 64), "recurrent"),
+    ((1, 128, 64, 95, 64), "parallel"), ((1, 128, 65, 95, 64), "recurrent"), ((1, 128, 63, 128, 64), "parallel"),
+    ((2, 255, 8, 64, 64), "parallel"), ((1, 255, 17, 64, 64), "recurrent"), ((1, 64, 8, 128, 128), "parallel"),
     ((3, 100, 5, 33, 100), "parallel"), ((1, 100, 1, 256, 33), "parallel"),
-    # shared memory: the widest D_k at NV = 32 and at NV = 64, and one past each
-    ((1, 255, 1, 128, 32), "parallel"), ((1, 255, 1, 129, 32), "recurrent"), ((1, 255, 1, 80, 64), "parallel"),
-    ((1, 255, 1, 81, 64), "parallel"), ((1, 200, 1, 144, 64), "parallel"), ((1, 200, 1, 145, 64), "recurrent"),
-    ((1, 255, 1, 256, 256), "recurrent"), ((1, 128, 1, 256, 256), "parallel"),
+    # heads at least as wide as the sequence is long, in large batches
+    ((8, 64, 64, 64, 64), "parallel"), ((8, 65, 64, 64, 64), "recurrent"), ((32, 32, 16, 32, 32), "parallel"),
+    ((32, 32, 16, 31, 31), "recurrent"), ((32, 31, 16, 128, 128), "recurrent"),
+    # shared memory: the widest D_k at T = 255 and 200 in float32 (bf16 and fp16 fit every D_k), one past
+    ((1, 255, 1, 192, 32), "parallel"), ((1, 255, 1, 193, 32), "parallel|float32:recurrent"),
+    ((1, 200, 1, 248, 64), "parallel"), ((1, 200, 1, 249, 64), "parallel|float32:recurrent"),
+    ((1, 255, 1, 256, 256), "parallel|float32:recurrent"), ((1, 128, 1, 256, 256), "parallel"),
     # the chunk kernels
     ((2, 256, 4, 64, 64), "chunk"), ((1, 256, 1, 1, 1), "chunk"), ((8, 2048, 16, 128, 128), "chunk"),
     ((8, 64, 16, 128, 128), "chunk"), ((1, 128, 64, 96, 64), "chunk"), ((16, 32, 16, 96, 96), "chunk"),
     ((1, 256, 1, 128, 32), "chunk")]
 CHUNK_KERNEL = {torch.float32: "chunk_tf32", torch.float16: "chunk_tf32", torch.bfloat16: "chunk_bf16"}
 H200_SMEM = 232448  # shared memory a block (opt-in) on the H200, and plan()'s stand-in without a device
-PARALLEL_ROWS = 16  # steps a row tile of the parallel kernel
+PARALLEL_ROWS = 8  # steps a row tile of the parallel kernel
+ELEM_SIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 def planned_kernel(shape, dtype):
     """The kernel BOUNDARY says the plan of `shape` names (dtype: a torch dtype or its name)."""
-    path = dict(BOUNDARY)[shape]
-    return CHUNK_KERNEL[getattr(torch, str(dtype).replace("torch.", ""))] if path == "chunk" else path
+    name = str(dtype).replace("torch.", "")
+    path, *exceptions = dict(BOUNDARY)[shape].split("|")
+    path = dict(e.split(":") for e in exceptions).get(name, path)
+    return CHUNK_KERNEL[getattr(torch, name)] if path == "chunk" else path
 
 
-def parallel_smem(nv, dk, T):
-    """Bytes of shared memory the parallel kernel needs (PRELUDE_SRC's parallel_smem: D_k padded to 16,
-    the last row tile stages the steps of whole chunks of 32)."""
-    L, dkp = 32 * max(1, -(-T // 32)), -(-dk // 16) * 16
-    ldk, ldv = dkp + 4, nv + 8
-    return 4 * ((16 + L) * ldk + (L + 16) * ldv + (L // 32) * 672 + max(16 * (L + 4), dkp * ldv + L))
+def parallel_smem(nv, dk, T, dtype="float32"):
+    """Bytes of shared memory the parallel kernel needs (PRELUDE_SRC's parallel_smem): 16 doubles; k (L
+    rows), q (8 rows) and v (L rows) in the input dtype at pitch D + 16 bytes (D_k padded to 8); P (8 x
+    (L + 4)), gates, betas, W and the 8 x 8 diagonal table as floats; L = T rounded up to the row tile."""
+    L, dkp, es = PARALLEL_ROWS * max(1, -(-T // PARALLEL_ROWS)), -(-dk // 8) * 8, ELEM_SIZE[str(dtype).replace("torch.", "")]
+    pad = 16 // es
+    return 128 + es * ((L + PARALLEL_ROWS) * (dkp + pad) + L * (nv + pad)) + 4 * (PARALLEL_ROWS * (L + 4) + 3 * L + 64)
 
 
-def parallel_nv(T, dk, dv, limit=H200_SMEM):
-    """The planned column tile of the parallel kernel (32 for narrow states or where 64 does not fit), or
-    None where not even 32 fits."""
-    nv = 32 if dv <= 32 or parallel_smem(64, dk, T) > limit else 64
-    return nv if parallel_smem(nv, dk, T) <= limit else None
+def parallel_nv(T, dk, dv, limit=H200_SMEM, dtype="float32"):
+    """The planned column tile of the parallel kernel: D_v split into the fewest tiles of at most 64,
+    balanced and rounded up to 8, halved (to a multiple of 8) while the staging does not fit; None where
+    not even 8 fits."""
+    tiles = -(-dv // 64)
+    nv = -(-(-(-dv // tiles)) // 8) * 8
+    while nv > 8 and parallel_smem(nv, dk, T, dtype) > limit:
+        nv = -(-(nv // 2) // 8) * 8
+    return nv if parallel_smem(nv, dk, T, dtype) <= limit else None
 
 
 def shape_id(shape):

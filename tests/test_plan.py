@@ -74,7 +74,7 @@ def test_plan_names_a_kernel_and_its_configuration(sol, shape, dtype):
     if kernel == "recurrent":
         assert re.search(r"\bR=\d+ G=\d+ JB=\d+ TC=\d+", text), text
     elif kernel == "parallel":
-        assert re.search(r"\brow_tiles=\d+ NV=(32|64) D_k=\d+ loads=(16B|scalar)\b", text), text
+        assert re.search(r"\brow_tiles=\d+ NV=\d+ D_k=\d+ split=\d+ loads=(16B|scalar)\b", text), text
     else:
         segments = int(re.search(r"\bsegments=(\d+)", text).group(1))
         assert segments >= 1 and ("segment_scan" in text) == (segments > 1), text
@@ -94,23 +94,27 @@ PARALLEL_PLANS = [shape for shape, path in BOUNDARY if path == "parallel"]
 @pytest.mark.parametrize("dtype", DTYPE_NAMES)
 @pytest.mark.parametrize("shape", PARALLEL_PLANS, ids=shape_id)
 def test_parallel_plan(sol, shape, dtype):
-    """Row tiles of PARALLEL_ROWS steps (one at T = 0), NV = 32 for D_v <= 32 else 64 unless only 32 fits,
-    D_k padded to 16, 16-byte loads where D_k and D_v rows are 16-byte multiples, and its shared memory
-    (parallel_smem)."""
+    """Row tiles of PARALLEL_ROWS steps (one at T = 0), column tiles of at most 64 (balanced, multiples of
+    8, halved while the staging does not fit), D_k padded to 8, the P V sums split over as many lanes as
+    keep 256 threads busy, 16-byte copies where D_k and D_v rows are 16-byte multiples, and its shared
+    memory (parallel_smem)."""
     B, T, H, Dk, Dv = shape
-    if parallel_nv(T, Dk, Dv, SMEM) is None:
+    nv_want = parallel_nv(T, Dk, Dv, SMEM, dtype)
+    if nv_want is None:
         pytest.skip("does not fit this device's shared memory")
     text = sol.plan(*shape, dtype)
-    found = re.fullmatch(r"parallel \(PARALLEL_SRC, unit core\) row_tiles=(\d+) NV=(\d+) D_k=(\d+) loads=(\w+) "
-                         r"grid=(\d+)x256 smem=(\d+)", text)
+    found = re.fullmatch(r"parallel \(PARALLEL_SRC, unit core\) row_tiles=(\d+) NV=(\d+) D_k=(\d+) split=(\d+) "
+                         r"loads=(\w+) grid=(\d+)x256 smem=(\d+)", text)
     assert found, text
-    tiles, nv, dkp, loads, grid, smem = found.groups()
+    tiles, nv, dkp, split, loads, grid, smem = found.groups()
     per16 = 4 if dtype == "float32" else 8
-    assert int(tiles) == max(1, -(-T // PARALLEL_ROWS)) and int(nv) == parallel_nv(T, Dk, Dv, SMEM), text
-    assert int(dkp) == -(-Dk // 16) * 16, text
+    assert int(tiles) == max(1, -(-T // PARALLEL_ROWS)) and int(nv) == nv_want, text
+    assert int(dkp) == -(-Dk // 8) * 8, text
+    combos = PARALLEL_ROWS * int(nv) // 4
+    assert int(split) == min(32, max(s for s in (1, 2, 4, 8, 16, 32) if combos * s <= 256 or s == 1)), text
     assert loads == ("16B" if Dk % per16 == 0 and Dv % per16 == 0 else "scalar"), text
     assert int(grid) == B * H * int(tiles) * -(-Dv // int(nv)), text
-    assert int(smem) == parallel_smem(int(nv), Dk, T) <= SMEM, text
+    assert int(smem) == parallel_smem(int(nv), Dk, T, dtype) <= SMEM, text
 
 
 @pytest.mark.parametrize("dtype", DTYPE_NAMES)

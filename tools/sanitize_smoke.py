@@ -32,9 +32,9 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16):
         xs = reference.make_inputs(1, 100, 1, 24, 20, dtype=dtype, device="cuda")
         xs[2][0, 40, 0, 3] = float("nan")  # the fp32 diagonal path for a non-finite v
         solution._gated_recurrence_with(*xs, kernel=kernel, config=cfg)
-    # parallel in both column tiles, ragged row tiles, states, strided rows
-    for cfg, (B, T, H, Dk, Dv) in [((32,), (2, 37, 3, 24, 24)), ((64,), (1, 200, 2, 33, 100)), ((32,), (1, 256, 1, 64, 40)),
-                                   ((64,), (1, 9, 1, 256, 8))]:
+    # parallel: planned and chosen column tiles (ragged), ragged row tiles, states, 16-byte and scalar copies
+    for cfg, (B, T, H, Dk, Dv) in [((), (2, 37, 3, 24, 24)), ((64,), (1, 200, 2, 33, 100)), ((32,), (1, 256, 1, 64, 40)),
+                                   ((8,), (1, 9, 1, 256, 8)), ((), (1, 100, 2, 40, 104))]:
         xs = reference.make_inputs(B, T, H, Dk, Dv, dtype=dtype, device="cuda")
         solution._gated_recurrence_with(*xs, kernel="parallel", config=cfg, initial_state=torch.randn(B, H, Dk, Dv, device="cuda"),
                                         output_final_state=True)
