@@ -128,11 +128,11 @@ struct Plan {
 };
 
 // parallel: prod-g doubles, then k (L rows), q (kParallelRows) and v (L rows) in the input dtype at
-// pitch D + 16 bytes, then P (kParallelRows x (L + 4)), gates, betas, W (L each) and the diagonal table.
+// pitch D + 16 bytes, then P (kParallelRows x (L + 4)), W (L) and the diagonal table.
 inline size_t parallel_smem(int NV, int DKP, int L, int esize) {
   const size_t pad = 16 / esize, R = kParallelRows;
   return 16 * sizeof(double) + esize * ((L + R) * (DKP + pad) + L * (NV + pad)) +
-         sizeof(float) * (R * (L + 4) + 3 * L + R * R);
+         sizeof(float) * (R * (L + 4) + L + R * R);
 }
 inline size_t recurrent_smem(int R, int G, int JB, int TC) {
   return sizeof(float) * (size_t)TC * (2 * G * R + JB + 2);
@@ -658,9 +658,14 @@ PARALLEL_SRC = r"""
 // dtype, and no mask ever meets a NaN or inf: sums skip s > t); loops not unrolled beyond what hides
 // shared-memory latency. With t0 the tile's first step, M splits as Grow[t] * W[s] for s < t0
 // (Grow[t] = prod g[t0..t], W[s] = beta_s prod g[s+1..t0-1], a suffix scan in double rounded once) and
-// a direct RT x RT table D for the diagonal block. Three barriers: staged; dots and tables; P.
+// a direct RT x RT table D for the diagonal block, both written while the copies fly. Two barriers:
+// staged (and tables); P.
 namespace gr {
 namespace {
+
+// How a tile of rows x (cols / V) copies of V elements maps onto the block's threads, from the host (no
+// divisions in the kernel): copies a row, the rows and columns a thread advances by, and 1 / per_row.
+struct StageMap { int per_row, dr, dc; float inv; };
 
 struct ParallelParams : Problem {
   int vtiles, rtiles;  // column tiles of NV, row tiles of kParallelRows steps
@@ -669,6 +674,7 @@ struct ParallelParams : Problem {
   int sp_log;          // each P V sum split over 1 << sp_log lanes
   int vec;             // 16-byte copies legal for q, k and v
   int vec_y;           // y rows of whole groups of 4 aligned (D_v % 4 == 0)
+  StageMap map_k, map_v;  // q and k tiles, v tile
 };
 
 // Four consecutive staged elements (8- or 16-byte aligned) as float.
@@ -695,14 +701,14 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
 
 // rows x cols (padded, multiples of 8) of a strided source into dst (pitch ld), in the source dtype, zero
 // outside rows_valid x cols_valid: cp.async of 16 bytes (vec) or of 4-byte elements, or (2-byte elements
-// without vec) plain loads. Issues only; the caller waits. Not unrolled: code this
-// kernel runs a few times costs more to fetch than its loop overhead.
+// without vec) plain loads. Issues only; the caller waits. Not unrolled: code this kernel runs a few
+// times costs more to fetch than its loop overhead.
 template <typename T>
-__device__ __forceinline__ void stage_async(bool vec, T* dst, int ld, const T* src, int64_t st, int64_t sd,
-                                         int rows_valid, int cols_valid, int rows, int cols) {
+__device__ __forceinline__ void stage_async(bool vec, const StageMap& m, T* dst, int ld, const T* src, int64_t st,
+                                            int64_t sd, int rows_valid, int cols_valid, int rows) {
   const int V = vec ? 16 / (int)sizeof(T) : 1;
-  const int per_row = cols / V, dr = kMaxThreads / per_row, dc = kMaxThreads - dr * per_row;
-  int r = threadIdx.x / per_row, c = threadIdx.x - r * per_row;  // (r, c) advance without a division
+  // tid / per_row exactly: (tid + 0.5) / per_row is at least 1 / 512 away from an integer
+  int r = __float2int_rz(((float)threadIdx.x + 0.5f) * m.inv), c = threadIdx.x - r * m.per_row;
 #pragma unroll 1
   while (r < rows) {
     const bool ok = r < rows_valid && c * V < cols_valid;
@@ -711,9 +717,9 @@ __device__ __forceinline__ void stage_async(bool vec, T* dst, int ld, const T* s
     if (vec) cp_async<16>(d, s, ok);
     else if constexpr (sizeof(T) == 4) cp_async<4>(d, s, ok);
     else *d = ok ? __ldg(s) : from_float<T>(0.f);
-    r += dr;
-    c += dc;
-    if (c >= per_row) { c -= per_row; ++r; }
+    r += m.dr;
+    c += m.dc;
+    if (c >= m.per_row) { c -= m.per_row; ++r; }
   }
 }
 
@@ -731,36 +737,43 @@ __global__ void __launch_bounds__(kMaxThreads) parallel_kernel(const ParallelPar
   scalar_t* Qs = Ks + p.L * LDK;                                                // RT x LDK
   scalar_t* Vs = Qs + RT * LDK;                                                 // p.L x LDV
   float* Ps = reinterpret_cast<float*>(Vs + p.L * LDV);  // RT x LDP: M (q . k), zero above the diagonal
-  float* gs = Ps + RT * LDP;                             // p.L gates (1 past T)
-  float* bs = gs + p.L;                                  // p.L betas (0 past T)
-  float* Wf = bs + p.L;                                  // W[s], s < t0
+  float* Wf = Ps + RT * LDP;                             // p.L: W[s], s < t0
   float* Dt = Wf + p.L;                                  // RT x RT: M[t0 + i][t0 + s'], s' <= i
 
   const scalar_t* q = static_cast<const scalar_t*>(p.q) + b * p.sq.b + h * p.sq.h;
   const scalar_t* k = static_cast<const scalar_t*>(p.k) + b * p.sk.b + h * p.sk.h;
   const scalar_t* v = static_cast<const scalar_t*>(p.v) + b * p.sv.b + h * p.sv.h + j0 * p.sv.d;
+  const scalar_t* gate = static_cast<const scalar_t*>(p.gate) + b * p.sg.b + h * p.sg.h;
+  const scalar_t* beta = static_cast<const scalar_t*>(p.beta) + b * p.sb.b + h * p.sb.h;
 
-  // ---- stage: gate and beta of step tid (registers), q, k, v by cp.async: one round trip
-  float g_reg = 1.f, b_reg = 0.f;
-  if (tid < L && tid < p.T) {
-    g_reg = to_float(static_cast<const scalar_t*>(p.gate)[b * p.sg.b + h * p.sg.h + (int64_t)tid * p.sg.t]);
-    b_reg = to_float(static_cast<const scalar_t*>(p.beta)[b * p.sb.b + h * p.sb.h + (int64_t)tid * p.sb.t]);
+  // ---- gates: warp 0's lanes own steps [l E, l E + E) of [0, t0), warp 1's lane i step t0 + i (1 and 0
+  // past T); their loads go out first, then every thread's share of q, k and v (cp.async)
+  const int E = (t0 + 31) / 32, s_lo = min(lane * E, t0), s_hi = min(s_lo + E, t0);
+  float gw[8], bw[8];
+  if (warp == 0) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const bool in = s_lo + e < s_hi;
+      gw[e] = in ? to_float(gate[(int64_t)(s_lo + e) * p.sg.t]) : 1.f;
+      bw[e] = in ? to_float(beta[(int64_t)(s_lo + e) * p.sb.t]) : 0.f;
+    }
+  } else if (warp == 1) {
+    const bool in = lane < RT && t0 + lane < p.T;
+    gw[0] = in ? to_float(gate[(int64_t)(t0 + lane) * p.sg.t]) : 1.f;
+    bw[0] = in ? to_float(beta[(int64_t)(t0 + lane) * p.sb.t]) : 0.f;
   }
   const int Lv = min(L, p.T);
-  stage_async<scalar_t>(p.vec, Qs, LDK, q + (int64_t)t0 * p.sq.t, p.sq.t, p.sq.d, Lv - t0, p.Dk, RT, p.DKP);
-  stage_async<scalar_t>(p.vec, Ks, LDK, k, p.sk.t, p.sk.d, Lv, p.Dk, L, p.DKP);
-  stage_async<scalar_t>(p.vec, Vs, LDV, v, p.sv.t, p.sv.d, Lv, nv, L, p.NV);
-  if (tid < L) { gs[tid] = g_reg; bs[tid] = b_reg; }
+  stage_async<scalar_t>(p.vec, p.map_k, Qs, LDK, q + (int64_t)t0 * p.sq.t, p.sq.t, p.sq.d, Lv - t0, p.Dk, RT);
+  stage_async<scalar_t>(p.vec, p.map_k, Ks, LDK, k, p.sk.t, p.sk.d, Lv, p.Dk, L);
+  stage_async<scalar_t>(p.vec, p.map_v, Vs, LDV, v, p.sv.t, p.sv.d, Lv, nv, L);
   cp_async_commit<>();
-  cp_async_wait<0>();
-  __syncthreads();  // B1
 
+  // ---- gate tables while the copies fly, all in double, each value rounded once
   if (warp == 0) {
-    // W[s] = beta_s prod g[s+1..t0-1] for s < t0: lane l owns steps [l E, l E + E), a warp suffix scan
-    // of the lanes' products joins them; all in double, rounded once.
-    const int E = (t0 + 31) / 32, s_lo = min(lane * E, t0), s_hi = min(s_lo + E, t0);
+    // W[s] = beta_s prod g[s+1..t0-1] for s < t0: each lane's own product, a warp suffix scan joins them
     double own = 1.0;
-    for (int s = s_lo; s < s_hi; ++s) own *= gs[s];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) own *= gw[e];
     double suf = own;  // inclusive suffix product over lanes l..31
 #pragma unroll
     for (int off = 1; off < 32; off <<= 1) {
@@ -769,22 +782,30 @@ __global__ void __launch_bounds__(kMaxThreads) parallel_kernel(const ParallelPar
     }
     double run = __shfl_down_sync(0xffffffffu, suf, 1);  // lanes after this one
     if (lane == 31) run = 1.0;
-    for (int s = s_hi - 1; s >= s_lo; --s) {
-      Wf[s] = (float)(bs[s] * run);
-      run *= gs[s];
+#pragma unroll
+    for (int e = 7; e >= 0; --e) {
+      if (s_lo + e < s_hi) Wf[s_lo + e] = (float)(bw[e] * run);
+      run *= gw[e];
     }
     if (lane == 0) Growd[RT] = suf;  // prod g[0..t0-1]
-  } else if (warp == 1 && lane < RT) {
+  } else if (warp == 1) {
     // Row i of the diagonal block: D[i][s'] = beta prod g[t0+s'+1..t0+i]; Grow[i] = prod g[t0..t0+i].
     double run = 1.0;
-    for (int s = lane; s >= 0; --s) {
-      Dt[lane * RT + s] = (float)(bs[t0 + s] * run);
-      run *= gs[t0 + s];
+#pragma unroll
+    for (int s = RT - 1; s >= 0; --s) {
+      const float g = __shfl_sync(0xffffffffu, gw[0], s), bb = __shfl_sync(0xffffffffu, bw[0], s);
+      if (s <= lane && lane < RT) {
+        Dt[lane * RT + s] = (float)(bb * run);
+        run *= g;
+      }
     }
-    Growd[lane] = run;
+    if (lane < RT) Growd[lane] = run;
   }
+  cp_async_wait<0>();
+  __syncthreads();  // B1: staged, tables written
 
-  // ---- dots q_t . k_s into P: thread (row pair rp, column cq) computes rows 2 rp, 2 rp + 1 at s = cq + CS m
+  // ---- P = M (q_t . k_s): thread (row pair rp, column cq) computes rows 2 rp, 2 rp + 1 at s = cq + CS m,
+  // selected, not multiplied, above the diagonal (a NaN in q . k must not leak into a masked entry)
   constexpr int RP = RT / 2, CS = kMaxThreads / RP;
   const int rp = tid % RP, cq = tid / RP;
 #pragma unroll 1
@@ -798,21 +819,12 @@ __global__ void __launch_bounds__(kMaxThreads) parallel_kernel(const ParallelPar
       d0 = fmaf(a.x, kk.x, fmaf(a.y, kk.y, fmaf(a.z, kk.z, fmaf(a.w, kk.w, d0))));
       d1 = fmaf(e.x, kk.x, fmaf(e.y, kk.y, fmaf(e.z, kk.z, fmaf(e.w, kk.w, d1))));
     }
-    Ps[2 * rp * LDP + s] = d0;
-    Ps[(2 * rp + 1) * LDP + s] = d1;
+    const int i = 2 * rp;
+    const float w = s < t0 ? Wf[s] : 0.f;
+    Ps[i * LDP + s] = s < t0 ? d0 * w : s <= t0 + i ? d0 * Dt[i * RT + s - t0] : 0.f;
+    Ps[(i + 1) * LDP + s] = s < t0 ? d1 * w : s <= t0 + i + 1 ? d1 * Dt[(i + 1) * RT + s - t0] : 0.f;
   }
-  __syncthreads();  // B2: tables
-  // ---- M (q . k), each thread on its own entries
-#pragma unroll 1
-  for (int s = cq; s < L; s += CS)
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const int i = 2 * rp + u;
-      float& e = Ps[i * LDP + s];
-      // selected, not multiplied, above the diagonal: a NaN in q . k must not leak into a masked entry
-      e = s < t0 ? e * Wf[s] : s <= t0 + i ? e * Dt[i * RT + s - t0] : 0.f;
-    }
-  __syncthreads();  // B3
+  __syncthreads();  // B2: P
 
   // ---- y = Grow[t] (P V)_{s < t0} + (P V)_{t0 <= s <= t} + A[t] (q_t^T S_0): thread (row i, columns
   // 4 jg .. 4 jg + 3, lane sp of SP), the sums over s split across the SP lanes, joined by shuffles
@@ -900,6 +912,11 @@ __global__ void __launch_bounds__(kMaxThreads) parallel_kernel(const ParallelPar
   }
 }
 
+// One thread's start and step over a tile whose rows hold per_row copies.
+inline StageMap stage_map(int per_row) {
+  return {per_row, kMaxThreads / per_row, kMaxThreads % per_row, 1.f / (float)per_row};
+}
+
 template <typename scalar_t>
 cudaError_t launch_parallel(const Plan& pl, const Problem& pr, cudaStream_t s) {
   ParallelParams p;
@@ -908,6 +925,9 @@ cudaError_t launch_parallel(const Plan& pl, const Problem& pr, cudaStream_t s) {
   p.L = pl.rtiles * kParallelRows;
   p.vec_y = pr.sy.d == 1 && pr.Dv % 4 == 0;
   p.sp_log = pl.sp_log;
+  const int V = pl.vec ? 16 / (int)sizeof(scalar_t) : 1;
+  p.map_k = stage_map(pl.DKP / V);
+  p.map_v = stage_map(pl.NV / V);
   static bool done[64] = {};
   const auto kernel = parallel_kernel<scalar_t>;
   const cudaError_t err = pl.smem > 48 * 1024 ? allow_smem(kernel, done) : cudaSuccess;

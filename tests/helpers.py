@@ -89,10 +89,10 @@ def planned_kernel(shape, dtype):
 def parallel_smem(nv, dk, T, dtype="float32"):
     """Bytes of shared memory the parallel kernel needs (PRELUDE_SRC's parallel_smem): 16 doubles; k (L
     rows), q (8 rows) and v (L rows) in the input dtype at pitch D + 16 bytes (D_k padded to 8); P (8 x
-    (L + 4)), gates, betas, W and the 8 x 8 diagonal table as floats; L = T rounded up to the row tile."""
+    (L + 4)), W (L) and the 8 x 8 diagonal table as floats; L = T rounded up to the row tile."""
     L, dkp, es = PARALLEL_ROWS * max(1, -(-T // PARALLEL_ROWS)), -(-dk // 8) * 8, ELEM_SIZE[str(dtype).replace("torch.", "")]
     pad = 16 // es
-    return 128 + es * ((L + PARALLEL_ROWS) * (dkp + pad) + L * (nv + pad)) + 4 * (PARALLEL_ROWS * (L + 4) + 3 * L + 64)
+    return 128 + es * ((L + PARALLEL_ROWS) * (dkp + pad) + L * (nv + pad)) + 4 * (PARALLEL_ROWS * (L + 4) + L + 64)
 
 
 def parallel_nv(T, dk, dv, limit=H200_SMEM, dtype="float32"):

@@ -110,7 +110,7 @@ def test_parallel_plan(sol, shape, dtype):
     per16 = 4 if dtype == "float32" else 8
     assert int(tiles) == max(1, -(-T // PARALLEL_ROWS)) and int(nv) == nv_want, text
     assert int(dkp) == -(-Dk // 8) * 8, text
-    combos = PARALLEL_ROWS * int(nv) // 4
+    combos = PARALLEL_ROWS * int(nv) // 4  # (row, 4 columns)
     assert int(split) == min(32, max(s for s in (1, 2, 4, 8, 16, 32) if combos * s <= 256 or s == 1)), text
     assert loads == ("16B" if Dk % per16 == 0 and Dv % per16 == 0 else "scalar"), text
     assert int(grid) == B * H * int(tiles) * -(-Dv // int(nv)), text
