@@ -11,7 +11,12 @@ Per-call time: CUDA events around one call, synchronize after it, 256 MB L2 flus
 DIR/bench.md (the table for BENCHMARKS.md). fla runs when importable, with g = log(gate),
 k * beta and scale = 1.0 prepared outside the timed region.
 
---benchmarks FILE puts the table (with the command, date, card and torch version) into FILE between
+With S0 (the KernelBench shape) among the shapes, a second table sets ours beside its floor, an
+output allocation plus one tiny kernel (`torch.empty_like(v).zero_()`), in fp32, fp16 and bf16:
+KernelBench median and mean, CUDA-graph replay per call, and host time per call (perf_counter around
+2000 calls without synchronizing).
+
+--benchmarks FILE puts the tables (with the command, date, card and torch version) into FILE between
 the lines BEGIN_MARK and END_MARK, leaving the rest of the file alone. --from-json FILE skips the
 measurements and regenerates the table (and, with --sweep, the plot) from an earlier bench.json, so
 that step runs on a machine without a GPU.
@@ -25,7 +30,7 @@ import time
 import torch
 
 import reference
-from timing import kernelbench_time, rel_l2
+from timing import graph_replay_time, host_us, kernelbench_time, rel_l2
 
 SHAPES = {  # name: (B, T, H, D, dtype)
     "S0": (2, 128, 4, 24, torch.float32),
@@ -94,6 +99,37 @@ def bench_shape(name, shape, args, sol, peers):
     return row
 
 
+def floor_rows(sol, trials):
+    """The KernelBench shape in each dtype: the floor (allocation plus one tiny kernel) and ours, timed
+    alike."""
+    floor = lambda q, k, v, g, b: torch.empty_like(v).zero_()  # noqa: E731
+    rows = []
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        inputs = [x.cuda().to(dtype) for x in reference.get_inputs()]
+        for what, fn in (("floor: empty_like(v).zero_()", floor), ("ours: " + sol.plan(2, 128, 4, 24, 24, dtype).split()[0],
+                                                                  sol.ModelNew())):
+            kb = kernelbench_time(fn, inputs, trials=trials)
+            rows.append({"what": what, "dtype": str(dtype).replace("torch.", ""), "kb_median_us": kb["median"] * 1e3,
+                         "kb_mean_us": kb["mean"] * 1e3, "graph_us": graph_replay_time(fn, inputs, trials=50)["median"] * 1e3,
+                         "host_us": host_us(fn, inputs)})
+    return rows
+
+
+def floor_markdown(rows):
+    out = ["| KernelBench shape (2,128,4,24) | dtype | KernelBench median | KernelBench mean | CUDA-graph replay / call "
+           "| host time / call |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['what']} | {r['dtype']} | {r['kb_median_us']:.2f} us | {r['kb_mean_us']:.2f} us | "
+                   f"{r['graph_us']:.2f} us | {r['host_us']:.2f} us |")
+    return "\n".join(out)
+
+
+def tables(result):
+    """bench.md: the shapes table, and the floor table when the run has one."""
+    md = markdown(result["rows"])
+    return md + ("\n\n" + floor_markdown(result["floor"]) if result.get("floor") else "")
+
+
 def config_sweep(sol, args):
     """Time recurrent launch configurations (R, G, JB, TC) at the shapes given."""
     rows = []
@@ -150,7 +186,7 @@ def update_benchmarks(path, result):
     head, rest = text.split(BEGIN_MARK, 1)
     tail = rest.split(END_MARK, 1)[1]
     body = (f"`python3 {result['command']}` on {result['date']}, {result['device']}, torch {result['torch']}.\n\n"
-            + markdown(result["rows"]))
+            + tables(result))
     with open(path, "w") as f:
         f.write(head + BEGIN_MARK + "\n" + body + "\n" + END_MARK + tail)
     return True
@@ -197,7 +233,7 @@ def main():
     else:
         result = measure(args)
     os.makedirs(args.out, exist_ok=True)
-    md = markdown(result["rows"])
+    md = tables(result)
     with open(os.path.join(args.out, "bench.md"), "w") as f:
         f.write(md + "\n")
     print(md)
@@ -220,6 +256,9 @@ def measure(args):
         row = bench_shape(name, {**SHAPES, **SWEEP}[name], args, sol, peers)
         print(json.dumps(row), flush=True)
         result["rows"].append(row)
+    if "S0" in names:
+        result["floor"] = floor_rows(sol, args.trials)
+        print(floor_markdown(result["floor"]), flush=True)
     if args.configs:
         result["configs"] = config_sweep(sol, args)
     os.makedirs(args.out, exist_ok=True)

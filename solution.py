@@ -497,7 +497,7 @@ TF32_MMA_SRC = r"""
 //   A 16x8: a0 (g, q), a1 (g+8, q), a2 (g, q+4), a3 (g+8, q+4);  B 8x8: b0 (q, g), b1 (q+4, g);
 //   C 16x8: c0 (g, 2q), c1 (g, 2q+1), c2 (g+8, 2q), c3 (g+8, 2q+1).
 // SPLIT: each fp32 operand as hi + lo TF32 terms and three products (3xTF32, fp32-level error).
-// Used by parallel (core unit) and chunk_tf32.
+// Used by chunk_tf32.
 namespace gr {
 namespace {
 

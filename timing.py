@@ -1,5 +1,6 @@
 """Timing and error metrics shared by eval.py, bench.py and the tests (torch only)."""
 import statistics
+import time
 
 import torch
 
@@ -68,6 +69,20 @@ def graph_replay_time(fn, args, trials=100, calls_per_graph=20):
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) / calls_per_graph)
     return stats(times)
+
+
+def host_us(fn, args, calls=2000):
+    """Host time per call in us: perf_counter around `calls` calls, no synchronize (the queue absorbs the
+    kernels; the KernelBench timing above cannot see this cost)."""
+    for _ in range(20):
+        fn(*args)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn(*args)
+    dt = (time.perf_counter() - t0) / calls * 1e6
+    torch.cuda.synchronize()
+    return dt
 
 
 def rel_l2(out, ref):

@@ -8,12 +8,11 @@ crossover grid over B*H, T and D that decides the plan's boundary between the tw
 --baseline adds another copy of solution.py's planned call and ModelNew to the KernelBench-shape rows
 (same process, same inputs), for an A/B of a kernel change.
 """
-import importlib.util
 import argparse
+import importlib.util
 import json
 import os
 import sys
-import time
 
 import torch
 
@@ -21,24 +20,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import reference  # noqa: E402
 import solution  # noqa: E402
-from timing import graph_replay_time, kernelbench_time, rel_l2  # noqa: E402
+from timing import graph_replay_time, host_us, kernelbench_time, rel_l2  # noqa: E402
 
 
 def run(kernel):
     return lambda *x: solution._gated_recurrence_with(*x, kernel=kernel)
-
-
-def host_us(fn, xs, calls=2000):
-    """Host time per call: perf_counter around calls, no synchronize (the queue absorbs the kernels)."""
-    for _ in range(20):
-        fn(*xs)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn(*xs)
-    dt = (time.perf_counter() - t0) / calls * 1e6
-    torch.cuda.synchronize()
-    return dt
 
 
 def main():
