@@ -1,7 +1,8 @@
 """Correctness and timing harness for KernelBench problem pairs, stricter than KernelBench.
 
     python eval.py [--ref reference.py] [--solution solution.py] [--precision fp32|fp16|bf16]
-                   [--trials 5] [--perf-trials 100] [--seed 42] [--compile] [--json PATH]
+                   [--trials 5] [--perf-trials 100] [--seed 42] [--device cuda|cpu]
+                   [--shapes 'B,T,H,D;...'] [--compile] [--json PATH]
 
 KernelBench semantics: the problem file gives Model, get_inputs, get_init_inputs; the solution
 gives ModelNew. Inputs are moved to the GPU and, for --precision fp16/bf16, floating inputs are
@@ -441,15 +442,21 @@ def report(result):
     return "\n".join(lines)
 
 
+class _HelpFormat(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and every option's default."""
+
+
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ref", default=os.path.join(HERE, "reference.py"))
-    ap.add_argument("--solution", default=os.path.join(HERE, "solution.py"))
-    ap.add_argument("--precision", choices=list(DTYPES), default="fp32")
-    ap.add_argument("--trials", type=int, default=5)
-    ap.add_argument("--perf-trials", type=int, default=100)
-    ap.add_argument("--seed", type=int, default=42)
-    ap.add_argument("--device", default="cuda", help="cuda (default) or cpu: correctness checks only, for pure-torch pairs")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=_HelpFormat)
+    ap.add_argument("--ref", default=os.path.join(HERE, "reference.py"),
+                    help="the KernelBench problem: Model, get_inputs, get_init_inputs")
+    ap.add_argument("--solution", default=os.path.join(HERE, "solution.py"), help="the candidate: ModelNew")
+    ap.add_argument("--precision", choices=list(DTYPES), default="fp32",
+                    help="cast Model, ModelNew and the inputs to this precision, as KernelBench does")
+    ap.add_argument("--trials", type=int, default=5, help="correctness trials, each on fresh random inputs")
+    ap.add_argument("--perf-trials", type=int, default=100, help="timed calls (median of these)")
+    ap.add_argument("--seed", type=int, default=42, help="seed of the first trial's inputs")
+    ap.add_argument("--device", default="cuda", help="cuda, or cpu: correctness checks only, for pure-torch pairs")
     ap.add_argument("--compile", action="store_true", help="also time torch.compile of the reference (compiles for minutes)")
     ap.add_argument("--shapes", default="", help="extra shapes for the problem's make_inputs, e.g. '2,63,3,33;1,1024,8,64'")
     ap.add_argument("--json", help="write KernelBench's fields plus ours here")
@@ -457,6 +464,10 @@ def main(argv=None):
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("eval.py: no CUDA device is visible; this harness times CUDA kernels and needs one "
               "(use --device cpu for the correctness checks of a pure-torch pair)", file=sys.stderr)
+        return 2
+    if not args.device.startswith("cuda") and re.search(r"\bload_inline\s*\(|\bload\s*\(\s*name\s*=", open(args.solution).read()):
+        print(f"eval.py: {args.solution} compiles CUDA kernels and needs a CUDA device; --device cpu runs "
+              "only pure-torch pairs", file=sys.stderr)
         return 2
     shapes = [tuple(int(x) for x in part.split(",")) for part in args.shapes.split(";") if part.strip()]
     result = evaluate(args.ref, args.solution, args.precision, args.trials, args.perf_trials, args.seed,

@@ -54,11 +54,34 @@ import importlib.util
 import inspect
 import os
 import re
+import shutil
 import subprocess
 import sys
 
 import torch
-from torch.utils.cpp_extension import load_inline
+
+
+def _find_cuda_home(environ=os.environ, default="/usr/local/cuda"):
+    """The CUDA toolkit to build with: the first of CUDA_HOME, CUDA_PATH, the folder above the real nvcc
+    on PATH, and `default` that holds bin/nvcc and include/cuda_runtime_api.h; None if none does. torch
+    guesses on its own when torch.utils.cpp_extension is first imported, from an nvcc wrapper script
+    on PATH too (then /usr/local, without headers: the build fails a minute later)."""
+    nvcc = shutil.which("nvcc", path=environ.get("PATH"))
+    for home in (environ.get("CUDA_HOME"), environ.get("CUDA_PATH"),
+                 os.path.dirname(os.path.dirname(os.path.realpath(nvcc))) if nvcc else None, default):
+        if home and os.path.isfile(os.path.join(home, "bin", "nvcc")) and \
+                os.path.isfile(os.path.join(home, "include", "cuda_runtime_api.h")):
+            return home
+    return None
+
+
+# Set before torch.utils.cpp_extension reads it (and in it, if something imported it first).
+_CUDA_HOME = _find_cuda_home()
+if _CUDA_HOME:
+    os.environ["CUDA_HOME"] = _CUDA_HOME
+    if "torch.utils.cpp_extension" in sys.modules:
+        sys.modules["torch.utils.cpp_extension"].CUDA_HOME = _CUDA_HOME
+from torch.utils.cpp_extension import load_inline  # noqa: E402
 
 __all__ = ["ModelNew", "gated_recurrence", "plan", "build", "built_units", "KERNELS", "UNITS"]
 
@@ -1901,6 +1924,7 @@ HOST_SRC = r"""
 // ===================================== host: argument checks, the plan, the launch ==========
 // Only the headers it needs (torch/extension.h would triple the host compile time).
 #include <torch/csrc/utils/pybind.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
@@ -1910,6 +1934,7 @@ HOST_SRC = r"""
 #include <algorithm>
 #include <string>
 #include <type_traits>
+#include <initializer_list>
 #include <utility>
 #include <vector>
 
@@ -2379,13 +2404,38 @@ std::string plan_text(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, i
 
 }  // namespace gr
 
+namespace gr {
+// The Python arguments as tensors, or a TypeError naming the first that is not one (pybind's own
+// mismatch message would print every argument in full). THPVariable_Check is pybind's own test.
+bool tensor_args(std::initializer_list<std::pair<pybind11::handle, const char*>> args,
+                 std::initializer_list<const at::Tensor**> out) {
+  auto o = out.begin();
+  for (const auto& a : args) {
+    GR_REQUIRE("TypeError", THPVariable_Check(a.first.ptr()), a.second, " must be a torch.Tensor, got ",
+               Py_TYPE(a.first.ptr())->tp_name);
+    **o++ = &THPVariable_Unpack(a.first.ptr());
+  }
+  return true;
+}
+}  // namespace gr
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("forward", &gr::run);
-  m.def("forward_ex", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
-                         const at::Tensor& beta, const c10::optional<at::Tensor>& initial_state, bool want_final,
+  using pybind11::handle;
+  m.def("forward", [](handle q, handle k, handle v, handle gate, handle beta) {
+    const at::Tensor *tq, *tk, *tv, *tg, *tb;
+    if (!gr::tensor_args({{q, "q"}, {k, "k"}, {v, "v"}, {gate, "gate"}, {beta, "beta"}}, {&tq, &tk, &tv, &tg, &tb}))
+      return at::Tensor();
+    return gr::run(*tq, *tk, *tv, *tg, *tb);
+  });
+  m.def("forward_ex", [](handle q, handle k, handle v, handle gate, handle beta, handle initial_state, bool want_final,
                          const std::string& kernel, const std::vector<int64_t>& config) {
     std::vector<at::Tensor> out;
-    if (!gr::run_ex(q, k, v, gate, beta, initial_state, want_final, kernel, config, out)) out.clear();
+    const at::Tensor *tq, *tk, *tv, *tg, *tb, *ts = nullptr;
+    if (!gr::tensor_args({{q, "q"}, {k, "k"}, {v, "v"}, {gate, "gate"}, {beta, "beta"}}, {&tq, &tk, &tv, &tg, &tb}) ||
+        (!initial_state.is_none() && !gr::tensor_args({{initial_state, "initial_state"}}, {&ts})))
+      return out;
+    const c10::optional<at::Tensor> s0 = ts != nullptr ? c10::optional<at::Tensor>(*ts) : c10::nullopt;
+    if (!gr::run_ex(*tq, *tk, *tv, *tg, *tb, s0, want_final, kernel, config, out)) out.clear();
     return out;
   });
   m.def("plan", &gr::plan_text);
@@ -2426,8 +2476,7 @@ def _arch_list():
 def _split_compile_flags():
     """nvcc >= 12.1 optimizes the kernels in parallel, one thread per core (a unit's build is mostly
     nvcc). The SASS is the same with and without it, so it is left out of the build key."""
-    from torch.utils.cpp_extension import CUDA_HOME
-    nvcc = os.path.join(CUDA_HOME or "/usr/local/cuda", "bin", "nvcc")
+    nvcc = os.path.join(_CUDA_HOME or "/usr/local/cuda", "bin", "nvcc")
     out = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout if os.path.exists(nvcc) else ""
     found = re.search(r"release (\d+)\.(\d+)", out)
     return ["--split-compile=0"] if found and (int(found.group(1)), int(found.group(2))) >= (12, 1) else []
@@ -2452,6 +2501,9 @@ def _compile(unit):
     build_dir = os.path.join(root, name)
     so_path = os.path.join(build_dir, name + ".so")
     if not os.path.exists(so_path):
+        if _CUDA_HOME is None:
+            raise RuntimeError("solution.py needs the CUDA toolkit to compile its kernels and found none (bin/nvcc "
+                               "with include/cuda_runtime_api.h): set CUDA_HOME to its folder, e.g. /usr/local/cuda")
         os.makedirs(build_dir, exist_ok=True)
         print(f"solution.py: compiling unit {unit} for sm_{arch.replace('.', '')} "
               f"({'at import' if unit == 'core' else 'first use'}; once, cached in {build_dir})",

@@ -1,6 +1,8 @@
 """Shared fixtures. The CUDA extension is built once per session, in a subprocess that keeps the
 compiler's output (test_build reads it), then imported here from the same build folder."""
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -11,8 +13,11 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-# A fresh build folder unless the caller chose one (the device script shares one with bench.py).
-os.environ.setdefault("TORCH_EXTENSIONS_DIR", tempfile.mkdtemp(prefix="gr_ext_"))
+# A fresh build folder unless the caller chose one (the device script shares one with bench.py); ours
+# goes when the run ends.
+if "TORCH_EXTENSIONS_DIR" not in os.environ:
+    os.environ["TORCH_EXTENSIONS_DIR"] = tempfile.mkdtemp(prefix="gr_ext_")
+    atexit.register(shutil.rmtree, os.environ["TORCH_EXTENSIONS_DIR"], ignore_errors=True)
 
 HAS_CUDA = torch.cuda.is_available()
 cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")

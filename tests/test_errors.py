@@ -55,10 +55,25 @@ def test_bad_input_raises_named_error(sol, case):
         sol.gated_recurrence(*xs)
 
 
-@pytest.mark.parametrize("value", [None, 3.0, [1.0]], ids=["None", "float", "list"])
-def test_non_tensor_argument_is_a_type_error(sol, value):
-    with pytest.raises(TypeError):
-        sol.gated_recurrence(*replaced("gate", value))
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("value,type_name", [(None, "NoneType"), (0.9, "float"), ([1.0], "list")],
+                         ids=["None", "float", "list"])
+def test_non_tensor_argument_is_a_type_error_naming_it(sol, name, value, type_name):
+    """One line naming the argument and what it got, on every entry point (not pybind's list of every
+    argument printed in full)."""
+    message = rf"^{name} must be a torch\.Tensor, got {type_name}$"
+    with pytest.raises(TypeError, match=message):
+        sol.gated_recurrence(*replaced(name, value))
+    with pytest.raises(TypeError, match=message):
+        sol.gated_recurrence(*replaced(name, value), output_final_state=True)
+    with pytest.raises(TypeError, match=message):
+        sol.ModelNew()(*replaced(name, value))
+
+
+@pytest.mark.parametrize("value,type_name", [(0.5, "float"), ([[0.0]], "list")], ids=["float", "list"])
+def test_initial_state_must_be_a_tensor_or_none(sol, value, type_name):
+    with pytest.raises(TypeError, match=rf"^initial_state must be a torch\.Tensor, got {type_name}$"):
+        sol.gated_recurrence(*good(), initial_state=value)
 
 
 BF16 = [x.to(torch.bfloat16) for x in good()]

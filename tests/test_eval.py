@@ -92,3 +92,19 @@ def test_cli_cpu_mode_report(capsys):
                          "--shapes", "1,5,1,3"]) == 0
     out = capsys.readouterr().out
     assert "verdict: CORRECT" in out and "cross_call_caching" in out
+
+
+def test_cpu_mode_refuses_a_cuda_solution_at_once(capsys):
+    """--device cpu with a solution that compiles CUDA: one line, exit 2, before anything is built."""
+    assert harness.main(["--device", "cpu", "--solution", os.path.join(ROOT, "solution.py")]) == 2
+    assert "compiles CUDA kernels and needs a CUDA device" in capsys.readouterr().err
+
+
+def test_help_explains_every_option_with_its_default():
+    text = subprocess.run([sys.executable, os.path.join(ROOT, "eval.py"), "--help"], capture_output=True, text=True,
+                          cwd=ROOT).stdout
+    for option in ("--ref", "--solution", "--precision", "--trials", "--perf-trials", "--seed", "--device",
+                   "--shapes", "--compile", "--json"):
+        assert option in text
+    for default in ("(default: 5)", "(default: 100)", "(default: 42)", "(default: cuda)", "(default: fp32)"):
+        assert default in " ".join(text.split()), default
