@@ -7,6 +7,7 @@ Math, per batch b and head h, S_0 = 0 (a D_k x D_v state kept in fp32):
 
 q, k: (B, T, H, D_k); v, y: (B, T, H, D_v); gate, beta: (B, T, H); any strides; float32, float16 or
 bfloat16 (one dtype for all); 1 <= D_k, D_v <= 256. Arithmetic is fp32; y has the input dtype.
+GPUs: compute capability 7.5 and newer (below 8.0 the plan uses only recurrent and parallel).
 
 Kernels. make_plan() (HOST_SRC, section "plan") picks one per call and fills one Plan record with
 everything the launch depends on; plan(B, T, H, D_k, D_v, dtype) prints that record.
@@ -289,17 +290,30 @@ __device__ __forceinline__ void ldm4(uint32_t (&r)[4], const void* row) {
 template <int BYTES>
 __device__ __forceinline__ void cp_async(void* dst, const void* src, bool valid) {
   static_assert(BYTES == 16 || BYTES == 4, "cp.async copies 16 bytes (.cg) or 4 (.ca)");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800  // sm_75: no cp.async; a plain copy (the waits are no-ops)
+  using W = typename std::conditional<BYTES == 16, uint4, uint32_t>::type;
+  *reinterpret_cast<W*>(dst) = valid ? *reinterpret_cast<const W*>(src) : W{};
+#else
   const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
   if constexpr (BYTES == 16)
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
   else
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 4 : 0) : "memory");
+#endif
 }
 template <int = 0>
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_commit() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
 // Waits until at most N of this thread's committed groups are still in flight.
 template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void cp_async_wait() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
 
 
 // Every launch: kernel<<<grid, kMaxThreads, smem, stream>>>(args), as a programmatic dependent
@@ -525,9 +539,13 @@ namespace gr {
 namespace {
 
 __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // TF32 mma.sync is sm_80+; make_plan never picks chunk_tf32 below (the unit still compiles)
+#else
   asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
 }
 
 // hi = x rounded to TF32 (adding half a TF32 ulp to the bit pattern and clearing the 13 low bits
@@ -1534,9 +1552,13 @@ namespace gr {
 namespace {
 
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // bf16 mma.sync is sm_80+; make_plan never picks chunk_bf16 below (the unit still compiles)
+#else
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
 }
 
 // (x0, x1) as bf16x2 hi and lo, x0 in the low half. lo is 0 where x - hi is NaN (x infinite or NaN,
@@ -2074,20 +2096,26 @@ bool check_state(const at::Tensor& s, const at::Tensor& q, const at::Tensor& v) 
 struct Shape { int64_t B, T, H, Dk, Dv; };
 struct Layout { bool q, k, v, y; };  // rows 16-byte aligned with unit column stride: vector access legal
 
-// The current device's SM count and opt-in shared memory per block (an H200's without a device, so
-// that plan() also answers on a machine with no GPU).
-struct DeviceLimits { int64_t sms; size_t smem; bool pdl; };  // pdl: sm_90 or newer
+// The current device's SM count, opt-in shared memory per block and compute capability (an H200's
+// without a device, so that plan() also answers on a machine with no GPU).
+struct DeviceLimits {
+  int64_t sms;
+  size_t smem;
+  bool pdl;  // sm_90 or newer
+  int arch;  // 10 * major + minor: the chunk kernels' mma.sync needs 80
+};
 DeviceLimits device_limits() {
   static DeviceLimits cache[64] = {};
-  if (c10::cuda::device_count() == 0) return {132, 232448, false};
+  if (c10::cuda::device_count() == 0) return {132, 232448, true, 90};
   const int dev = c10::cuda::current_device();
   if (dev < 64 && cache[dev].sms > 0) return cache[dev];
-  int sms = 0, smem = 0, major = 0;
+  int sms = 0, smem = 0, major = 0, minor = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
-    return {132, 232448, false};
-  const DeviceLimits lim{sms, (size_t)smem, major >= 9};
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+    return {132, 232448, false, 90};  // conservative: no programmatic dependent launch
+  const DeviceLimits lim{sms, (size_t)smem, major >= 9, 10 * major + minor};
   if (dev < 64) cache[dev] = lim;
   return lim;
 }
@@ -2235,7 +2263,8 @@ bool make_plan(const Shape& s, DType dt, const Layout& lay, const DeviceLimits& 
   const Kernel chunked = dt == DType::bf16 ? Kernel::chunk_bf16 : Kernel::chunk_tf32;
   if (kernel.empty()) {
     GR_REQUIRE("ValueError", config.empty(), "config needs an explicit kernel");
-    pl.kernel = use_chunked(s) ? chunked : use_parallel(s) ? Kernel::parallel : Kernel::recurrent;
+    // below sm_80 (no mma.sync for TF32 or bf16) long sequences take the recurrent kernel
+    pl.kernel = use_chunked(s) && lim.arch >= 80 ? chunked : use_parallel(s) ? Kernel::parallel : Kernel::recurrent;
   } else if (kernel == "recurrent" || kernel == "chunked" || kernel == "parallel") {
     pl.kernel = kernel == "chunked" ? chunked : kernel == "parallel" ? Kernel::parallel : Kernel::recurrent;
   } else if (kernel == "chunk_tf32") {
@@ -2247,6 +2276,9 @@ bool make_plan(const Shape& s, DType dt, const Layout& lay, const DeviceLimits& 
     GR_REQUIRE("TypeError", dt == DType::bf16, "chunk_bf16 takes bfloat16 inputs, got ", dtype_str(dt));
     pl.kernel = Kernel::chunk_bf16;
   }
+  GR_REQUIRE("ValueError", lim.arch >= 80 || pl.kernel == Kernel::recurrent || pl.kernel == Kernel::parallel,
+             kKernelNames[(int)pl.kernel], " needs mma.sync of compute capability 8.0 or newer; this device is ",
+             lim.arch / 10, ".", lim.arch % 10);
   if (pl.kernel != Kernel::recurrent) {
     if (pl.kernel == Kernel::parallel ? plan_parallel(s, lay, lim, config, pl) : plan_chunked(s, lay, lim, config, pl))
       return true;
@@ -2392,14 +2424,19 @@ bool run_ex(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
 }
 
 // plan() for Python: the planned record for contiguous inputs of this shape and dtype, as text.
-std::string plan_text(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, int64_t dtype) {
+// With sms, smem and arch all given (nonzero), for a device with those limits instead (tests: the plan
+// of every GPU family fits it).
+std::string plan_text(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, int64_t dtype, int64_t sms,
+                      int64_t smem, int64_t arch) {
   const Shape s{B, T, H, Dk, Dv};
   if (!check_sizes(s)) return std::string();
   const DType dt = static_cast<DType>(dtype);
   const int V = 16 / elem_size(dt);
   const Layout lay{Dk % V == 0, Dk % V == 0, Dv % V == 0, Dv % V == 0};
+  const DeviceLimits lim = sms > 0 && smem > 0 && arch > 0 ? DeviceLimits{sms, (size_t)smem, arch >= 90, (int)arch}
+                                                           : device_limits();
   Plan pl;
-  return make_plan(s, dt, lay, device_limits(), kPlanned, kNoConfig, pl) ? describe(pl) : std::string();
+  return make_plan(s, dt, lay, lim, kPlanned, kNoConfig, pl) ? describe(pl) : std::string();
 }
 
 }  // namespace gr
@@ -2505,7 +2542,8 @@ def _compile(unit):
             raise RuntimeError("solution.py needs the CUDA toolkit to compile its kernels and found none (bin/nvcc "
                                "with include/cuda_runtime_api.h): set CUDA_HOME to its folder, e.g. /usr/local/cuda")
         os.makedirs(build_dir, exist_ok=True)
-        print(f"solution.py: compiling unit {unit} for sm_{arch.replace('.', '')} "
+        targets = ", ".join("sm_" + a.replace(".", "") for a in re.split(r"[;\s]+", arch) if a)
+        print(f"solution.py: compiling unit {unit} for {targets} "
               f"({'at import' if unit == 'core' else 'first use'}; once, cached in {build_dir})",
               file=sys.stderr, flush=True)
         if not torch.cuda.is_available():  # no device to query: torch reads the arch list from here
@@ -2599,10 +2637,17 @@ _DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
 def plan(B, T, H, Dk, Dv, dtype="float32"):
     """The launch the dispatch picks for contiguous inputs of this shape and dtype (a torch dtype or
     its name), as text: kernel, source constant, unit, configuration, grid and shared memory."""
+    return _plan_on(B, T, H, Dk, Dv, dtype)
+
+
+def _plan_on(B, T, H, Dk, Dv, dtype="float32", sms=0, smem=0, arch=0):
+    """plan() for a device with these limits (SM count, opt-in shared memory a block, 10 * major +
+    minor), or this one with zeros: tests check that each GPU family's plans fit it."""
     name = str(dtype).replace("torch.", "")
     if name not in _DTYPE_CODES:
         raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype!r}")
-    return _call(lambda *a: _core.plan(*a) or None, int(B), int(T), int(H), int(Dk), int(Dv), _DTYPE_CODES[name])
+    return _call(lambda *a: _core.plan(*a) or None, int(B), int(T), int(H), int(Dk), int(Dv), _DTYPE_CODES[name],
+                 int(sms), int(smem), int(arch))
 
 
 class ModelNew(torch.nn.Module):
