@@ -67,7 +67,7 @@ def _find_cuda_home(environ=os.environ, default="/usr/local/cuda"):
     on PATH, and `default` that holds bin/nvcc and include/cuda_runtime_api.h; None if none does. torch
     guesses on its own when torch.utils.cpp_extension is first imported, from an nvcc wrapper script
     on PATH too (then /usr/local, without headers: the build fails a minute later)."""
-    nvcc = shutil.which("nvcc", path=environ.get("PATH"))
+    nvcc = shutil.which("nvcc", path=environ.get("PATH", os.defpath))
     for home in (environ.get("CUDA_HOME"), environ.get("CUDA_PATH"),
                  os.path.dirname(os.path.dirname(os.path.realpath(nvcc))) if nvcc else None, default):
         if home and os.path.isfile(os.path.join(home, "bin", "nvcc")) and \
@@ -1969,7 +1969,7 @@ const char* const kKernelNames[] = {"recurrent", "parallel", "chunk_tf32", "chun
 const char* const kSourceNames[] = {"RECURRENT_SRC", "PARALLEL_SRC", "CHUNK_TF32_SRC", "CHUNK_BF16_SRC"};
 const char* const kUnitNames[] = {"core", "chunk_tf32", "chunk_bf16"};
 constexpr Unit kUnitOf[] = {Unit::core, Unit::core, Unit::chunk_tf32, Unit::chunk_bf16};
-constexpr int64_t kParallelMaxT = kMaxThreads;  // thread t stages step t's gate and beta
+constexpr int64_t kParallelMaxT = 256;  // warp 0's lanes hold at most 8 gates each (PARALLEL_SRC)
 // Programmatic dependent launch of segment_scan and the output phase (0 to measure without).
 #ifndef GR_PDL
 #define GR_PDL 1
@@ -2114,7 +2114,7 @@ DeviceLimits device_limits() {
       cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
-    return {132, 232448, false, 90};  // conservative: no programmatic dependent launch
+    return {132, 49152, false, 75};  // unknown device: what every supported GPU can run
   const DeviceLimits lim{sms, (size_t)smem, major >= 9, 10 * major + minor};
   if (dev < 64) cache[dev] = lim;
   return lim;
