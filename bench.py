@@ -30,7 +30,7 @@ import time
 import torch
 
 import reference
-from timing import graph_replay_time, host_us, kernelbench_time, rel_l2
+from timing import call_times_us, floor_call, kernelbench_time, rel_l2
 
 SHAPES = {  # name: (B, T, H, D, dtype)
     "S0": (2, 128, 4, 24, torch.float32),
@@ -102,16 +102,12 @@ def bench_shape(name, shape, args, sol, peers):
 def floor_rows(sol, trials):
     """The KernelBench shape in each dtype: the floor (allocation plus one tiny kernel) and ours, timed
     alike."""
-    floor = lambda q, k, v, g, b: torch.empty_like(v).zero_()  # noqa: E731
     rows = []
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         inputs = [x.cuda().to(dtype) for x in reference.get_inputs()]
-        for what, fn in (("floor: empty_like(v).zero_()", floor), ("ours: " + sol.plan(2, 128, 4, 24, 24, dtype).split()[0],
-                                                                  sol.ModelNew())):
-            kb = kernelbench_time(fn, inputs, trials=trials)
-            rows.append({"what": what, "dtype": str(dtype).replace("torch.", ""), "kb_median_us": kb["median"] * 1e3,
-                         "kb_mean_us": kb["mean"] * 1e3, "graph_us": graph_replay_time(fn, inputs, trials=50)["median"] * 1e3,
-                         "host_us": host_us(fn, inputs)})
+        for what, fn in (("floor: empty_like(v).zero_()", floor_call),
+                         ("ours: " + sol.plan(2, 128, 4, 24, 24, dtype).split()[0], sol.ModelNew())):
+            rows.append({"what": what, "dtype": str(dtype).replace("torch.", ""), **call_times_us(fn, inputs, trials)})
     return rows
 
 

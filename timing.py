@@ -85,6 +85,18 @@ def host_us(fn, args, calls=2000):
     return dt
 
 
+def floor_call(q, k, v, gate, beta):
+    """The floor row of a call: its output allocation plus one tiny kernel."""
+    return torch.empty_like(v).zero_()
+
+
+def call_times_us(fn, args, trials=100):
+    """One call timed three ways, in us: KernelBench median and mean, CUDA-graph replay per call, host."""
+    kb = kernelbench_time(fn, args, trials=trials)
+    return {"kb_median_us": kb["median"] * 1e3, "kb_mean_us": kb["mean"] * 1e3,
+            "graph_us": graph_replay_time(fn, args, trials=50)["median"] * 1e3, "host_us": host_us(fn, args)}
+
+
 def rel_l2(out, ref):
     """||out - ref|| / ||ref|| in float64; inf when out has NaN where ref has none."""
     out, ref = out.double(), ref.double()

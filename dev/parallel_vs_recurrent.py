@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import reference  # noqa: E402
 import solution  # noqa: E402
-from timing import graph_replay_time, host_us, kernelbench_time, rel_l2  # noqa: E402
+from timing import call_times_us, floor_call, kernelbench_time, rel_l2  # noqa: E402
 
 
 def run(kernel):
@@ -67,19 +67,15 @@ def main():
         spec = importlib.util.spec_from_file_location("solution_baseline", args.baseline)
         base = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(base)
-    floor = lambda q, k, v, g, b: torch.empty_like(v).zero_()  # noqa: E731
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         xs = [x.cuda().to(dtype) for x in reference.get_inputs()]
-        fns = [("floor: empty_like(v).zero_()", floor),
+        fns = [("floor: empty_like(v).zero_()", floor_call),
                ("planned: " + solution.plan(2, 128, 4, 24, 24, dtype), solution.gated_recurrence),
                ("recurrent", run("recurrent")), ("ModelNew", solution.ModelNew())]
         if base is not None:
             fns += [("baseline planned", base.gated_recurrence), ("baseline ModelNew", base.ModelNew())]
         for name, fn in fns:
-            kb = kernelbench_time(fn, xs, trials=200)
-            row = {"what": name, "dtype": str(dtype)[6:], "kb_median_us": kb["median"] * 1e3,
-                   "kb_mean_us": kb["mean"] * 1e3, "graph_us": graph_replay_time(fn, xs, trials=50)["median"] * 1e3,
-                   "host_us": host_us(fn, xs)}
+            row = {"what": name, "dtype": str(dtype)[6:], **call_times_us(fn, xs, trials=200)}
             out["spec"].append(row)
             print(f"spec {row['dtype']:8s} {name[:40]:40s} KB median {row['kb_median_us']:6.2f} mean "
                   f"{row['kb_mean_us']:6.2f} graph {row['graph_us']:6.2f} host {row['host_us']:6.2f} us", flush=True)
