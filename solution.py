@@ -142,12 +142,12 @@ struct Plan {
   // parallel and chunk kernels
   int rtiles;            // parallel: row tiles of kParallelRows steps
   int sp_log;            // parallel: each P V sum split over 2^sp_log lanes
-  int NV, DK;            // column tile; D_k compiled in (64 or 128) or 0 (D_k at run time)
+  int NV, DK;            // column tile; D_k compiled in (chunk: 64 or 128; parallel: GR_PARALLEL_TILES) or 0
   int DKP;               // D_k padded to 16 (chunk kernels) or 8 (parallel)
   int vtiles;            // ceil(D_v / NV)
   int nseg, seg_chunks;  // segments a (b, h) sequence, chunks a segment
   bool vec_qk, vec_v, vec_y;  // 16-byte accesses legal for q and k / v / y
-  bool pdl;              // segment_scan and the output phase as programmatic dependent launches
+  bool pdl;              // programmatic dependent launches: parallel; segment_scan and the output phase
   int64_t work_floats;   // workspace: (nseg - 1) segment states and decays a (b, h)
 };
 
@@ -178,6 +178,8 @@ inline size_t chunk_bf16_smem(int NV, int DKP) {
   X(6, 8) X(8, 8) X(6, 16) X(8, 16) X(6, 32) X(8, 32)
 // (NV, DK) instantiations of each chunk kernel: compiled D_k for wide aligned heads, run-time D_k else.
 #define GR_CHUNK_INSTANCES(X) X(64, 64) X(64, 128) X(32, 0) X(64, 0)
+// Compiled tiles of the parallel kernel: D_k = D_v = D with rows 16-byte aligned (common small heads).
+#define GR_PARALLEL_TILES(X) X(16) X(24) X(32) X(64)
 
 // A unit's entry point: runs every launch of the plan on the stream; on failure returns the CUDA error
 // and names the launch in *failed. `work` holds plan.work_floats floats (or is nullptr).
@@ -315,6 +317,22 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
+// Programmatic dependent launch (sm_90+): a kernel launched with pdl may start while the previous
+// kernel in the stream still runs; it waits here before it touches memory, and the previous kernel
+// lets it start by calling griddep_launch. Both are no-ops for a kernel launched without pdl.
+// Templates: a unit that never waits compiles no copy.
+template <int = 0>
+__device__ __forceinline__ void griddep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+template <int = 0>
+__device__ __forceinline__ void griddep_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
 
 // Every launch: kernel<<<grid, kMaxThreads, smem, stream>>>(args), as a programmatic dependent
 // launch when pdl is set; returns the launch's error.
@@ -743,35 +761,51 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
 // rows x cols (padded, multiples of 8) of a strided source into dst (pitch ld), in the source dtype, zero
 // outside rows_valid x cols_valid: cp.async of 16 bytes (vec) or of 4-byte elements, or (2-byte elements
 // without vec) plain loads. Issues only; the caller waits. Not unrolled: code this kernel runs a few
-// times costs more to fetch than its loop overhead.
-template <typename T>
+// times costs more to fetch than its loop overhead. PR > 0: a compiled tile of PR 16-byte copies a row,
+// every column valid and unit column stride (the map's divisions by constants).
+template <typename T, int PR = 0>
 __device__ __forceinline__ void stage_async(bool vec, const StageMap& m, T* dst, int ld, const T* src, int64_t st,
                                             int64_t sd, int rows_valid, int cols_valid, int rows) {
   const int V = vec ? 16 / (int)sizeof(T) : 1;
+  const int per_row = PR ? PR : m.per_row, dr = PR ? kMaxThreads / PR : m.dr, dc = PR ? kMaxThreads % PR : m.dc;
   // tid / per_row exactly: (tid + 0.5) / per_row is at least 1 / 512 away from an integer
-  int r = __float2int_rz(((float)threadIdx.x + 0.5f) * m.inv), c = threadIdx.x - r * m.per_row;
+  int r = PR ? (int)threadIdx.x / PR : __float2int_rz(((float)threadIdx.x + 0.5f) * m.inv);
+  int c = threadIdx.x - r * per_row;
 #pragma unroll 1
   while (r < rows) {
-    const bool ok = r < rows_valid && c * V < cols_valid;
+    const bool ok = r < rows_valid && (PR > 0 || c * V < cols_valid);
     T* d = dst + r * ld + c * V;
-    const T* s = ok ? src + r * st + (int64_t)c * V * sd : src;
-    if (vec) cp_async<16>(d, s, ok);
+    const T* s = ok ? src + r * st + (PR ? (int64_t)c * V : (int64_t)c * V * sd) : src;
+    if (PR > 0 || vec) cp_async<16>(d, s, ok);
     else if constexpr (sizeof(T) == 4) cp_async<4>(d, s, ok);
     else *d = ok ? __ldg(s) : from_float<T>(0.f);
-    r += m.dr;
-    c += m.dc;
-    if (c >= m.per_row) { c -= m.per_row; ++r; }
+    r += dr;
+    c += dc;
+    if (c >= per_row) { c -= per_row; ++r; }
   }
 }
 
-template <typename scalar_t>
+// log2 of the lanes each P V sum is split over: as many as keep every thread busy (plan_parallel's rule;
+// folded to a constant for a compiled tile).
+__device__ __forceinline__ int parallel_split_log(int NV) {
+  int sp = 0;
+  while (sp < 5 && ((kParallelRows * NV / 4) << (sp + 1)) <= kMaxThreads) ++sp;
+  return sp;
+}
+
+// DKC = NVC > 0: a compiled tile (D_k = D_v = DKC, rows 16-byte aligned, one column tile): every loop
+// bound and pitch a constant; 0: the run-time instantiation serves every other shape and layout.
+template <typename scalar_t, int DKC, int NVC>
 __global__ void __launch_bounds__(kMaxThreads) parallel_kernel(const ParallelParams p) {
-  constexpr int RT = kParallelRows, PAD = 16 / (int)sizeof(scalar_t);
+  constexpr int RT = kParallelRows, PAD = 16 / (int)sizeof(scalar_t), VE = 16 / (int)sizeof(scalar_t);
+  constexpr bool kCompiled = DKC > 0;
   extern __shared__ __align__(16) unsigned char par_smem[];
   const int b = blockIdx.x / p.H, h = blockIdx.x - b * p.H, rt = blockIdx.y, vt = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int DKP = kCompiled ? DKC : p.DKP, NV = kCompiled ? NVC : p.NV;
+  const bool vec = kCompiled || p.vec;
   const int t0 = rt * RT, L = t0 + RT;  // this tile's first step; steps it stages
-  const int j0 = vt * p.NV, nv = min(p.NV, p.Dv - j0), LDK = p.DKP + PAD, LDV = p.NV + PAD, LDP = p.L + 4;
+  const int j0 = vt * NV, nv = kCompiled ? NV : min(NV, p.Dv - j0), LDK = DKP + PAD, LDV = NV + PAD, LDP = p.L + 4;
   // Layout (parallel_smem): doubles, staged inputs, floats.
   double* Growd = reinterpret_cast<double*>(par_smem);  // RT: prod g[t0..t]; [RT]: prod g[0..t0-1]
   scalar_t* Ks = reinterpret_cast<scalar_t*>(par_smem + 16 * sizeof(double));  // p.L x LDK
@@ -791,6 +825,9 @@ __global__ void __launch_bounds__(kMaxThreads) parallel_kernel(const ParallelPar
   // past T); their loads go out first, then every thread's share of q, k and v (cp.async)
   const int E = (t0 + 31) / 32, s_lo = min(lane * E, t0), s_hi = min(s_lo + E, t0);
   float gw[8], bw[8];
+  // launched with pdl (sm_90): everything above overlapped the previous kernel; no global access before
+  griddep_wait<>();
+  griddep_launch<>();
   if (warp == 0) {
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
@@ -804,9 +841,10 @@ __global__ void __launch_bounds__(kMaxThreads) parallel_kernel(const ParallelPar
     bw[0] = in ? to_float(beta[(int64_t)(t0 + lane) * p.sb.t]) : 0.f;
   }
   const int Lv = min(L, p.T);
-  stage_async<scalar_t>(p.vec, p.map_k, Qs, LDK, q + (int64_t)t0 * p.sq.t, p.sq.t, p.sq.d, Lv - t0, p.Dk, RT);
-  stage_async<scalar_t>(p.vec, p.map_k, Ks, LDK, k, p.sk.t, p.sk.d, Lv, p.Dk, L);
-  stage_async<scalar_t>(p.vec, p.map_v, Vs, LDV, v, p.sv.t, p.sv.d, Lv, nv, L);
+  constexpr int PRK = DKC / VE, PRV = NVC / VE;  // 16-byte copies a row of a compiled tile (else 0)
+  stage_async<scalar_t, PRK>(vec, p.map_k, Qs, LDK, q + (int64_t)t0 * p.sq.t, p.sq.t, p.sq.d, Lv - t0, p.Dk, RT);
+  stage_async<scalar_t, PRK>(vec, p.map_k, Ks, LDK, k, p.sk.t, p.sk.d, Lv, p.Dk, L);
+  stage_async<scalar_t, PRV>(vec, p.map_v, Vs, LDV, v, p.sv.t, p.sv.d, Lv, nv, L);
   cp_async_commit<>();
 
   // ---- gate tables while the copies fly, all in double, each value rounded once
@@ -854,8 +892,8 @@ __global__ void __launch_bounds__(kMaxThreads) parallel_kernel(const ParallelPar
     const scalar_t* kr = Ks + s * LDK;
     const scalar_t* q0 = Qs + 2 * rp * LDK;
     float d0 = 0.f, d1 = 0.f;
-#pragma unroll 2
-    for (int c = 0; c < p.DKP; c += 4) {
+#pragma unroll(kCompiled ? DKC / 4 : 2)
+    for (int c = 0; c < DKP; c += 4) {
       const float4 kk = lds4(kr + c), a = lds4(q0 + c), e = lds4(q0 + LDK + c);
       d0 = fmaf(a.x, kk.x, fmaf(a.y, kk.y, fmaf(a.z, kk.z, fmaf(a.w, kk.w, d0))));
       d1 = fmaf(e.x, kk.x, fmaf(e.y, kk.y, fmaf(e.z, kk.z, fmaf(e.w, kk.w, d1))));
@@ -869,11 +907,12 @@ __global__ void __launch_bounds__(kMaxThreads) parallel_kernel(const ParallelPar
 
   // ---- y = Grow[t] (P V)_{s < t0} + (P V)_{t0 <= s <= t} + A[t] (q_t^T S_0): thread (row i, columns
   // 4 jg .. 4 jg + 3, lane sp of SP), the sums over s split across the SP lanes, joined by shuffles
-  const int SP = 1 << p.sp_log, sp = tid & (SP - 1), NG = p.NV / 4, total = RT * NG;
+  const int sp_log = kCompiled ? parallel_split_log(NV) : p.sp_log;
+  const int SP = 1 << sp_log, sp = tid & (SP - 1), NG = NV / 4, total = RT * NG;
   const double before = Growd[RT];
 #pragma unroll 1
-  for (int base = 0; base < total; base += kMaxThreads >> p.sp_log) {  // uniform across the block
-    const int combo = base + (tid >> p.sp_log), i = combo % RT, jg = combo / RT, t = t0 + i;
+  for (int base = 0; base < total; base += kMaxThreads >> sp_log) {  // uniform across the block
+    const int combo = base + (tid >> sp_log), i = combo % RT, jg = combo / RT, t = t0 + i;
     const bool active = combo < total;
     float off[4] = {0.f, 0.f, 0.f, 0.f}, dg[4] = {0.f, 0.f, 0.f, 0.f}, s0[4] = {0.f, 0.f, 0.f, 0.f};
     if (active) {
@@ -914,7 +953,7 @@ __global__ void __launch_bounds__(kMaxThreads) parallel_kernel(const ParallelPar
     }
     if (active && sp == 0 && t < p.T) {
       scalar_t* yr = static_cast<scalar_t*>(p.y) + b * p.sy.b + h * p.sy.h + (int64_t)t * p.sy.t + (j0 + 4 * jg) * p.sy.d;
-      if (p.vec_y && 4 * jg + 3 < nv) {  // y is ours: contiguous, rows aligned when D_v % 4 == 0
+      if (kCompiled || (p.vec_y && 4 * jg + 3 < nv)) {  // y is ours: contiguous, rows aligned when D_v % 4 == 0
         if constexpr (sizeof(scalar_t) == 4)
           *reinterpret_cast<float4*>(yr) = make_float4(y[0], y[1], y[2], y[3]);
         else
@@ -969,12 +1008,19 @@ cudaError_t launch_parallel(const Plan& pl, const Problem& pr, cudaStream_t s) {
   const int V = pl.vec ? 16 / (int)sizeof(scalar_t) : 1;
   p.map_k = stage_map(pl.DKP / V);
   p.map_v = stage_map(pl.NV / V);
-  static bool done[64] = {};
-  const auto kernel = parallel_kernel<scalar_t>;
-  const cudaError_t err = pl.smem > 48 * 1024 ? allow_smem(kernel, done) : cudaSuccess;
   // grid (b * H + h, row tile, column tile): no divisions to find them
   const dim3 grid((unsigned)pr.BH, (unsigned)pl.rtiles, (unsigned)pl.vtiles);
-  return err != cudaSuccess ? err : launch_ex(kernel, grid, pl.smem, s, false, p);
+#define GR_CASE(D_)                                                                   \
+  if (pl.DK == D_) {                                                                  \
+    static bool done[64] = {};                                                        \
+    const auto kernel = parallel_kernel<scalar_t, D_, D_>;                            \
+    const cudaError_t err = pl.smem > 48 * 1024 ? allow_smem(kernel, done) : cudaSuccess; \
+    return err != cudaSuccess ? err : launch_ex(kernel, grid, pl.smem, s, pl.pdl, p); \
+  }
+  GR_CASE(0)
+  GR_PARALLEL_TILES(GR_CASE)
+#undef GR_CASE
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace
@@ -1061,20 +1107,6 @@ __device__ __forceinline__ void write_gate_tables(float* t, float g_reg, float b
 __device__ __forceinline__ float masked_entry(float d, int t, int s, const GateTables& gt) {
   if (s > t) return 0.f;
   return d * (((t >> 4) == (s >> 4) ? gt.ltab[t * 16 + (s & 15)] : gt.pin[t] * gt.sout[s]) * gt.bsm[s]);
-}
-
-// Programmatic dependent launch (sm_90+): a kernel launched with pdl may start while the previous
-// kernel in the stream still runs; it waits here before it touches memory, and the previous kernel
-// lets it start by calling griddep_launch. Both are no-ops for a kernel launched without pdl.
-__device__ __forceinline__ void griddep_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void griddep_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
 }
 
 struct ChunkParams : Problem {
@@ -1271,8 +1303,8 @@ namespace {
 // Turns each segment's own state contribution into the state at its end, in place:
 // S = initial (or 0); for each segment s but the last: S = decay_s S + contribution_s; store S.
 __global__ void __launch_bounds__(kMaxThreads) segment_scan_kernel(const ChunkParams p) {
-  griddep_wait();  // launched with pdl behind the state phase
-  griddep_launch();
+  griddep_wait<>();  // launched with pdl behind the state phase
+  griddep_launch<>();
   const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   const int64_t per_head = (int64_t)p.Dk * p.Dv;
   if (e >= p.BH * per_head) return;
@@ -1513,8 +1545,8 @@ template <typename scalar_t, int NV, int DK>
 __global__ void __launch_bounds__(kMaxThreads, 2) chunk_tf32_kernel(const ChunkParams p) {
   extern __shared__ __align__(128) float chunk_tf32_smem_buf[];
   // The output phase after segment_scan starts early (pdl): it waits here for the scanned states.
-  griddep_wait();
-  griddep_launch();
+  griddep_wait<>();
+  griddep_launch<>();
   const ChunkBlock<scalar_t> cb(p, NV);
   ChunkTF32<scalar_t, NV, DK> f(p, cb, chunk_tf32_smem_buf);
   run_chunks<NV>(p, cb, f);
@@ -1921,8 +1953,8 @@ struct ChunkBF16 {
 template <int NV, int DK>
 __global__ void __launch_bounds__(kMaxThreads, 2) chunk_bf16_kernel(const ChunkParams p) {
   extern __shared__ __align__(128) float chunk_bf16_smem_buf[];
-  griddep_wait();  // the output phase after segment_scan (pdl)
-  griddep_launch();
+  griddep_wait<>();  // the output phase after segment_scan (pdl)
+  griddep_launch<>();
   const ChunkBlock<__nv_bfloat16> cb(p, NV);
   ChunkBF16<NV, DK> f(p, cb, chunk_bf16_smem_buf);
   run_chunks<NV>(p, cb, f);
@@ -1973,6 +2005,10 @@ constexpr int64_t kParallelMaxT = 256;  // warp 0's lanes hold at most 8 gates e
 // Programmatic dependent launch of segment_scan and the output phase (0 to measure without).
 #ifndef GR_PDL
 #define GR_PDL 1
+#endif
+// Programmatic dependent launch of the parallel kernel (0 to measure without).
+#ifndef GR_PARALLEL_PDL
+#define GR_PARALLEL_PDL 1
 #endif
 
 // ---- errors. They are returned, not thrown: the entry points return an undefined tensor (None in
@@ -2247,6 +2283,12 @@ bool plan_parallel(const Shape& s, const Layout& lay, const DeviceLimits& lim, c
   const int combos = kParallelRows * pl.NV / 4;  // (row, group of 4 columns) pairs
   while (pl.sp_log < 5 && (combos << (pl.sp_log + 1)) <= kMaxThreads) ++pl.sp_log;
   pl.vec = lay.q && lay.k && lay.v;
+  pl.DK = 0;  // a compiled tile: one column tile as wide as the head, D_k = D_v, aligned rows
+#define GR_TILE(D_) if (pl.vec && s.Dk == D_ && s.Dv == D_ && pl.NV == D_ && pl.DKP == D_) pl.DK = D_;
+  GR_PARALLEL_TILES(GR_TILE)
+#undef GR_TILE
+  // behind any kernel: it touches no memory before griddepcontrol.wait
+  pl.pdl = GR_PARALLEL_PDL && lim.pdl;
   pl.blocks = s.B * s.H * pl.rtiles * pl.vtiles;
   GR_REQUIRE("ValueError", pl.blocks <= INT32_MAX, "B * H = ", s.B * s.H, " is too large for one launch");
   return true;
@@ -2304,8 +2346,8 @@ std::string describe(const Plan& pl) {
   if (pl.kernel == Kernel::recurrent)
     s += cat("R=", pl.R, " G=", pl.G, " JB=", pl.JB, " TC=", pl.TC, pl.vec ? " loads=16B" : " loads=scalar");
   else if (pl.kernel == Kernel::parallel)
-    s += cat("row_tiles=", pl.rtiles, " NV=", pl.NV, " D_k=", pl.DKP, " split=", 1 << pl.sp_log,
-             pl.vec ? " loads=16B" : " loads=scalar");
+    s += cat("row_tiles=", pl.rtiles, " NV=", pl.NV, " D_k=", pl.DKP, pl.DK > 0 ? " compiled" : " run-time",
+             " split=", 1 << pl.sp_log, pl.vec ? " loads=16B" : " loads=scalar", pl.pdl ? " pdl=on" : " pdl=off");
   else
     s += cat("C=", kChunk, " NV=", pl.NV, " D_k=", pl.DK > 0 ? cat(pl.DK, " compiled") : cat(pl.DKP, " run-time"),
              " segments=", pl.nseg, pl.nseg > 1 ? cat(" + segment_scan", pl.pdl ? " pdl=on" : " pdl=off") : "",

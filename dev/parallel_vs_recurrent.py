@@ -3,10 +3,10 @@ the KernelBench shape's four numbers (KernelBench median/mean, CUDA-graph replay
 call) beside the floor row (an output allocation plus one tiny kernel, timed the same way), and a
 crossover grid over B*H, T and D that decides the plan's boundary between the two.
 
-    python3 dev/parallel_vs_recurrent.py [--trials 50] [--no-grid] [--baseline old/solution.py]
+    python3 dev/parallel_vs_recurrent.py [--trials 50] [--no-grid] [--baseline old/solution.py ...]
                                                               (writes $OUT/parallel_vs_recurrent.json)
---baseline adds another copy of solution.py's planned call and ModelNew to the KernelBench-shape rows
-(same process, same inputs), for an A/B of a kernel change.
+--baseline (repeatable) adds another copy of solution.py's planned call and ModelNew to the
+KernelBench-shape rows (same process, same inputs), for an A/B of a kernel change.
 """
 import argparse
 import importlib.util
@@ -31,7 +31,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--trials", type=int, default=50)
     ap.add_argument("--no-grid", action="store_true")
-    ap.add_argument("--baseline", default=None, help="another solution.py to time beside this one")
+    ap.add_argument("--baseline", action="append", default=[], help="another solution.py to time beside this one")
     args = ap.parse_args()
     out = {"smoke": [], "spec": [], "grid": []}
     # ---- correctness smoke (the test suite has the full matrix)
@@ -62,18 +62,18 @@ def main():
             out["accuracy"].append(row)
             print(f"accuracy {shape} gate {gate}: " + ", ".join(f"{k} {row[k]:.2e}" for k in ("parallel", "recurrent", "chunk_tf32")))
     # ---- the KernelBench shape: planned (parallel), recurrent, and the floor row, in each dtype
-    base = None
-    if args.baseline:
-        spec = importlib.util.spec_from_file_location("solution_baseline", args.baseline)
-        base = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(base)
+    bases = []
+    for i, path in enumerate(args.baseline):
+        spec = importlib.util.spec_from_file_location(f"solution_baseline{i}", path)
+        bases.append((os.path.basename(path), importlib.util.module_from_spec(spec)))
+        spec.loader.exec_module(bases[-1][1])
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         xs = [x.cuda().to(dtype) for x in reference.get_inputs()]
         fns = [("floor: empty_like(v).zero_()", floor_call),
                ("planned: " + solution.plan(2, 128, 4, 24, 24, dtype), solution.gated_recurrence),
                ("recurrent", run("recurrent")), ("ModelNew", solution.ModelNew())]
-        if base is not None:
-            fns += [("baseline planned", base.gated_recurrence), ("baseline ModelNew", base.ModelNew())]
+        for tag, base in bases:
+            fns += [(f"{tag} planned", base.gated_recurrence), (f"{tag} ModelNew", base.ModelNew())]
         for name, fn in fns:
             row = {"what": name, "dtype": str(dtype)[6:], **call_times_us(fn, xs, trials=200)}
             out["spec"].append(row)

@@ -75,6 +75,7 @@ BOUNDARY = [
 CHUNK_KERNEL = {torch.float32: "chunk_tf32", torch.float16: "chunk_tf32", torch.bfloat16: "chunk_bf16"}
 H200_SMEM = 232448  # shared memory a block (opt-in) on the H200, and plan()'s stand-in without a device
 PARALLEL_ROWS = 8  # steps a row tile of the parallel kernel
+PARALLEL_TILES = (16, 24, 32, 64)  # compiled tiles of the parallel kernel (GR_PARALLEL_TILES): D_k = D_v = NV
 ELEM_SIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 

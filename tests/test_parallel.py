@@ -10,7 +10,8 @@ import torch
 
 import naive
 from conftest import cuda
-from helpers import (BOUNDARY, DTYPE_IDS, DTYPES, GATE_IDS, GATES, H200_SMEM, LAYOUTS, SPEC, check, check_chained,
+from helpers import (BOUNDARY, DTYPE_IDS, DTYPES, GATE_IDS, GATES, H200_SMEM, LAYOUTS, PARALLEL_TILES, SPEC, check,
+                     check_chained,
                      check_graph, check_nonfinite, check_states, inputs, misaligned, parallel_smem, ref64, rel_l2,
                      rounding_floor, run, shape_id, strided_state, v_with, views, with_beta_zero_negative_large,
                      with_nan)
@@ -42,6 +43,30 @@ def check_near_rounding(sol, xs, config=()):
 @pytest.mark.parametrize("shape", PAR_SHAPES, ids=shape_id)
 def test_shapes_and_dtypes(sol, shape, dtype):
     check_near_rounding(sol, inputs(*shape, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("T", [1, 100, 255])
+@pytest.mark.parametrize("d", PARALLEL_TILES, ids=[f"tile{d}" for d in PARALLEL_TILES])
+def test_compiled_tiles(sol, d, T, dtype):
+    """Every compiled tile (D_k = D_v = d, aligned rows), at T = 1, mid-tile and the longest, with a strided
+    initial state and the final state; the same shape one element off alignment runs the run-time one."""
+    xs = inputs(2, T, 3, d, d, dtype=dtype)
+    assert sol.plan(2, 100, 3, d, d, dtype).startswith("parallel") and " compiled " in sol.plan(2, 100, 3, d, d, dtype)
+    check_near_rounding(sol, xs)
+    check_states(sol, xs, strided_state(2, 3, d, d), KERNEL, state_tol=STATE_FP32)
+    check_near_rounding(sol, [misaligned(x) for x in xs[:3]] + xs[3:])
+
+
+@pytest.mark.parametrize("gate", GATES, ids=GATE_IDS)
+@pytest.mark.parametrize("d", PARALLEL_TILES, ids=[f"tile{d}" for d in PARALLEL_TILES])
+def test_compiled_tiles_gate_values(sol, d, gate):
+    check_near_rounding(sol, inputs(1, 200, 2, d, d, gate=gate))
+
+
+@pytest.mark.parametrize("where", ["q", "k", "v", "gate", "beta"])
+def test_compiled_tile_nan(sol, where):
+    check_nonfinite(sol, with_nan(inputs(2, 80, 3, 24, 24), where), KERNEL)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)

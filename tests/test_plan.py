@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from helpers import (BOUNDARY, CHUNK_INSTANCES, H200_SMEM, PAIR_CONFIGS, PARALLEL_ROWS, SPEC, parallel_nv,
+from helpers import (BOUNDARY, CHUNK_INSTANCES, H200_SMEM, PAIR_CONFIGS, PARALLEL_ROWS, PARALLEL_TILES, SPEC, parallel_nv,
                      parallel_smem, planned_kernel, shape_id)
 
 GLOBAL_KERNEL = r"__global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)_kernel\("
@@ -56,6 +56,11 @@ def test_chunk_tests_cover_every_instantiation():
     assert all(shape[1] % 32 for _, shape, _, _ in CHUNK_INSTANCES)  # ragged last chunks
 
 
+def test_parallel_tiles_are_the_tested_ones(sol):
+    found = re.search(r"#define GR_PARALLEL_TILES\(X\)(.*)", "".join(sol.SOURCES.values()))
+    assert found is None or tuple(int(d) for d in re.findall(r"X\((\d+)\)", found.group(1))) == PARALLEL_TILES
+
+
 def test_chunk_instantiations_are_the_tested_ones(sol):
     assert macro_pairs(sol, "GR_CHUNK_INSTANCES") in (None, [(32, 0), (64, 0), (64, 64), (64, 128)])
 
@@ -74,7 +79,7 @@ def test_plan_names_a_kernel_and_its_configuration(sol, shape, dtype):
     if kernel == "recurrent":
         assert re.search(r"\bR=\d+ G=\d+ JB=\d+ TC=\d+", text), text
     elif kernel == "parallel":
-        assert re.search(r"\brow_tiles=\d+ NV=\d+ D_k=\d+ split=\d+ loads=(16B|scalar)\b", text), text
+        assert re.search(r"\brow_tiles=\d+ NV=\d+ D_k=\d+ (compiled|run-time) split=\d+ loads=(16B|scalar) pdl=(on|off)\b", text), text
     else:
         segments = int(re.search(r"\bsegments=(\d+)", text).group(1))
         assert segments >= 1 and ("segment_scan" in text) == (segments > 1), text
@@ -96,23 +101,26 @@ PARALLEL_PLANS = [shape for shape, path in BOUNDARY if path == "parallel"]
 def test_parallel_plan(sol, shape, dtype):
     """Row tiles of PARALLEL_ROWS steps (one at T = 0), column tiles of at most 64 (balanced, multiples of
     8, halved while the staging does not fit), D_k padded to 8, the P V sums split over as many lanes as
-    keep 256 threads busy, 16-byte copies where D_k and D_v rows are 16-byte multiples, and its shared
-    memory (parallel_smem)."""
+    keep 256 threads busy, 16-byte copies where D_k and D_v rows are 16-byte multiples, a compiled tile
+    where D_k = D_v = NV is one of GR_PARALLEL_TILES with 16-byte copies, pdl on sm_90 (the plan's
+    default device without a GPU), and its shared memory (parallel_smem)."""
     B, T, H, Dk, Dv = shape
     nv_want = parallel_nv(T, Dk, Dv, SMEM, dtype)
     if nv_want is None:
         pytest.skip("does not fit this device's shared memory")
     text = sol.plan(*shape, dtype)
-    found = re.fullmatch(r"parallel \(PARALLEL_SRC, unit core\) row_tiles=(\d+) NV=(\d+) D_k=(\d+) split=(\d+) "
-                         r"loads=(\w+) grid=(\d+)x256 smem=(\d+)", text)
+    found = re.fullmatch(r"parallel \(PARALLEL_SRC, unit core\) row_tiles=(\d+) NV=(\d+) D_k=(\d+) (compiled|run-time) "
+                         r"split=(\d+) loads=(\w+) pdl=on grid=(\d+)x256 smem=(\d+)", text)
     assert found, text
-    tiles, nv, dkp, split, loads, grid, smem = found.groups()
+    tiles, nv, dkp, compiled, split, loads, grid, smem = found.groups()
     per16 = 4 if dtype == "float32" else 8
     assert int(tiles) == max(1, -(-T // PARALLEL_ROWS)) and int(nv) == nv_want, text
     assert int(dkp) == -(-Dk // 8) * 8, text
     combos = PARALLEL_ROWS * int(nv) // 4  # (row, 4 columns)
     assert int(split) == min(32, max(s for s in (1, 2, 4, 8, 16, 32) if combos * s <= 256 or s == 1)), text
     assert loads == ("16B" if Dk % per16 == 0 and Dv % per16 == 0 else "scalar"), text
+    tile = Dk == Dv == int(nv) and Dk in PARALLEL_TILES and loads == "16B"
+    assert compiled == ("compiled" if tile else "run-time"), text
     assert int(grid) == B * H * int(tiles) * -(-Dv // int(nv)), text
     assert int(smem) == parallel_smem(int(nv), Dk, T, dtype) <= SMEM, text
 
