@@ -151,8 +151,8 @@ struct Plan {
   int64_t work_floats;   // workspace: (nseg - 1) segment states and decays a (b, h)
 };
 
-// parallel: prod-g doubles, then k (L rows), q (kParallelRows) and v (L rows) in the input dtype at
-// pitch D + 16 bytes, then P (kParallelRows x (L + 4)), W (L) and the diagonal table.
+// parallel: prod-g doubles, then k (L rows), q (kParallelRows) and v (L rows) in the staged dtype (esize: the input
+// dtype, float for compiled tiles) at pitch D + 16 bytes, then P (kParallelRows x (L + 4)), W (L), the diagonal table.
 inline size_t parallel_smem(int NV, int DKP, int L, int esize) {
   const size_t pad = 16 / esize, R = kParallelRows;
   return 16 * sizeof(double) + esize * ((L + R) * (DKP + pad) + L * (NV + pad)) +
@@ -761,29 +761,63 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
 // rows x cols (padded, multiples of 8) of a strided source into dst (pitch ld), in the source dtype, zero
 // outside rows_valid x cols_valid: cp.async of 16 bytes (vec) or of 4-byte elements, or (2-byte elements
 // without vec) plain loads. Issues only; the caller waits. Not unrolled: code this kernel runs a few
-// times costs more to fetch than its loop overhead. PR > 0: a compiled tile of PR 16-byte copies a row,
-// every column valid and unit column stride (the map's divisions by constants).
-template <typename T, int PR = 0>
+// times costs more to fetch than its loop overhead.
+template <typename T>
 __device__ __forceinline__ void stage_async(bool vec, const StageMap& m, T* dst, int ld, const T* src, int64_t st,
                                             int64_t sd, int rows_valid, int cols_valid, int rows) {
   const int V = vec ? 16 / (int)sizeof(T) : 1;
-  const int per_row = PR ? PR : m.per_row, dr = PR ? kMaxThreads / PR : m.dr, dc = PR ? kMaxThreads % PR : m.dc;
   // tid / per_row exactly: (tid + 0.5) / per_row is at least 1 / 512 away from an integer
-  int r = PR ? (int)threadIdx.x / PR : __float2int_rz(((float)threadIdx.x + 0.5f) * m.inv);
-  int c = threadIdx.x - r * per_row;
+  int r = __float2int_rz(((float)threadIdx.x + 0.5f) * m.inv), c = threadIdx.x - r * m.per_row;
 #pragma unroll 1
   while (r < rows) {
-    const bool ok = r < rows_valid && (PR > 0 || c * V < cols_valid);
+    const bool ok = r < rows_valid && c * V < cols_valid;
     T* d = dst + r * ld + c * V;
-    const T* s = ok ? src + r * st + (PR ? (int64_t)c * V : (int64_t)c * V * sd) : src;
-    if (PR > 0 || vec) cp_async<16>(d, s, ok);
+    const T* s = ok ? src + r * st + (int64_t)c * V * sd : src;
+    if (vec) cp_async<16>(d, s, ok);
     else if constexpr (sizeof(T) == 4) cp_async<4>(d, s, ok);
     else *d = ok ? __ldg(s) : from_float<T>(0.f);
-    r += dr;
-    c += dc;
-    if (c >= per_row) { c -= per_row; ++r; }
+    r += m.dr;
+    c += m.dc;
+    if (c >= m.per_row) { c -= m.per_row; ++r; }
   }
 }
+
+// The rows of a compiled tile: PR 16-byte copies a row (unit column stride, every column valid), copy
+// e = tid + j kMaxThreads for j < N (N kMaxThreads >= rows PR), zeros past rows_valid. Every copy of q,
+// k and v goes out before the first completes: float rows by cp.async (issue), 16-bit rows into
+// registers (load) and converted to float once (store), so the products read fp32 and convert nothing.
+template <typename T, int PR, int N>
+struct TileRows {
+  static constexpr int V = 16 / (int)sizeof(T);
+  uint4 x[sizeof(T) == 2 ? N : 1];
+  __device__ __forceinline__ static void issue(float* dst, int ld, const float* src, int64_t st, int rows_valid,
+                                               int rows) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const int e = threadIdx.x + j * kMaxThreads, r = e / PR, c = e - r * PR;
+      if (r < rows) cp_async<16>(dst + r * ld + c * V, r < rows_valid ? src + r * st + c * V : src, r < rows_valid);
+    }
+  }
+  __device__ __forceinline__ void load(const T* src, int64_t st, int rows_valid) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const int e = threadIdx.x + j * kMaxThreads, r = e / PR, c = e - r * PR;
+      x[j] = r < rows_valid ? __ldg(reinterpret_cast<const uint4*>(src + r * st + c * V)) : make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+  __device__ __forceinline__ void store(float* dst, int ld, int rows) const {
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const int e = threadIdx.x + j * kMaxThreads, r = e / PR, c = e - r * PR;
+      if (r >= rows) continue;
+      union { uint4 raw; T h[8]; } u;
+      u.raw = x[j];
+      float4* d = reinterpret_cast<float4*>(dst + r * ld + c * V);
+      d[0] = make_float4(to_float(u.h[0]), to_float(u.h[1]), to_float(u.h[2]), to_float(u.h[3]));
+      d[1] = make_float4(to_float(u.h[4]), to_float(u.h[5]), to_float(u.h[6]), to_float(u.h[7]));
+    }
+  }
+};
 
 // log2 of the lanes each P V sum is split over: as many as keep every thread busy (plan_parallel's rule;
 // folded to a constant for a compiled tile).
@@ -794,11 +828,13 @@ __device__ __forceinline__ int parallel_split_log(int NV) {
 }
 
 // DKC = NVC > 0: a compiled tile (D_k = D_v = DKC, rows 16-byte aligned, one column tile): every loop
-// bound and pitch a constant; 0: the run-time instantiation serves every other shape and layout.
+// bound and pitch a constant, q, k and v staged as float; 0: the run-time instantiation serves every
+// other shape and layout, staged in the input dtype.
 template <typename scalar_t, int DKC, int NVC>
 __global__ void __launch_bounds__(kMaxThreads) parallel_kernel(const ParallelParams p) {
-  constexpr int RT = kParallelRows, PAD = 16 / (int)sizeof(scalar_t), VE = 16 / (int)sizeof(scalar_t);
   constexpr bool kCompiled = DKC > 0;
+  using stage_t = typename std::conditional<kCompiled, float, scalar_t>::type;
+  constexpr int RT = kParallelRows, PAD = 16 / (int)sizeof(stage_t), VE = 16 / (int)sizeof(scalar_t);
   extern __shared__ __align__(16) unsigned char par_smem[];
   const int b = blockIdx.x / p.H, h = blockIdx.x - b * p.H, rt = blockIdx.y, vt = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -808,9 +844,9 @@ __global__ void __launch_bounds__(kMaxThreads) parallel_kernel(const ParallelPar
   const int j0 = vt * NV, nv = kCompiled ? NV : min(NV, p.Dv - j0), LDK = DKP + PAD, LDV = NV + PAD, LDP = p.L + 4;
   // Layout (parallel_smem): doubles, staged inputs, floats.
   double* Growd = reinterpret_cast<double*>(par_smem);  // RT: prod g[t0..t]; [RT]: prod g[0..t0-1]
-  scalar_t* Ks = reinterpret_cast<scalar_t*>(par_smem + 16 * sizeof(double));  // p.L x LDK
-  scalar_t* Qs = Ks + p.L * LDK;                                                // RT x LDK
-  scalar_t* Vs = Qs + RT * LDK;                                                 // p.L x LDV
+  stage_t* Ks = reinterpret_cast<stage_t*>(par_smem + 16 * sizeof(double));  // p.L x LDK
+  stage_t* Qs = Ks + p.L * LDK;                                               // RT x LDK
+  stage_t* Vs = Qs + RT * LDK;                                                // p.L x LDV
   float* Ps = reinterpret_cast<float*>(Vs + p.L * LDV);  // RT x LDP: M (q . k), zero above the diagonal
   float* Wf = Ps + RT * LDP;                             // p.L: W[s], s < t0
   float* Dt = Wf + p.L;                                  // RT x RT: M[t0 + i][t0 + s'], s' <= i
@@ -829,11 +865,15 @@ __global__ void __launch_bounds__(kMaxThreads) parallel_kernel(const ParallelPar
   griddep_wait<>();
   griddep_launch<>();
   if (warp == 0) {
+    const scalar_t* gp = gate + (int64_t)s_lo * p.sg.t;
+    const scalar_t* bp = beta + (int64_t)s_lo * p.sb.t;
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       const bool in = s_lo + e < s_hi;
-      gw[e] = in ? to_float(gate[(int64_t)(s_lo + e) * p.sg.t]) : 1.f;
-      bw[e] = in ? to_float(beta[(int64_t)(s_lo + e) * p.sb.t]) : 0.f;
+      gw[e] = in ? to_float(*gp) : 1.f;
+      bw[e] = in ? to_float(*bp) : 0.f;
+      gp += p.sg.t;
+      bp += p.sb.t;
     }
   } else if (warp == 1) {
     const bool in = lane < RT && t0 + lane < p.T;
@@ -841,10 +881,25 @@ __global__ void __launch_bounds__(kMaxThreads) parallel_kernel(const ParallelPar
     bw[0] = in ? to_float(beta[(int64_t)(t0 + lane) * p.sb.t]) : 0.f;
   }
   const int Lv = min(L, p.T);
-  constexpr int PRK = DKC / VE, PRV = NVC / VE;  // 16-byte copies a row of a compiled tile (else 0)
-  stage_async<scalar_t, PRK>(vec, p.map_k, Qs, LDK, q + (int64_t)t0 * p.sq.t, p.sq.t, p.sq.d, Lv - t0, p.Dk, RT);
-  stage_async<scalar_t, PRK>(vec, p.map_k, Ks, LDK, k, p.sk.t, p.sk.d, Lv, p.Dk, L);
-  stage_async<scalar_t, PRV>(vec, p.map_v, Vs, LDV, v, p.sv.t, p.sv.d, Lv, nv, L);
+  // A compiled tile's rows: 16-byte copies a row, and how many a thread makes (L <= kParallelMaxT rows)
+  constexpr int PRK = kCompiled ? DKC / VE : 1, PRV = kCompiled ? NVC / VE : 1, NQ = (RT * PRK + kMaxThreads - 1) / kMaxThreads;
+  constexpr bool kConvert = kCompiled && sizeof(scalar_t) == 2;  // 16-bit rows through registers
+  TileRows<scalar_t, PRK, NQ> rq;
+  TileRows<scalar_t, PRK, PRK> rk;
+  TileRows<scalar_t, PRV, PRV> rv;
+  if constexpr (kConvert) {
+    rq.load(q + (int64_t)t0 * p.sq.t, p.sq.t, Lv - t0);
+    rk.load(k, p.sk.t, Lv);
+    rv.load(v, p.sv.t, Lv);
+  } else if constexpr (kCompiled) {
+    TileRows<scalar_t, PRK, NQ>::issue(Qs, LDK, q + (int64_t)t0 * p.sq.t, p.sq.t, Lv - t0, RT);
+    TileRows<scalar_t, PRK, PRK>::issue(Ks, LDK, k, p.sk.t, Lv, L);
+    TileRows<scalar_t, PRV, PRV>::issue(Vs, LDV, v, p.sv.t, Lv, L);
+  } else {
+    stage_async<scalar_t>(vec, p.map_k, Qs, LDK, q + (int64_t)t0 * p.sq.t, p.sq.t, p.sq.d, Lv - t0, p.Dk, RT);
+    stage_async<scalar_t>(vec, p.map_k, Ks, LDK, k, p.sk.t, p.sk.d, Lv, p.Dk, L);
+    stage_async<scalar_t>(vec, p.map_v, Vs, LDV, v, p.sv.t, p.sv.d, Lv, nv, L);
+  }
   cp_async_commit<>();
 
   // ---- gate tables while the copies fly, all in double, each value rounded once
@@ -880,6 +935,11 @@ __global__ void __launch_bounds__(kMaxThreads) parallel_kernel(const ParallelPar
     }
     if (lane < RT) Growd[lane] = run;
   }
+  if constexpr (kConvert) {
+    rq.store(Qs, LDK, RT);
+    rk.store(Ks, LDK, L);
+    rv.store(Vs, LDV, L);
+  }
   cp_async_wait<0>();
   __syncthreads();  // B1: staged, tables written
 
@@ -889,8 +949,8 @@ __global__ void __launch_bounds__(kMaxThreads) parallel_kernel(const ParallelPar
   const int rp = tid % RP, cq = tid / RP;
 #pragma unroll 1
   for (int s = cq; s < L; s += CS) {
-    const scalar_t* kr = Ks + s * LDK;
-    const scalar_t* q0 = Qs + 2 * rp * LDK;
+    const stage_t* kr = Ks + s * LDK;
+    const stage_t* q0 = Qs + 2 * rp * LDK;
     float d0 = 0.f, d1 = 0.f;
 #pragma unroll(kCompiled ? DKC / 4 : 2)
     for (int c = 0; c < DKP; c += 4) {
@@ -917,7 +977,7 @@ __global__ void __launch_bounds__(kMaxThreads) parallel_kernel(const ParallelPar
     float off[4] = {0.f, 0.f, 0.f, 0.f}, dg[4] = {0.f, 0.f, 0.f, 0.f}, s0[4] = {0.f, 0.f, 0.f, 0.f};
     if (active) {
       const float* pr = Ps + i * LDP;
-      const scalar_t* vc = Vs + 4 * jg;
+      const stage_t* vc = Vs + 4 * jg;
 #pragma unroll 4
       for (int s = sp; s < t0; s += SP) {
         const float w = pr[s];
@@ -2275,18 +2335,20 @@ bool plan_parallel(const Shape& s, const Layout& lay, const DeviceLimits& lim, c
   } else {
     pl.NV = (int)config[0];
   }
-  pl.smem = parallel_smem(pl.NV, pl.DKP, L, es);
+  pl.vec = lay.q && lay.k && lay.v;
+  pl.DK = 0;  // a compiled tile: one column tile as wide as the head, D_k = D_v, aligned rows, staged as
+              // float (16-bit inputs: where that fits too)
+#define GR_TILE(D_) \
+  if (pl.vec && s.Dk == D_ && s.Dv == D_ && pl.NV == D_ && parallel_smem(D_, D_, L, 4) <= lim.smem) pl.DK = D_;
+  GR_PARALLEL_TILES(GR_TILE)
+#undef GR_TILE
+  pl.smem = parallel_smem(pl.NV, pl.DKP, L, pl.DK > 0 ? 4 : es);
   GR_REQUIRE("ValueError", pl.smem <= lim.smem, "parallel with NV=", pl.NV, ", D_k=", s.Dk, " and T=", s.T, " needs ",
              pl.smem, " bytes of shared memory a block, over this device's ", lim.smem);
   pl.vtiles = (int)ceil_div(s.Dv, pl.NV);
   pl.sp_log = 0;
   const int combos = kParallelRows * pl.NV / 4;  // (row, group of 4 columns) pairs
   while (pl.sp_log < 5 && (combos << (pl.sp_log + 1)) <= kMaxThreads) ++pl.sp_log;
-  pl.vec = lay.q && lay.k && lay.v;
-  pl.DK = 0;  // a compiled tile: one column tile as wide as the head, D_k = D_v, aligned rows
-#define GR_TILE(D_) if (pl.vec && s.Dk == D_ && s.Dv == D_ && pl.NV == D_ && pl.DKP == D_) pl.DK = D_;
-  GR_PARALLEL_TILES(GR_TILE)
-#undef GR_TILE
   // behind any kernel: it touches no memory before griddepcontrol.wait
   pl.pdl = GR_PARALLEL_PDL && lim.pdl;
   pl.blocks = s.B * s.H * pl.rtiles * pl.vtiles;
