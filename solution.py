@@ -88,8 +88,8 @@ __all__ = ["ModelNew", "gated_recurrence", "plan", "build", "built_units", "KERN
 
 # Every kernel a plan can name (tests check it against the __global__ kernels and plan()).
 KERNELS = ("recurrent", "parallel", "chunk_tf32", "chunk_bf16", "segment_scan")
-# Build units: core (host code, recurrent, parallel) at import; each chunk family on its first use.
-UNITS = ("core", "chunk_tf32", "chunk_bf16")
+# Build units: core (host code, recurrent, parallel) at import; each chunk family and the reference rounding on first use.
+UNITS = ("core", "chunk_tf32", "chunk_bf16", "reference")
 
 # ---------------------------------------------------------------------------------------------
 # CUDA and C++ sources, one constant per kernel family. A unit is PRELUDE + DEVICE + its families
@@ -111,7 +111,7 @@ enum : int {
 };
 enum class DType : int { f32 = 0, f16 = 1, bf16 = 2 };
 enum class Kernel : int { recurrent = 0, parallel = 1, chunk_tf32 = 2, chunk_bf16 = 3 };
-enum class Unit : int { core = 0, chunk_tf32 = 1, chunk_bf16 = 2 };  // the build unit a kernel lives in
+enum class Unit : int { core = 0, chunk_tf32 = 1, chunk_bf16 = 2, reference = 3 };  // the build unit of a launch
 
 struct Strides4 { int64_t b, t, h, d; };
 struct Strides3 { int64_t b, t, h; };
@@ -137,6 +137,7 @@ struct Plan {
   // recurrent
   int R, G;              // rows a lane, lanes a column (a compiled pair, GR_RG_PAIRS)
   int JB, TC;            // state columns a block, steps staged at once
+  bool round_ref;        // numerics "reference": the PyTorch loop's rounding in the input dtype
   int col_blocks;        // ceil(D_v / JB)
   bool vec;              // 16-byte staging loads (q, k, v rows aligned): recurrent, parallel
   // parallel and chunk kernels
@@ -429,10 +430,17 @@ __device__ __forceinline__ void stage_qkv(float* q_s, float* k_s, float* v_s, in
   }
 }
 
+// x rounded to T and back (the identity for float): what storing an fp32 result in a T tensor does.
+template <typename T>
+__device__ __forceinline__ float round_to(float x) { return to_float(from_float<T>(x)); }
+
 // tc time steps of one column slice. __restrict__ lets loads of later steps go ahead of this step's
 // y store. G is a template parameter: shuffles under a run-time `if (off < G)` compiled into
-// divergence stubs.
-template <typename scalar_t, int R, int G>
+// divergence stubs. ROUND: the PyTorch loop's arithmetic in scalar_t (reference.py run in that dtype):
+// every product and sum is an fp32 operation rounded to scalar_t (k v^T, beta (k v^T), gate S, their
+// sum, which is the state, and q S), without fused multiply-adds; the sum over D_k accumulates in fp32
+// and rounds once (at the y store), as torch's reduction does.
+template <typename scalar_t, int R, int G, bool ROUND>
 __device__ __forceinline__ void run_steps(float (&S)[R], const float* __restrict__ q_s, const float* __restrict__ k_s,
                                           const float* __restrict__ v_s, const float* __restrict__ g_s,
                                           const float* __restrict__ b_s, scalar_t* __restrict__ y, int64_t syt,
@@ -447,8 +455,15 @@ __device__ __forceinline__ void run_steps(float (&S)[R], const float* __restrict
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       if (r < rows) {  // padded rows stay out: 0 * inf would be NaN
-        S[r] = fmaf(g, S[r], kr[r] * bv);
-        acc = fmaf(qr[r], S[r], acc);
+        if constexpr (ROUND) {
+          const float kv = round_to<scalar_t>(__fmul_rn(kr[r], v_s[tt * JB]));
+          S[r] = round_to<scalar_t>(__fadd_rn(round_to<scalar_t>(__fmul_rn(g, S[r])),
+                                              round_to<scalar_t>(__fmul_rn(b_s[tt], kv))));
+          acc = __fadd_rn(acc, round_to<scalar_t>(__fmul_rn(qr[r], S[r])));
+        } else {
+          S[r] = fmaf(g, S[r], kr[r] * bv);
+          acc = fmaf(qr[r], S[r], acc);
+        }
       }
     }
 #pragma unroll
@@ -459,7 +474,7 @@ __device__ __forceinline__ void run_steps(float (&S)[R], const float* __restrict
 
 // Grid: one block per (b, h, column block). Lane `lane` of column `col` keeps rows
 // [lane * R, lane * R + R) of S[:, j] in registers; threads past G * JB only load.
-template <typename scalar_t, int R, int G>
+template <typename scalar_t, int R, int G, bool ROUND>
 __global__ void __launch_bounds__(kMaxThreads) recurrent_kernel(const RecurrentParams p) {
   extern __shared__ float smem[];
   constexpr int kp = G * R;  // D_k padded to whole lanes
@@ -499,9 +514,11 @@ __global__ void __launch_bounds__(kMaxThreads) recurrent_kernel(const RecurrentP
   const bool owner = warp_active && col < nv;  // this lane's rows of column j0 + col are real
   float S[R];
 #pragma unroll
-  for (int r = 0; r < R; ++r)
+  for (int r = 0; r < R; ++r) {
     S[r] = (p.s_in != nullptr && owner && r < rows)
                ? p.s_in[b * p.ssi.b + h * p.ssi.h + (i0 + r) * p.ssi.i + (j0 + col) * p.ssi.j] : 0.f;
+    if constexpr (ROUND) S[r] = round_to<scalar_t>(S[r]);  // the loop holds its state in scalar_t
+  }
 
   for (int t0 = 0; t0 < p.T; t0 += p.TC) {
     const int tc = min(p.TC, p.T - t0);
@@ -518,7 +535,7 @@ __global__ void __launch_bounds__(kMaxThreads) recurrent_kernel(const RecurrentP
                                  p.sq.t, p.sq.d, p.sk.t, p.sk.d, p.sv.t, p.sv.d, tc, p.Dk, nv);
     __syncthreads();
     if (warp_active)
-      run_steps<scalar_t, R, G>(S, q_s + i0, k_s + i0, v_s + col, g_s, b_s, y + t0 * p.sy.t, p.sy.t, tc, kp, p.JB,
+      run_steps<scalar_t, R, G, ROUND>(S, q_s + i0, k_s + i0, v_s + col, g_s, b_s, y + t0 * p.sy.t, p.sy.t, tc, kp, p.JB,
                                 rows, lane == 0 && col < nv);
   }
   if (p.s_out != nullptr && owner)
@@ -527,14 +544,15 @@ __global__ void __launch_bounds__(kMaxThreads) recurrent_kernel(const RecurrentP
       if (r < rows) p.s_out[b * p.sso.b + h * p.sso.h + (i0 + r) * p.sso.i + (j0 + col) * p.sso.j] = S[r];
 }
 
-template <typename scalar_t>
+// ROUND: the reference unit's instantiations (numerics "reference"); the core has the others.
+template <typename scalar_t, bool ROUND>
 cudaError_t launch_recurrent(const Plan& pl, const Problem& pr, cudaStream_t s) {
   RecurrentParams p;
   static_cast<Problem&>(p) = pr;
   p.JB = pl.JB; p.TC = pl.TC; p.col_blocks = pl.col_blocks; p.vec = pl.vec;
   // Always kMaxThreads: threads past G * JB only stage, which keeps more loads in flight.
 #define GR_CASE(R_, G_) \
-  if (pl.R == R_ && pl.G == G_) return launch_ex(recurrent_kernel<scalar_t, R_, G_>, dim3((unsigned)pl.blocks), pl.smem, s, false, p);
+  if (pl.R == R_ && pl.G == G_) return launch_ex(recurrent_kernel<scalar_t, R_, G_, ROUND>, dim3((unsigned)pl.blocks), pl.smem, s, false, p);
   GR_RG_PAIRS(GR_CASE)
 #undef GR_CASE
   return cudaErrorInvalidValue;
@@ -543,6 +561,24 @@ cudaError_t launch_recurrent(const Plan& pl, const Problem& pr, cudaStream_t s) 
 }  // namespace
 }  // namespace gr
 
+"""
+
+REFERENCE_SRC = r"""
+// ===================================== reference: the PyTorch loop's rounding ==============
+// The recurrent kernel with ROUND (RECURRENT_SRC, run_steps): numerics "reference", what
+// reference.py's Model computes in float16 or bfloat16 (KernelBench's low-precision runs compare with
+// that). Its own unit, built on first use: only those calls need it.
+extern "C" int gr_execute_reference(const gr::Plan* pl, const gr::Problem* pr, float*, cudaStream_t s,
+                                    const char** failed) {
+  using namespace gr;
+  *failed = "recurrent (numerics=reference)";
+  switch (pl->dtype) {
+    case DType::f32: return (int)launch_recurrent<float, true>(*pl, *pr, s);
+    case DType::f16: return (int)launch_recurrent<__half, true>(*pl, *pr, s);
+    case DType::bf16: return (int)launch_recurrent<__nv_bfloat16, true>(*pl, *pr, s);
+  }
+  return (int)cudaErrorInvalidValue;
+}
 """
 
 TF32_MMA_SRC = r"""
@@ -1093,10 +1129,10 @@ extern "C" int gr_execute_core(const gr::Plan* pl, const gr::Problem* pr, float*
   const bool rec = pl->kernel == Kernel::recurrent;
   *failed = rec ? "recurrent" : "parallel";
   switch (pl->dtype) {
-    case DType::f32: return (int)(rec ? launch_recurrent<float>(*pl, *pr, s) : launch_parallel<float>(*pl, *pr, s));
-    case DType::f16: return (int)(rec ? launch_recurrent<__half>(*pl, *pr, s) : launch_parallel<__half>(*pl, *pr, s));
+    case DType::f32: return (int)(rec ? launch_recurrent<float, false>(*pl, *pr, s) : launch_parallel<float>(*pl, *pr, s));
+    case DType::f16: return (int)(rec ? launch_recurrent<__half, false>(*pl, *pr, s) : launch_parallel<__half>(*pl, *pr, s));
     case DType::bf16:
-      return (int)(rec ? launch_recurrent<__nv_bfloat16>(*pl, *pr, s) : launch_parallel<__nv_bfloat16>(*pl, *pr, s));
+      return (int)(rec ? launch_recurrent<__nv_bfloat16, false>(*pl, *pr, s) : launch_parallel<__nv_bfloat16>(*pl, *pr, s));
   }
   return (int)cudaErrorInvalidValue;
 }
@@ -2040,6 +2076,7 @@ HOST_SRC = r"""
 #include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -2059,8 +2096,10 @@ constexpr size_t kRecurrentSmem = 48 * 1024;  // the recurrent kernel stays unde
 constexpr int64_t kChunkedMinT = 256;         // use_chunked(): from the crossover sweep (BENCHMARKS.md)
 const char* const kKernelNames[] = {"recurrent", "parallel", "chunk_tf32", "chunk_bf16"};
 const char* const kSourceNames[] = {"RECURRENT_SRC", "PARALLEL_SRC", "CHUNK_TF32_SRC", "CHUNK_BF16_SRC"};
-const char* const kUnitNames[] = {"core", "chunk_tf32", "chunk_bf16"};
+const char* const kUnitNames[] = {"core", "chunk_tf32", "chunk_bf16", "reference"};
 constexpr Unit kUnitOf[] = {Unit::core, Unit::core, Unit::chunk_tf32, Unit::chunk_bf16};
+// The unit that runs a plan: its kernel's, except the recurrent kernel's rounding mode (its own unit).
+inline int unit_of(const Plan& pl) { return pl.round_ref ? (int)Unit::reference : (int)kUnitOf[(int)pl.kernel]; }
 constexpr int64_t kParallelMaxT = 256;  // warp 0's lanes hold at most 8 gates each (PARALLEL_SRC)
 // Programmatic dependent launch of segment_scan and the output phase (0 to measure without).
 #ifndef GR_PDL
@@ -2175,16 +2214,25 @@ bool check_devices(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   return true;
 }
 
-bool check_arguments(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
-                     const at::Tensor& beta) {
-  return check_shapes(q, k, v, gate, beta) && check_devices(q, k, v, gate, beta);
-}
-
 bool check_state(const at::Tensor& s, const at::Tensor& q, const at::Tensor& v) {
   GR_REQUIRE("TypeError", s.scalar_type() == at::kFloat, "initial_state must be float32, got ", dtype_str(s.scalar_type()));
   const int64_t want[4] = {q.size(0), q.size(2), q.size(3), v.size(3)};
   GR_REQUIRE("ValueError", s.sizes() == at::IntArrayRef(want, 4), "initial_state must be (B, H, D_k, D_v) = ",
              shape_str(at::IntArrayRef(want, 4)), ", got ", shape_str(s.sizes()));
+  return true;
+}
+
+// No backward yet: an input that requires grad would silently get none, so it is refused (under
+// torch.no_grad() or with detached inputs the call runs).
+bool check_no_grad(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
+                   const at::Tensor& beta, const at::Tensor* s_in) {
+  if (!at::GradMode::is_enabled()) return true;
+  const std::pair<const at::Tensor*, const char*> all[] = {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&gate, "gate"},
+                                                           {&beta, "beta"}, {s_in, "initial_state"}};
+  for (const auto& a : all)
+    GR_REQUIRE("NotImplementedError", a.first == nullptr || !a.first->requires_grad(), a.second,
+               " requires grad, but gated_recurrence has no backward yet (forward only): call it under "
+               "torch.no_grad() or give it detached tensors");
   return true;
 }
 
@@ -2360,11 +2408,20 @@ bool plan_parallel(const Shape& s, const Layout& lay, const DeviceLimits& lim, c
 // planned chunk kernel for the dtype), "chunk_tf32" or "chunk_bf16"; config: empty (planned) or the
 // kernel's own. Planned: the chunk kernels for long sequences (use_chunked), else parallel where it
 // wins (use_parallel) and its staging fits the device's shared memory, else recurrent.
+// reference: numerics "reference" (the PyTorch loop's rounding, one step at a time), which only the
+// recurrent kernel has.
 bool make_plan(const Shape& s, DType dt, const Layout& lay, const DeviceLimits& lim, const std::string& kernel,
-               const std::vector<int64_t>& config, Plan& pl) {
+               const std::vector<int64_t>& config, bool reference, Plan& pl) {
   pl = Plan{};
   pl.dtype = dt;
   const Kernel chunked = dt == DType::bf16 ? Kernel::chunk_bf16 : Kernel::chunk_tf32;
+  if (reference) {
+    GR_REQUIRE("ValueError", kernel.empty() || kernel == "recurrent", "numerics='reference' runs the recurrent "
+               "kernel only (it rounds one step at a time), got kernel '", kernel, "'");
+    pl.kernel = Kernel::recurrent;
+    pl.round_ref = true;
+    return plan_recurrent(s, lay, config, pl);
+  }
   if (kernel.empty()) {
     GR_REQUIRE("ValueError", config.empty(), "config needs an explicit kernel");
     // below sm_80 (no mma.sync for TF32 or bf16) long sequences take the recurrent kernel
@@ -2404,9 +2461,10 @@ namespace gr {
 
 std::string describe(const Plan& pl) {
   const int k = (int)pl.kernel;
-  std::string s = cat(kKernelNames[k], " (", kSourceNames[k], ", unit ", kUnitNames[(int)kUnitOf[k]], ") ");
+  std::string s = cat(kKernelNames[k], " (", kSourceNames[k], ", unit ", kUnitNames[unit_of(pl)], ") ");
   if (pl.kernel == Kernel::recurrent)
-    s += cat("R=", pl.R, " G=", pl.G, " JB=", pl.JB, " TC=", pl.TC, pl.vec ? " loads=16B" : " loads=scalar");
+    s += cat("R=", pl.R, " G=", pl.G, " JB=", pl.JB, " TC=", pl.TC, pl.vec ? " loads=16B" : " loads=scalar",
+             pl.round_ref ? " numerics=reference" : "");
   else if (pl.kernel == Kernel::parallel)
     s += cat("row_tiles=", pl.rtiles, " NV=", pl.NV, " D_k=", pl.DKP, pl.DK > 0 ? " compiled" : " run-time",
              " split=", 1 << pl.sp_log, pl.vec ? " loads=16B" : " loads=scalar", pl.pdl ? " pdl=on" : " pdl=off");
@@ -2457,12 +2515,12 @@ Problem problem_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
 // Each unit's entry point, by Unit: the core's own; a chunk unit's once Python has built it and called
 // attach() with its address.
 namespace {
-ExecuteFn g_execute[3] = {gr_execute_core, nullptr, nullptr};
+ExecuteFn g_execute[4] = {gr_execute_core, nullptr, nullptr, nullptr};
 }  // namespace
 
 // A plan whose unit is not loaded yet: Python builds it, attaches it and calls again.
 bool unit_ready(const Plan& pl) {
-  const int u = (int)kUnitOf[(int)pl.kernel];
+  const int u = unit_of(pl);
   GR_REQUIRE("NeedUnit", g_execute[u] != nullptr, kUnitNames[u]);
   return true;
 }
@@ -2473,7 +2531,7 @@ bool execute(const Plan& pl, const Problem& pr, const at::Tensor& like) {
   at::Tensor work;
   if (pl.work_floats > 0) work = at::empty({pl.work_floats}, like.options().dtype(at::kFloat));
   const char* failed = "";
-  const int err = g_execute[(int)kUnitOf[(int)pl.kernel]](&pl, &pr, work.defined() ? work.data_ptr<float>() : nullptr,
+  const int err = g_execute[unit_of(pl)](&pl, &pr, work.defined() ? work.data_ptr<float>() : nullptr,
                                             c10::cuda::getCurrentCUDAStream(), &failed);
   GR_REQUIRE("RuntimeError", err == 0, kKernelNames[(int)pl.kernel], " (", failed, ") launch failed: ",
              cudaGetErrorString((cudaError_t)err));
@@ -2485,11 +2543,13 @@ const std::vector<int64_t> kNoConfig;
 
 // The hot path: checks, the plan, one output allocation, the plan's launches.
 at::Tensor run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
-               const at::Tensor& beta) {
-  if (!check_arguments(q, k, v, gate, beta)) return at::Tensor();
+               const at::Tensor& beta, bool reference) {
+  if (!check_shapes(q, k, v, gate, beta) || !check_no_grad(q, k, v, gate, beta, nullptr) ||
+      !check_devices(q, k, v, gate, beta))
+    return at::Tensor();
   const c10::cuda::CUDAGuard guard(q.device());
   Plan pl;
-  if (!make_plan(shape_of(q, v), dtype_of(q), layout_of(q, k, v), device_limits(), kPlanned, kNoConfig, pl) ||
+  if (!make_plan(shape_of(q, v), dtype_of(q), layout_of(q, k, v), device_limits(), kPlanned, kNoConfig, reference, pl) ||
       !unit_ready(pl))
     return at::Tensor();
   at::Tensor y = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());
@@ -2501,14 +2561,14 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
 // [y, final_state] in out; false when an argument was refused (see last_error).
 bool run_ex(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
             const at::Tensor& beta, const c10::optional<at::Tensor>& initial_state, bool want_final,
-            const std::string& kernel, const std::vector<int64_t>& config, std::vector<at::Tensor>& out) {
+            const std::string& kernel, const std::vector<int64_t>& config, bool reference, std::vector<at::Tensor>& out) {
   if (!check_shapes(q, k, v, gate, beta)) return false;
   c10::cuda::OptionalCUDAGuard guard;  // q's device before anything reads device limits
   if (q.is_cuda()) guard.set_device(q.device());
   const at::Tensor* s_in = initial_state.has_value() && initial_state->defined() ? &*initial_state : nullptr;
-  if (s_in && !check_state(*s_in, q, v)) return false;
+  if ((s_in && !check_state(*s_in, q, v)) || !check_no_grad(q, k, v, gate, beta, s_in)) return false;
   Plan pl;
-  if (!make_plan(shape_of(q, v), dtype_of(q), layout_of(q, k, v), device_limits(), kernel, config, pl) ||
+  if (!make_plan(shape_of(q, v), dtype_of(q), layout_of(q, k, v), device_limits(), kernel, config, reference, pl) ||
       !check_devices(q, k, v, gate, beta))
     return false;
   GR_REQUIRE("ValueError", !s_in || s_in->device() == q.device(), "initial_state is on ", device_str(*s_in),
@@ -2531,7 +2591,7 @@ bool run_ex(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
 // With sms, smem and arch all given (nonzero), for a device with those limits instead (tests: the plan
 // of every GPU family fits it).
 std::string plan_text(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, int64_t dtype, int64_t sms,
-                      int64_t smem, int64_t arch) {
+                      int64_t smem, int64_t arch, bool reference) {
   const Shape s{B, T, H, Dk, Dv};
   if (!check_sizes(s)) return std::string();
   const DType dt = static_cast<DType>(dtype);
@@ -2540,7 +2600,7 @@ std::string plan_text(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, i
   const DeviceLimits lim = sms > 0 && smem > 0 && arch > 0 ? DeviceLimits{sms, (size_t)smem, arch >= 90, (int)arch}
                                                            : device_limits();
   Plan pl;
-  return make_plan(s, dt, lay, lim, kPlanned, kNoConfig, pl) ? describe(pl) : std::string();
+  return make_plan(s, dt, lay, lim, kPlanned, kNoConfig, reference, pl) ? describe(pl) : std::string();
 }
 
 }  // namespace gr
@@ -2562,33 +2622,34 @@ bool tensor_args(std::initializer_list<std::pair<pybind11::handle, const char*>>
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using pybind11::handle;
-  m.def("forward", [](handle q, handle k, handle v, handle gate, handle beta) {
+  m.def("forward", [](handle q, handle k, handle v, handle gate, handle beta, bool reference) {
     const at::Tensor *tq, *tk, *tv, *tg, *tb;
     if (!gr::tensor_args({{q, "q"}, {k, "k"}, {v, "v"}, {gate, "gate"}, {beta, "beta"}}, {&tq, &tk, &tv, &tg, &tb}))
       return at::Tensor();
-    return gr::run(*tq, *tk, *tv, *tg, *tb);
+    return gr::run(*tq, *tk, *tv, *tg, *tb, reference);
   });
   m.def("forward_ex", [](handle q, handle k, handle v, handle gate, handle beta, handle initial_state, bool want_final,
-                         const std::string& kernel, const std::vector<int64_t>& config) {
+                         const std::string& kernel, const std::vector<int64_t>& config, bool reference) {
     std::vector<at::Tensor> out;
     const at::Tensor *tq, *tk, *tv, *tg, *tb, *ts = nullptr;
     if (!gr::tensor_args({{q, "q"}, {k, "k"}, {v, "v"}, {gate, "gate"}, {beta, "beta"}}, {&tq, &tk, &tv, &tg, &tb}) ||
         (!initial_state.is_none() && !gr::tensor_args({{initial_state, "initial_state"}}, {&ts})))
       return out;
     const c10::optional<at::Tensor> s0 = ts != nullptr ? c10::optional<at::Tensor>(*ts) : c10::nullopt;
-    if (!gr::run_ex(*tq, *tk, *tv, *tg, *tb, s0, want_final, kernel, config, out)) out.clear();
+    if (!gr::run_ex(*tq, *tk, *tv, *tg, *tb, s0, want_final, kernel, config, reference, out)) out.clear();
     return out;
   });
   m.def("plan", &gr::plan_text);
   m.def("last_error", [] { return gr::g_error; });
   // A chunk unit's entry point (its address from ctypes) for Unit index `unit`.
   m.def("attach", [](int64_t unit, int64_t address) {
-    if (unit >= 1 && unit <= 2) gr::g_execute[unit] = reinterpret_cast<gr::ExecuteFn>(address);
+    if (unit >= 1 && unit <= 3) gr::g_execute[unit] = reinterpret_cast<gr::ExecuteFn>(address);
   });
 }
 """
 
-SOURCES = {"prelude": PRELUDE_SRC, "device": DEVICE_SRC, "recurrent": RECURRENT_SRC, "parallel": PARALLEL_SRC,
+SOURCES = {"prelude": PRELUDE_SRC, "device": DEVICE_SRC, "recurrent": RECURRENT_SRC, "reference": REFERENCE_SRC,
+           "parallel": PARALLEL_SRC,
            "chunk": CHUNK_SRC,
            "segment_scan": SEGMENT_SCAN_SRC, "tf32_mma": TF32_MMA_SRC, "chunk_tf32": CHUNK_TF32_SRC, "chunk_bf16": CHUNK_BF16_SRC,
            "host": HOST_SRC, "host_run": HOST_RUN_SRC}
@@ -2598,6 +2659,7 @@ _UNIT_CUDA = {
     "core": [RECURRENT_SRC, PARALLEL_SRC],
     "chunk_tf32": [CHUNK_SRC, SEGMENT_SCAN_SRC, TF32_MMA_SRC, CHUNK_TF32_SRC],
     "chunk_bf16": [CHUNK_SRC, SEGMENT_SCAN_SRC, CHUNK_BF16_SRC],
+    "reference": [RECURRENT_SRC, REFERENCE_SRC],
 }
 CUDA_FLAGS = ["-O3"]
 
@@ -2696,7 +2758,18 @@ def _unit_paths():
 # ---------------------------------------------------------------------------------------------
 # Functional API and the KernelBench module.
 # ---------------------------------------------------------------------------------------------
-_ERRORS = {"ValueError": ValueError, "TypeError": TypeError, "RuntimeError": RuntimeError}
+_ERRORS = {"ValueError": ValueError, "TypeError": TypeError, "RuntimeError": RuntimeError,
+           "NotImplementedError": NotImplementedError}
+NUMERICS = ("accurate", "reference")
+
+
+def _reference(numerics):
+    """numerics as the core's flag: True for "reference", False for "accurate"."""
+    if numerics == "accurate":
+        return False
+    if numerics == "reference":
+        return True
+    raise ValueError(f"numerics must be 'accurate' or 'reference', got {numerics!r}")
 
 
 def _call(fn, *args):
@@ -2712,50 +2785,68 @@ def _call(fn, *args):
     return out
 
 
-def gated_recurrence(q, k, v, gate, beta, initial_state=None, output_final_state=False):
+def gated_recurrence(q, k, v, gate, beta, initial_state=None, output_final_state=False, numerics="accurate"):
     """y (B, T, H, D_v) of the gated recurrence, in the inputs' dtype. See the module docstring.
 
     initial_state: optional (B, H, D_k, D_v) float32 state S_0 (default zero). With
     output_final_state=True the result is (y, S_T), S_T a new float32 (B, H, D_k, D_v) tensor.
+    numerics: "accurate" (fp32 arithmetic, y rounded once to the input dtype) or "reference" (the
+    PyTorch loop's rounding in the input dtype, one step at a time: what reference.py's Model computes
+    in float16 or bfloat16).
     """
     if initial_state is None and not output_final_state:
-        return _call(_core.forward, q, k, v, gate, beta)
-    return _gated_recurrence_with(q, k, v, gate, beta, None, (), initial_state, output_final_state)
+        return _call(_core.forward, q, k, v, gate, beta, _reference(numerics))
+    return _gated_recurrence_with(q, k, v, gate, beta, None, (), initial_state, output_final_state, numerics)
 
 
 def _gated_recurrence_with(q, k, v, gate, beta, kernel=None, config=(), initial_state=None,
-                           output_final_state=False):
+                           output_final_state=False, numerics="accurate"):
     """Test and benchmark hook: a chosen kernel ("recurrent", "parallel", "chunked" (the planned chunk
     kernel), "chunk_tf32", "chunk_bf16") and configuration ((R, G, JB, TC) for recurrent, (NV,) for
     parallel, (NV, segments) for the chunk kernels, () for the planned one)."""
     if kernel is not None and not isinstance(kernel, str):
         raise TypeError(f"kernel must be a string or None, got {type(kernel).__name__}")
     out = _call(_core.forward_ex, q, k, v, gate, beta, initial_state, bool(output_final_state), kernel or "",
-                [int(x) for x in config])
+                [int(x) for x in config], _reference(numerics))
     return (out[0], out[1]) if output_final_state else out[0]
 
 
 _DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
 
 
-def plan(B, T, H, Dk, Dv, dtype="float32"):
+def plan(B, T, H, Dk, Dv, dtype="float32", numerics="accurate"):
     """The launch the dispatch picks for contiguous inputs of this shape and dtype (a torch dtype or
     its name), as text: kernel, source constant, unit, configuration, grid and shared memory."""
-    return _plan_on(B, T, H, Dk, Dv, dtype)
+    return _plan_on(B, T, H, Dk, Dv, dtype, numerics=numerics)
 
 
-def _plan_on(B, T, H, Dk, Dv, dtype="float32", sms=0, smem=0, arch=0):
+def _plan_on(B, T, H, Dk, Dv, dtype="float32", sms=0, smem=0, arch=0, numerics="accurate"):
     """plan() for a device with these limits (SM count, opt-in shared memory a block, 10 * major +
     minor), or this one with zeros: tests check that each GPU family's plans fit it."""
     name = str(dtype).replace("torch.", "")
     if name not in _DTYPE_CODES:
         raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype!r}")
     return _call(lambda *a: _core.plan(*a) or None, int(B), int(T), int(H), int(Dk), int(Dv), _DTYPE_CODES[name],
-                 int(sms), int(smem), int(arch))
+                 int(sms), int(smem), int(arch), _reference(numerics))
 
 
 class ModelNew(torch.nn.Module):
-    """KernelBench's Model, on gated_recurrence."""
+    """KernelBench's Model, on gated_recurrence.
+
+    numerics=None (the default) computes what Model computes in the inputs' dtype: float16 and
+    bfloat16 inputs get Model's own rounding ("reference"), float32 inputs the accurate kernels (which
+    agree with Model's float32 loop to its own rounding). "accurate" or "reference" forces one.
+    """
+
+    def __init__(self, numerics=None):
+        super().__init__()
+        if numerics is not None:
+            _reference(numerics)
+        self.numerics = numerics
 
     def forward(self, q, k, v, gate, beta):
-        return gated_recurrence(q, k, v, gate, beta)
+        numerics = self.numerics
+        if numerics is None:
+            # 16-bit floats (other 16-bit dtypes are refused by the argument checks either way)
+            numerics = "reference" if isinstance(q, torch.Tensor) and q.element_size() == 2 else "accurate"
+        return gated_recurrence(q, k, v, gate, beta, numerics=numerics)

@@ -40,8 +40,19 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16):
                                         output_final_state=True)
         solution._gated_recurrence_with(*[x.transpose(1, 2).contiguous().transpose(1, 2) if x.dim() == 4 else x for x in xs],
                                         kernel="parallel", config=cfg)
+    # parallel's compiled tiles (float staging; 16-bit rows through registers), longest T, states
+    for D in (16, 24, 32, 64):
+        for T in (100, 255):
+            xs = reference.make_inputs(2, T, 3, D, D, dtype=dtype, device="cuda")
+            solution._gated_recurrence_with(*xs, kernel="parallel", initial_state=torch.randn(2, 3, D, D, device="cuda"),
+                                            output_final_state=True)
     xs = reference.make_inputs(1, 50, 2, 24, 24, dtype=dtype, device="cuda")
     solution._gated_recurrence_with(*xs, kernel="recurrent", initial_state=torch.randn(1, 2, 24, 24, device="cuda"),
                                     output_final_state=True)
+    # numerics="reference" (the rounding recurrent kernel, its own unit): ModelNew's default for 16-bit inputs
+    solution.ModelNew()(*reference.make_inputs(2, 37, 3, 24, 24, dtype=dtype, device="cuda"))
+    xs = reference.make_inputs(1, 50, 2, 33, 20, dtype=dtype, device="cuda")
+    solution.gated_recurrence(*xs, numerics="reference", initial_state=torch.randn(1, 2, 33, 20, device="cuda"),
+                              output_final_state=True)
 torch.cuda.synchronize()
 print("sanitize smoke: done")
