@@ -177,6 +177,8 @@ inline size_t chunk_bf16_smem(int NV, int DKP) {
 // (R, G) pairs of the recurrent kernel: G = 1 with any R, else R in {6, 8} (plan_recurrent's rule).
 #define GR_RG_PAIRS(X) X(1, 1) X(2, 1) X(4, 1) X(6, 1) X(8, 1) X(6, 2) X(8, 2) X(6, 4) X(8, 4) \
   X(6, 8) X(8, 8) X(6, 16) X(8, 16) X(6, 32) X(8, 32)
+// The reference unit's pairs (numerics "reference"): one row a lane up to D_k = 32, then 32 lanes.
+#define GR_RG_PAIRS_REFERENCE(X) X(1, 1) X(1, 2) X(1, 4) X(1, 8) X(1, 16) X(1, 32) X(2, 32) X(4, 32) X(6, 32) X(8, 32)
 // (NV, DK) instantiations of each chunk kernel: compiled D_k for wide aligned heads, run-time D_k else.
 #define GR_CHUNK_INSTANCES(X) X(64, 64) X(64, 128) X(32, 0) X(64, 0)
 // Compiled tiles of the parallel kernel: D_k = D_v = D with rows 16-byte aligned (common small heads).
@@ -553,7 +555,11 @@ cudaError_t launch_recurrent(const Plan& pl, const Problem& pr, cudaStream_t s) 
   // Always kMaxThreads: threads past G * JB only stage, which keeps more loads in flight.
 #define GR_CASE(R_, G_) \
   if (pl.R == R_ && pl.G == G_) return launch_ex(recurrent_kernel<scalar_t, R_, G_, ROUND>, dim3((unsigned)pl.blocks), pl.smem, s, false, p);
-  GR_RG_PAIRS(GR_CASE)
+  if constexpr (ROUND) {
+    GR_RG_PAIRS_REFERENCE(GR_CASE)
+  } else {
+    GR_RG_PAIRS(GR_CASE)
+  }
 #undef GR_CASE
   return cudaErrorInvalidValue;
 }
@@ -824,7 +830,7 @@ __device__ __forceinline__ void stage_async(bool vec, const StageMap& m, T* dst,
 // registers (load) and converted to float once (store), so the products read fp32 and convert nothing.
 template <typename T, int PR, int N>
 struct TileRows {
-  static constexpr int V = 16 / (int)sizeof(T);
+  enum : int { V = 16 / (int)sizeof(T) };  // an enumerator: no unused-member warning where V goes unused
   uint4 x[sizeof(T) == 2 ? N : 1];
   __device__ __forceinline__ static void issue(float* dst, int ld, const float* src, int64_t st, int rows_valid,
                                                int rows) {
@@ -2293,7 +2299,9 @@ bool use_parallel(const Shape& s) {
 // D_k, all columns of a head in one block when they fit, as many steps as 48 KB hold; or config.
 bool plan_recurrent(const Shape& s, const Layout& lay, const std::vector<int64_t>& config, Plan& pl) {
   if (config.empty()) {
-    pl.G = pow2_at_least((s.Dk + 7) / 8);
+    // up to 8 rows a lane; with the reference rounding (five roundings a row and step) as few rows a lane
+    // as 32 lanes allow, so that more warps share the steps (GR_RG_PAIRS_REFERENCE)
+    pl.G = pl.round_ref ? (s.Dk <= 32 ? pow2_at_least(s.Dk) : 32) : pow2_at_least((s.Dk + 7) / 8);
     const int rows_needed = (int)ceil_div(s.Dk, pl.G);
     pl.R = rows_needed <= 1 ? 1 : rows_needed <= 2 ? 2 : rows_needed <= 4 ? 4 : rows_needed <= 6 ? 6 : 8;
     const int min_cols = pl.G >= 32 ? 1 : 32 / pl.G;  // whole warps
@@ -2304,11 +2312,15 @@ bool plan_recurrent(const Shape& s, const Layout& lay, const std::vector<int64_t
   } else {
     GR_REQUIRE("ValueError", config.size() == 4, "config must be (R, G, JB, TC) for recurrent, got ", config.size(),
                " values");
-    bool compiled = false;
+    bool compiled = false, compiled_ref = false;
 #define GR_IS(R_, G_) compiled = compiled || (config[0] == R_ && config[1] == G_);
+#define GR_IS_REF(R_, G_) compiled_ref = compiled_ref || (config[0] == R_ && config[1] == G_);
     GR_RG_PAIRS(GR_IS)
+    GR_RG_PAIRS_REFERENCE(GR_IS_REF)
 #undef GR_IS
-    GR_REQUIRE("ValueError", compiled, "(R, G) = (", config[0], ", ", config[1], ") is not a compiled pair (GR_RG_PAIRS)");
+#undef GR_IS_REF
+    GR_REQUIRE("ValueError", pl.round_ref ? compiled_ref : compiled, "(R, G) = (", config[0], ", ", config[1],
+               ") is not a compiled pair (", pl.round_ref ? "GR_RG_PAIRS_REFERENCE" : "GR_RG_PAIRS", ")");
     pl.R = (int)config[0]; pl.G = (int)config[1];
     GR_REQUIRE("ValueError", pl.R * pl.G >= s.Dk, "R * G must cover D_k, got ", pl.R * pl.G);
     GR_REQUIRE("ValueError", config[2] >= 1 && (pl.G * config[2]) % 32 == 0 && pl.G * config[2] <= kMaxThreads,

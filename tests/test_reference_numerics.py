@@ -45,6 +45,28 @@ def test_model_new_matches_model_in_low_precision(sol, shape, dtype):
         assert torch.equal(y, sol.gated_recurrence(*xs, numerics="reference"))
 
 
+# (D_k, R, G): each pair of GR_RG_PAIRS_REFERENCE where the plan picks it (D_v = 20: 3 column blocks of 8)
+REF_PAIRS = [(1, 1, 1), (2, 1, 2), (3, 1, 4), (7, 1, 8), (13, 1, 16), (24, 1, 32), (50, 2, 32), (100, 4, 32),
+             (150, 6, 32), (256, 8, 32)]
+
+
+def test_reference_tests_cover_every_pair(sol):
+    import re
+    found = re.search(r"#define GR_RG_PAIRS_REFERENCE\(X\)(.*)", "".join(sol.SOURCES.values()))
+    pairs = sorted((int(a), int(b)) for a, b in re.findall(r"X\((\d+), (\d+)\)", found.group(1)))
+    assert pairs == sorted((r, g) for _, r, g in REF_PAIRS)
+    for dk, r, g in REF_PAIRS:
+        assert f" R={r} G={g} " in sol.plan(1, 30, 2, dk, 20, "bfloat16", numerics="reference")
+
+
+@cuda
+@pytest.mark.parametrize("dtype", LOW, ids=LOW_IDS)
+@pytest.mark.parametrize("dk", [p[0] for p in REF_PAIRS], ids=[f"R{p[1]}G{p[2]}" for p in REF_PAIRS])
+def test_every_pair_matches_model(sol, dk, dtype):
+    xs = inputs(1, 30, 2, dk, 20, dtype=dtype, seed=dk)
+    close_to_model(sol.gated_recurrence(*xs, numerics="reference"), model_in(xs, dtype))
+
+
 @cuda
 @pytest.mark.parametrize("dtype", LOW, ids=LOW_IDS)
 def test_kernelbench_allclose_at_every_seed(sol, dtype):
