@@ -438,11 +438,8 @@ __device__ __forceinline__ float round_to(float x) { return to_float(from_float<
 
 // tc time steps of one column slice. __restrict__ lets loads of later steps go ahead of this step's
 // y store. G is a template parameter: shuffles under a run-time `if (off < G)` compiled into
-// divergence stubs. ROUND: the PyTorch loop's arithmetic in scalar_t (reference.py run in that dtype):
-// every product and sum is an fp32 operation rounded to scalar_t (k v^T, beta (k v^T), gate S, their
-// sum, which is the state, and q S), without fused multiply-adds; the sum over D_k accumulates in fp32
-// and rounds once (at the y store), as torch's reduction does.
-template <typename scalar_t, int R, int G, bool ROUND>
+// divergence stubs.
+template <typename scalar_t, int R, int G>
 __device__ __forceinline__ void run_steps(float (&S)[R], const float* __restrict__ q_s, const float* __restrict__ k_s,
                                           const float* __restrict__ v_s, const float* __restrict__ g_s,
                                           const float* __restrict__ b_s, scalar_t* __restrict__ y, int64_t syt,
@@ -457,20 +454,69 @@ __device__ __forceinline__ void run_steps(float (&S)[R], const float* __restrict
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       if (r < rows) {  // padded rows stay out: 0 * inf would be NaN
-        if constexpr (ROUND) {
-          const float kv = round_to<scalar_t>(__fmul_rn(kr[r], v_s[tt * JB]));
-          S[r] = round_to<scalar_t>(__fadd_rn(round_to<scalar_t>(__fmul_rn(g, S[r])),
-                                              round_to<scalar_t>(__fmul_rn(b_s[tt], kv))));
-          acc = __fadd_rn(acc, round_to<scalar_t>(__fmul_rn(qr[r], S[r])));
-        } else {
-          S[r] = fmaf(g, S[r], kr[r] * bv);
-          acc = fmaf(qr[r], S[r], acc);
-        }
+        S[r] = fmaf(g, S[r], kr[r] * bv);
+        acc = fmaf(qr[r], S[r], acc);
       }
     }
 #pragma unroll
     for (int off = G / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
     if (writer) y[tt * syt] = from_float<scalar_t>(acc);
+  }
+}
+
+// run_steps with the PyTorch loop's arithmetic in scalar_t (numerics "reference": reference.py's Model
+// run in that dtype): every product and sum an fp32 operation rounded to scalar_t (k v^T, beta (k v^T),
+// gate S, their sum, which is the state, and q S), no fused multiply-adds; the sum over D_k accumulates
+// in fp32 and rounds once, as torch's reduction does. The rounding lengthens each step, so the sums over
+// D_k leave the state's chain: 32 steps run with their partial sums kept in registers, then one
+// reduce-scatter over the G lanes of a column (31 shuffles for 32 steps where a tree a step takes 160)
+// leaves lane `lig` the totals of steps lig * (32 / G) + i, which it stores.
+template <typename scalar_t, int R, int G>
+__device__ __forceinline__ void run_steps_rounded(float (&S)[R], const float* __restrict__ q_s,
+                                                  const float* __restrict__ k_s, const float* __restrict__ v_s,
+                                                  const float* __restrict__ g_s, const float* __restrict__ b_s,
+                                                  scalar_t* __restrict__ y, int64_t syt, int tc, int kp, int JB,
+                                                  int rows, int lig, bool writer) {
+  constexpr int PER = 32 / G;  // steps a lane stores from each group of 32
+#pragma unroll 1
+  for (int tb = 0; tb < tc; tb += 32) {
+    float part[32];
+#pragma unroll
+    for (int u = 0; u < 32; ++u) {
+      const int tt = tb + u;
+      float acc = 0.f;
+      if (tt < tc) {  // uniform
+        const float* qr = q_s + tt * kp;
+        const float* kr = k_s + tt * kp;
+        const float g = g_s[tt], bb = b_s[tt], vj = v_s[tt * JB];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          if (r < rows) {  // padded rows stay out (and add nothing)
+            const float kv = round_to<scalar_t>(__fmul_rn(kr[r], vj));
+            S[r] = round_to<scalar_t>(__fadd_rn(round_to<scalar_t>(__fmul_rn(g, S[r])), round_to<scalar_t>(__fmul_rn(bb, kv))));
+            acc = __fadd_rn(acc, round_to<scalar_t>(__fmul_rn(qr[r], S[r])));
+          }
+        }
+      }
+      part[u] = acc;
+    }
+    // round k: lanes with bit `off` set keep the upper half of the n values still held, the others the lower
+#pragma unroll
+    for (int off = G / 2, n = 16; off > 0; off >>= 1, n >>= 1) {
+      // the selects as bit masks: a conditional pick between array slots became local-memory indexing
+      const uint32_t m = (lig & off) != 0 ? 0xffffffffu : 0u;
+#pragma unroll
+      for (int i = 0; i < n; ++i) {
+        const uint32_t a = __float_as_uint(part[i]), b = __float_as_uint(part[i + n]);
+        const float keep = __uint_as_float((a & ~m) | (b & m)), send = __uint_as_float((b & ~m) | (a & m));
+        part[i] = __fadd_rn(keep, __shfl_xor_sync(0xffffffffu, send, off));
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+      const int tt = tb + lig * PER + i;
+      if (writer && tt < tc) y[tt * syt] = from_float<scalar_t>(part[i]);
+    }
   }
 }
 
@@ -536,8 +582,12 @@ __global__ void __launch_bounds__(kMaxThreads) recurrent_kernel(const RecurrentP
       stage_qkv<scalar_t, false>(q_s, k_s, v_s, kp, p.JB, q + t0 * p.sq.t, k + t0 * p.sk.t, v + t0 * p.sv.t,
                                  p.sq.t, p.sq.d, p.sk.t, p.sk.d, p.sv.t, p.sv.d, tc, p.Dk, nv);
     __syncthreads();
-    if (warp_active)
-      run_steps<scalar_t, R, G, ROUND>(S, q_s + i0, k_s + i0, v_s + col, g_s, b_s, y + t0 * p.sy.t, p.sy.t, tc, kp, p.JB,
+    if (!warp_active) continue;
+    if constexpr (ROUND)
+      run_steps_rounded<scalar_t, R, G>(S, q_s + i0, k_s + i0, v_s + col, g_s, b_s, y + t0 * p.sy.t, p.sy.t, tc, kp,
+                                        p.JB, rows, lane, col < nv);
+    else
+      run_steps<scalar_t, R, G>(S, q_s + i0, k_s + i0, v_s + col, g_s, b_s, y + t0 * p.sy.t, p.sy.t, tc, kp, p.JB,
                                 rows, lane == 0 && col < nv);
   }
   if (p.s_out != nullptr && owner)
