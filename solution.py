@@ -478,27 +478,34 @@ __device__ __forceinline__ void run_steps_rounded(float (&S)[R], const float* __
                                                   scalar_t* __restrict__ y, int64_t syt, int tc, int kp, int JB,
                                                   int rows, int lig, bool writer) {
   constexpr int PER = 32 / G;  // steps a lane stores from each group of 32
+  // one step: the state update and this lane's part of the sum over D_k
+  auto step = [&](int tt) {
+    const float* qr = q_s + tt * kp;
+    const float* kr = k_s + tt * kp;
+    const float g = g_s[tt], bb = b_s[tt], vj = v_s[tt * JB];
+    float acc = 0.f;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      // padded rows stay out (0 * inf would be NaN) by selects, not a branch: a branch a step kept each
+      // step's loads from being issued ahead of it
+      const bool live = r < rows;
+      const float kv = round_to<scalar_t>(__fmul_rn(kr[r], vj));
+      const float sn = round_to<scalar_t>(__fadd_rn(round_to<scalar_t>(__fmul_rn(g, S[r])), round_to<scalar_t>(__fmul_rn(bb, kv))));
+      const float sum = __fadd_rn(acc, round_to<scalar_t>(__fmul_rn(qr[r], sn)));
+      S[r] = live ? sn : S[r];
+      acc = live ? sum : acc;
+    }
+    return acc;
+  };
 #pragma unroll 1
   for (int tb = 0; tb < tc; tb += 32) {
     float part[32];
+    if (tb + 32 <= tc) {  // a whole group: no branch between steps, so their loads are scheduled early
 #pragma unroll
-    for (int u = 0; u < 32; ++u) {
-      const int tt = tb + u;
-      float acc = 0.f;
-      if (tt < tc) {  // uniform
-        const float* qr = q_s + tt * kp;
-        const float* kr = k_s + tt * kp;
-        const float g = g_s[tt], bb = b_s[tt], vj = v_s[tt * JB];
+      for (int u = 0; u < 32; ++u) part[u] = step(tb + u);
+    } else {
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-          if (r < rows) {  // padded rows stay out (and add nothing)
-            const float kv = round_to<scalar_t>(__fmul_rn(kr[r], vj));
-            S[r] = round_to<scalar_t>(__fadd_rn(round_to<scalar_t>(__fmul_rn(g, S[r])), round_to<scalar_t>(__fmul_rn(bb, kv))));
-            acc = __fadd_rn(acc, round_to<scalar_t>(__fmul_rn(qr[r], S[r])));
-          }
-        }
-      }
-      part[u] = acc;
+      for (int u = 0; u < 32; ++u) part[u] = tb + u < tc ? step(tb + u) : 0.f;
     }
     // round k: lanes with bit `off` set keep the upper half of the n values still held, the others the lower
 #pragma unroll
@@ -2347,7 +2354,8 @@ bool use_parallel(const Shape& s) {
 
 // Recurrent: fewest lanes per column with at most 8 rows a lane, the smallest row count that covers
 // D_k, all columns of a head in one block when they fit, as many steps as 48 KB hold; or config.
-bool plan_recurrent(const Shape& s, const Layout& lay, const std::vector<int64_t>& config, Plan& pl) {
+bool plan_recurrent(const Shape& s, const Layout& lay, const DeviceLimits& lim, const std::vector<int64_t>& config,
+                    Plan& pl) {
   if (config.empty()) {
     // up to 8 rows a lane; with the reference rounding (five roundings a row and step) as few rows a lane
     // as 32 lanes allow, so that more warps share the steps (GR_RG_PAIRS_REFERENCE)
@@ -2357,6 +2365,12 @@ bool plan_recurrent(const Shape& s, const Layout& lay, const std::vector<int64_t
     const int min_cols = pl.G >= 32 ? 1 : 32 / pl.G;  // whole warps
     const int max_cols = kMaxThreads / pl.G;
     pl.JB = std::min((int)ceil_div(s.Dv, min_cols) * min_cols, max_cols);
+    if (pl.round_ref) {
+      // the rounding's conversions, not the chain of steps, fill an SM's issue slots: spread the columns
+      // over about one block an SM (fewer columns a block) where B * H leaves SMs idle
+      const int64_t want = std::max<int64_t>(1, lim.sms / std::max<int64_t>(1, s.B * s.H));
+      pl.JB = (int)std::min<int64_t>(pl.JB, ceil_div(ceil_div(s.Dv, want), min_cols) * min_cols);
+    }
     const int64_t tc = (int64_t)(kRecurrentSmem / recurrent_smem(pl.R, pl.G, pl.JB, 1));
     pl.TC = (int)(s.T < tc ? std::max<int64_t>(s.T, 1) : tc);
   } else {
@@ -2482,7 +2496,7 @@ bool make_plan(const Shape& s, DType dt, const Layout& lay, const DeviceLimits& 
                "kernel only (it rounds one step at a time), got kernel '", kernel, "'");
     pl.kernel = Kernel::recurrent;
     pl.round_ref = true;
-    return plan_recurrent(s, lay, config, pl);
+    return plan_recurrent(s, lay, lim, config, pl);
   }
   if (kernel.empty()) {
     GR_REQUIRE("ValueError", config.empty(), "config needs an explicit kernel");
@@ -2511,7 +2525,7 @@ bool make_plan(const Shape& s, DType dt, const Layout& lay, const DeviceLimits& 
     pl.dtype = dt;
     pl.kernel = Kernel::recurrent;
   }
-  return plan_recurrent(s, lay, config, pl);
+  return plan_recurrent(s, lay, lim, config, pl);
 }
 
 }  // namespace gr
