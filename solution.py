@@ -6,7 +6,7 @@ Math, per batch b and head h, S_0 = 0 (a D_k x D_v state kept in fp32):
     y_t = S_t^T q_t            (y_t[j] = sum_i q_t[i] S_t[i, j])
 
 q, k: (B, T, H, D_k); v, y: (B, T, H, D_v); gate, beta: (B, T, H); any strides; float32, float16 or
-bfloat16 (one dtype for all); 1 <= D_k, D_v <= 256. Arithmetic is fp32; y has the input dtype.
+bfloat16 (one dtype for all); 1 <= D_k, D_v <= 256. Arithmetic is fp32 (numerics below); y has the input dtype.
 GPUs: compute capability 7.5 and newer (below 8.0 the plan uses only recurrent and parallel).
 
 Kernels. make_plan() (HOST_SRC, section "plan") picks one per call and fills one Plan record with
@@ -18,10 +18,15 @@ everything the launch depends on; plan(B, T, H, D_k, D_v, dtype) prints that rec
                   (built at import)    B*H*T^2 <= 2^20, T >= 32 or  beta up to its last row in one cp.async round trip
                                        D_k >= 96) or heads as wide  and computes y = (masked, decayed q k^T) v + A (q S_0)
                                        as T is long, where it fits  in fp32 FMAs; all tiles of a head at once.
-                                       shared memory
+                                       shared memory                Compiled tiles (D_k = D_v in GR_PARALLEL_TILES,
+                                                                    aligned rows) stage as float; on sm_90 a
+                                                                    programmatic dependent launch.
     recurrent     RECURRENT_SRC        the rest of T < 256          one block per (b, h, column block); each state
                   unit core                                         column is owned by G lanes of one warp (R rows a
                                                                     lane, S in registers); TC steps staged per barrier.
+    recurrent     RECURRENT_SRC +      numerics="reference" (every  the same kernel rounding like reference.py's loop
+    (reference)   REFERENCE_SRC        shape; ModelNew's default    in the input dtype, one row a lane, the D_k sums
+                  unit reference       for float16 / bfloat16)      of 32 steps reduce-scattered at once.
     chunk_tf32    CHUNK_TF32_SRC       float32 and float16 with     chunkwise-parallel form (CHUNK_SRC has the math),
                   unit chunk_tf32      T >= 256, or D_k >= 96 and   chunks of 32 steps: masked (q k^T) v + (decayed q) S,
                   (built on first use) B*H*T >= 8192               then one state update, on TF32 mma.sync; fp32 inputs
@@ -40,14 +45,22 @@ products of gates (never logs or quotients), so gates of 0, < 0 and > 1 are exac
 D_k padded to 64 or 128 with 16-byte aligned rows runs a chunk instantiation with D_k compiled in.
 
 API:
-    y = gated_recurrence(q, k, v, gate, beta)                                   # or ModelNew()(...)
+    y = gated_recurrence(q, k, v, gate, beta)                                   # accurate numerics
     y, S_T = gated_recurrence(q, k, v, gate, beta, initial_state=S_0, output_final_state=True)
         S_0, S_T: (B, H, D_k, D_v) float32 (S_0 optional, any strides; S_T a new tensor)
-    plan(B, T, H, D_k, D_v, dtype="float32")    # the launch a call gets, as text (first word: the kernel)
+    y = gated_recurrence(q, k, v, gate, beta, numerics="reference")              # the loop's own rounding
+    y = ModelNew()(q, k, v, gate, beta)   # KernelBench: Model's numerics (float16/bfloat16: "reference")
+    plan(B, T, H, D_k, D_v, dtype="float32", numerics="accurate")   # the launch a call gets, as text
     build()  /  build("chunk_bf16")             # compile units ahead of their first use (servers, benchmarks)
     built_units()                               # the units loaded in this process
+Numerics: "accurate" (the functional default) computes in fp32 and rounds y once to the input dtype
+(fp32 rel-L2 ~1e-7 against float64; float16/bfloat16: the exact answer's own rounding). "reference"
+rounds every operation to the input dtype as reference.py's Model does in that dtype (its error
+against float64 is Model's own: float16 ~5e-4, bfloat16 ~4e-3), which KernelBench's low-precision runs
+compare against; forward only, sequential, on the recurrent kernel.
 Errors: a bad argument raises ValueError or TypeError naming it (checked in C++ before any launch);
-a failed launch raises RuntimeError naming the launch. Timings live in BENCHMARKS.md, not here.
+an input that requires grad raises NotImplementedError naming it (no backward yet; torch.no_grad()
+runs the call); a failed launch raises RuntimeError naming the launch. Timings live in BENCHMARKS.md.
 """
 import ctypes
 import hashlib

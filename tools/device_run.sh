@@ -1,6 +1,7 @@
 #!/bin/bash
 # One device call: build once (timed), then the steps named in $@, each with a time limit, output in $OUT.
-#   bash tools/device_run.sh buildtimes tests eval sanitize bench sweep variants ncu wmma mma wgmma configs
+#   bash tools/device_run.sh buildtimes tests eval kernelbench sanitize bench sweep variants ncu wmma mma wgmma configs
+# (kernelbench needs KernelBench's src/ in .kb/src, carried: tools/kernelbench_compare.py)
 set -u
 export TORCH_EXTENSIONS_DIR=/tmp/ext PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -20,7 +21,9 @@ for step in "$@"; do
     wgmma) timeout 180 python3 dev/wgmma_probe.py 2>&1 | grep -v Warn | tail -12 | tee -a $OUT/log.txt ;;
     bench) timeout 300 python3 bench.py --shapes S1,S2,S3,S2-bf16,S3-bf16 --trials 30 --eager-max-s 0.1 --out $OUT 2>&1 | tee $OUT/bench.log | tail -8 | tee -a $OUT/log.txt ;;
     sweep) timeout 400 python3 bench.py --sweep --trials 30 --out $OUT 2>&1 | grep -v "^{" | tail -20 | tee -a $OUT/log.txt ;;
-    eval) timeout 120 python3 eval.py 2>&1 | tail -15 | tee -a $OUT/log.txt ;;
+    eval) for p in fp32 fp16 bf16; do timeout 120 python3 eval.py --precision $p 2>&1 | tail -15 | tee -a $OUT/log.txt; done ;;
+    kernelbench) timeout 300 python3 tools/kernelbench_compare.py --kernelbench .kb/src --precisions fp32,fp16,bf16 \
+        --seeds 0,1,2,3,4,5,6,7,8,9 --seq-lens 128,1024 --perf-trials 30 2>&1 | grep "KernelBench eval" | tee -a $OUT/log.txt ;;
     parallel) timeout 200 python3 dev/parallel_vs_recurrent.py ${PVR_ARGS:---no-grid} 2>&1 | grep -v Warn | tail -30 | tee -a $OUT/log.txt ;;
     variants) timeout 400 python3 tools/variants.py ${VARIANTS:-GR_PDL=0} --trials 30 2>&1 | grep -v Warn | tail -20 | tee -a $OUT/log.txt ;;
     ncu)
