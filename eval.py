@@ -163,8 +163,9 @@ class Ctx:
 # ------------------------------------------------------------------------------------------------
 # Checks: each returns (ok, reason)
 # ------------------------------------------------------------------------------------------------
-def compare(ctx, out, xs, ref=None):
-    """Output integrity, then KernelBench allclose, then scale-aware relative L2 against float64."""
+def compare(ctx, out, xs, ref=None, ref64=None):
+    """Output integrity, then KernelBench allclose, then scale-aware relative L2 against float64 (ref64:
+    the float64 run when the caller has it already)."""
     ref = ctx.reference(xs) if ref is None else ref
     if not torch.is_tensor(out):
         return False, f"output is {type(out).__name__}, not a tensor"
@@ -181,7 +182,7 @@ def compare(ctx, out, xs, ref=None):
     if not torch.allclose(out, ref, atol=tol, rtol=tol, equal_nan=True):
         diff = (out.double() - ref.double()).abs()[finite].max().item()
         return False, f"allclose(atol=rtol={tol}) fails: max abs diff {diff:.3e}"
-    ref64 = ctx.reference64(xs)
+    ref64 = ctx.reference64(xs) if ref64 is None else ref64
     if ref64 is not None:
         err = rel_l2(out[finite], ref64[finite])
         if err > REL_L2_TOL[ctx.precision]:
@@ -200,13 +201,13 @@ def check_correctness(ctx):
         xs = ctx.inputs(k)
         out, ref = ctx.run(xs), ctx.reference(xs)
         ref64 = ctx.reference64(xs)
-        if ref64 is not None and torch.is_tensor(out) and out.shape == ref64.shape:
+        if ref64 is not None and torch.is_tensor(out) and out.shape == ref64.shape and out.device == ref64.device:
             finite = torch.isfinite(ref64)
             worst["candidate"] = max(worst["candidate"], rel_l2(out[finite], ref64[finite]))
             worst["reference"] = max(worst["reference"], rel_l2(ref[finite], ref64[finite]))
-        errors = (f"; rel-L2 against float64: candidate {worst['candidate']:.2e}, reference {worst['reference']:.2e}"
-                  if ref64 is not None else "")
-        ok, why = compare(ctx, out, xs, ref)
+            errors = (f"; rel-L2 against float64: candidate {worst['candidate']:.2e}, "
+                      f"reference {worst['reference']:.2e}")
+        ok, why = compare(ctx, out, xs, ref, ref64)
         if not ok:
             return False, f"trial {k}: {why}{errors}"
     return True, f"{ctx.trials} trials{errors}"

@@ -647,7 +647,7 @@ REFERENCE_SRC = r"""
 extern "C" int gr_execute_reference(const gr::Plan* pl, const gr::Problem* pr, float*, cudaStream_t s,
                                     const char** failed) {
   using namespace gr;
-  *failed = "recurrent (numerics=reference)";
+  *failed = "numerics=reference";
   switch (pl->dtype) {
     case DType::f32: return (int)launch_recurrent<float, true>(*pl, *pr, s);
     case DType::f16: return (int)launch_recurrent<__half, true>(*pl, *pr, s);
@@ -2507,6 +2507,7 @@ bool make_plan(const Shape& s, DType dt, const Layout& lay, const DeviceLimits& 
   if (reference) {
     GR_REQUIRE("ValueError", kernel.empty() || kernel == "recurrent", "numerics='reference' runs the recurrent "
                "kernel only (it rounds one step at a time), got kernel '", kernel, "'");
+    GR_REQUIRE("ValueError", config.empty() || !kernel.empty(), "config needs an explicit kernel");
     pl.kernel = Kernel::recurrent;
     pl.round_ref = true;
     return plan_recurrent(s, lay, lim, config, pl);

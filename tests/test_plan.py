@@ -102,17 +102,19 @@ def test_parallel_plan(sol, shape, dtype):
     """Row tiles of PARALLEL_ROWS steps (one at T = 0), column tiles of at most 64 (balanced, multiples of
     8, halved while the staging does not fit), D_k padded to 8, the P V sums split over as many lanes as
     keep 256 threads busy, 16-byte copies where D_k and D_v rows are 16-byte multiples, a compiled tile
-    (staged as float) where D_k = D_v = NV is one of GR_PARALLEL_TILES with 16-byte copies, pdl on sm_90 (the plan's
-    default device without a GPU), and its shared memory (parallel_smem)."""
+    (staged as float) where D_k = D_v = NV is one of GR_PARALLEL_TILES with 16-byte copies, pdl from sm_90 (the
+    plan's default device without a GPU), and its shared memory (parallel_smem)."""
     B, T, H, Dk, Dv = shape
     nv_want = parallel_nv(T, Dk, Dv, SMEM, dtype)
     if nv_want is None:
         pytest.skip("does not fit this device's shared memory")
     text = sol.plan(*shape, dtype)
     found = re.fullmatch(r"parallel \(PARALLEL_SRC, unit core\) row_tiles=(\d+) NV=(\d+) D_k=(\d+) (compiled|run-time) "
-                         r"split=(\d+) loads=(\w+) pdl=on grid=(\d+)x256 smem=(\d+)", text)
+                         r"split=(\d+) loads=(\w+) pdl=(on|off) grid=(\d+)x256 smem=(\d+)", text)
     assert found, text
-    tiles, nv, dkp, compiled, split, loads, grid, smem = found.groups()
+    tiles, nv, dkp, compiled, split, loads, pdl, grid, smem = found.groups()
+    hopper = not torch.cuda.is_available() or torch.cuda.get_device_capability() >= (9, 0)
+    assert pdl == ("on" if hopper else "off"), text
     per16 = 4 if dtype == "float32" else 8
     assert int(tiles) == max(1, -(-T // PARALLEL_ROWS)) and int(nv) == nv_want, text
     assert int(dkp) == -(-Dk // 8) * 8, text

@@ -47,7 +47,7 @@ def test_model_new_matches_model_in_low_precision(sol, shape, dtype):
         assert torch.equal(y, sol.gated_recurrence(*xs, numerics="reference"))
 
 
-# (D_k, R, G): each pair of GR_RG_PAIRS_REFERENCE where the plan picks it (D_v = 20: 3 column blocks of 8)
+# (D_k, R, G): each pair of GR_RG_PAIRS_REFERENCE where the plan picks it (D_v = 20: several column blocks)
 REF_PAIRS = [(1, 1, 1), (2, 1, 2), (3, 1, 4), (7, 1, 8), (13, 1, 16), (24, 1, 32), (50, 2, 32), (100, 4, 32),
              (150, 6, 32), (256, 8, 32)]
 

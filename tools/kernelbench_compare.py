@@ -64,11 +64,16 @@ def main():
     import torch
 
     dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+    for prec in args.precisions.split(","):
+        if prec not in dtypes:
+            sys.exit(f"--precisions: {prec!r} is not one of fp32, fp16, bf16")
     ref_src, sol_src = open(args.ref).read(), open(args.solution).read()
     params = inspect.signature(eval_kernel_against_ref).parameters
     rows = []
     for T in [int(t) for t in args.seq_lens.split(",") if t] or [None]:
-        src = ref_src if T is None else re.sub(r"^seq_len = \d+", f"seq_len = {T}", ref_src, flags=re.M)
+        src, n = (ref_src, 1) if T is None else re.subn(r"^seq_len = \d+", f"seq_len = {T}", ref_src, flags=re.M)
+        if n != 1:
+            sys.exit(f"{args.ref}: no single 'seq_len = N' line to set T={T} in")
         for prec in args.precisions.split(","):
             for i, seed in enumerate(int(x) for x in args.seeds.split(",")):
                 wanted = {"seed_num": seed, "num_correct_trials": 5, "num_perf_trials": args.perf_trials,
