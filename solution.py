@@ -2150,6 +2150,7 @@ HOST_SRC = r"""
 // ===================================== host: argument checks, the plan, the launch ==========
 // Only the headers it needs (torch/extension.h would triple the host compile time).
 #include <torch/csrc/utils/pybind.h>
+#include <torch/library.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
@@ -2710,6 +2711,57 @@ bool tensor_args(std::initializer_list<std::pair<pybind11::handle, const char*>>
 }
 }  // namespace gr
 
+// ---- registered operators: what torch.compile traces (eager calls keep the pybind functions below,
+// which cost less host time a call). The namespace comes from the unit's hashed name (GR_OPS_NS, set by
+// the build): an edited copy of the file in the same process registers a new namespace instead of
+// redefining one (which aborts). Refusals are thrown as the Python exception they name.
+#ifndef GR_OPS_NS
+#define GR_OPS_NS gated_recurrence_ops
+#endif
+namespace gr {
+[[noreturn]] void throw_last_error() {
+  const size_t colon = g_error.find(": ");
+  const std::string kind = g_error.substr(0, colon), msg = colon == std::string::npos ? g_error : g_error.substr(colon + 2);
+  if (kind == "ValueError") C10_THROW_ERROR(ValueError, msg);
+  if (kind == "TypeError") C10_THROW_ERROR(TypeError, msg);
+  if (kind == "NotImplementedError") C10_THROW_ERROR(NotImplementedError, msg);
+  if (kind == "NeedUnit") C10_THROW_ERROR(Error, "solution.py: unit " + msg + " is not built; call solution.build('" + msg + "') first");
+  C10_THROW_ERROR(Error, msg);
+}
+
+at::Tensor op_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
+                      const at::Tensor& beta, bool reference) {
+  at::Tensor y = run(q, k, v, gate, beta, reference);
+  if (!y.defined()) throw_last_error();
+  return y;
+}
+
+std::vector<at::Tensor> op_forward_ex(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                      const at::Tensor& gate, const at::Tensor& beta,
+                                      const c10::optional<at::Tensor>& initial_state, bool want_final,
+                                      c10::string_view kernel, at::IntArrayRef config, bool reference) {
+  std::vector<at::Tensor> out;
+  if (!run_ex(q, k, v, gate, beta, initial_state, want_final, std::string(kernel), config.vec(), reference, out))
+    throw_last_error();
+  return out;
+}
+}  // namespace gr
+
+TORCH_LIBRARY(GR_OPS_NS, m) {
+  m.def("forward(Tensor q, Tensor k, Tensor v, Tensor gate, Tensor beta, bool reference) -> Tensor");
+  m.def("forward_ex(Tensor q, Tensor k, Tensor v, Tensor gate, Tensor beta, Tensor? initial_state, bool want_final, "
+        "str kernel, int[] config, bool reference) -> Tensor[]");
+}
+TORCH_LIBRARY_IMPL(GR_OPS_NS, CUDA, m) {
+  m.impl("forward", &gr::op_forward);
+  m.impl("forward_ex", &gr::op_forward_ex);
+}
+// CPU tensors reach the same checks, which refuse them by name (ValueError), as the eager call does.
+TORCH_LIBRARY_IMPL(GR_OPS_NS, CPU, m) {
+  m.impl("forward", &gr::op_forward);
+  m.impl("forward_ex", &gr::op_forward_ex);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using pybind11::handle;
   m.def("forward", [](handle q, handle k, handle v, handle gate, handle beta, bool reference) {
@@ -2780,6 +2832,11 @@ def _split_compile_flags():
 _LEAN = {"no_implicit_headers": True} if "no_implicit_headers" in inspect.signature(load_inline).parameters else {}
 
 
+def _ops_namespace(name):
+    """torch.ops namespace of a core build: its name (gated_recurrence_core_<hash>) without "core_"."""
+    return name.replace("_core_", "_", 1)
+
+
 def _compile(unit):
     """The unit's library, compiled here unless an earlier build with the same key exists. Returns
     (module or None, path of the .so)."""
@@ -2804,7 +2861,9 @@ def _compile(unit):
               file=sys.stderr, flush=True)
         if not torch.cuda.is_available():  # no device to query: torch reads the arch list from here
             os.environ.setdefault("TORCH_CUDA_ARCH_LIST", arch)
-        load_inline(name=name, cpp_sources=cpp, cuda_sources=cuda, extra_cflags=["-O3"],
+        # the core's operator namespace: its hashed name (not part of the key, which it is derived from)
+        ops_ns = ["-DGR_OPS_NS=" + _ops_namespace(name)] if unit == "core" else []
+        load_inline(name=name, cpp_sources=cpp, cuda_sources=cuda, extra_cflags=["-O3"] + ops_ns,
                     extra_cuda_cflags=CUDA_FLAGS + _split_compile_flags(), build_directory=build_dir,
                     is_python_module=unit == "core", verbose=os.environ.get("GATED_RECURRENCE_VERBOSE_BUILD") == "1",
                     **_LEAN)
@@ -2819,6 +2878,9 @@ def _compile(unit):
 _core, _core_path = _compile("core")
 _units = {"core": _core_path}  # unit -> path of its loaded library
 _libraries = []                # ctypes handles of the chunk units, kept for the life of the process
+# The registered operators (TORCH_LIBRARY in HOST_RUN_SRC): what torch.compile and torch.export trace.
+_OPS_NS = _ops_namespace(os.path.basename(_core_path)[:-3])
+_ops = getattr(torch.ops, _OPS_NS)
 
 
 def build(*units):
@@ -2875,6 +2937,52 @@ def _call(fn, *args):
     return out
 
 
+def _traced_call(q, k, v, gate, beta, initial_state, output_final_state, numerics):
+    """gated_recurrence through the registered operators, for torch.compile and torch.export (torch.ops
+    turns None into an undefined tensor and refuses floats as RuntimeError: types are checked first)."""
+    reference = _reference(numerics)
+    for x, name in ((q, "q"), (k, "k"), (v, "v"), (gate, "gate"), (beta, "beta")):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if initial_state is not None and not isinstance(initial_state, torch.Tensor):
+        raise TypeError(f"initial_state must be a torch.Tensor, got {type(initial_state).__name__}")
+    if initial_state is None and not output_final_state:
+        return _ops.forward(q, k, v, gate, beta, reference)
+    out = _ops.forward_ex(q, k, v, gate, beta, initial_state, bool(output_final_state), "", [], reference)
+    return (out[0], out[1]) if output_final_state else out[0]
+
+
+def _prepare_units(q, v, reference):
+    """At trace time (the fake implementations run there, not per call): build the unit the call's plan
+    needs, since the compiled graph calls the operator, which cannot build one itself."""
+    if q.device.type != "cuda":
+        return
+    dims = tuple(q.shape) + (v.shape[3],)
+    if reference:
+        unit = "reference"
+    elif all(isinstance(d, int) for d in dims):
+        unit = re.search(r"unit (\w+)", plan(*dims, q.dtype)).group(1)
+    else:  # symbolic sizes: the dtype's chunk unit, which long sequences take
+        unit = re.search(r"unit (\w+)", plan(1, 4096, 1, 64, 64, q.dtype)).group(1)
+    if unit not in _units:
+        build(unit)
+
+
+@torch.library.register_fake(f"{_OPS_NS}::forward")
+def _forward_fake(q, k, v, gate, beta, reference):
+    _prepare_units(q, v, reference)
+    return q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
+
+
+@torch.library.register_fake(f"{_OPS_NS}::forward_ex")
+def _forward_ex_fake(q, k, v, gate, beta, initial_state, want_final, kernel, config, reference):
+    _prepare_units(q, v, reference)
+    y = q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
+    if not want_final:
+        return [y]
+    return [y, q.new_empty((q.shape[0], q.shape[2], q.shape[3], v.shape[3]), dtype=torch.float32)]
+
+
 def gated_recurrence(q, k, v, gate, beta, initial_state=None, output_final_state=False, numerics="accurate"):
     """y (B, T, H, D_v) of the gated recurrence, in the inputs' dtype. See the module docstring.
 
@@ -2884,6 +2992,8 @@ def gated_recurrence(q, k, v, gate, beta, initial_state=None, output_final_state
     PyTorch loop's rounding in the input dtype, one step at a time: what reference.py's Model computes
     in float16 or bfloat16).
     """
+    if torch.compiler.is_compiling():  # traced: the registered operators (eager keeps the cheaper pybind calls)
+        return _traced_call(q, k, v, gate, beta, initial_state, output_final_state, numerics)
     if initial_state is None and not output_final_state:
         return _call(_core.forward, q, k, v, gate, beta, _reference(numerics))
     return _gated_recurrence_with(q, k, v, gate, beta, None, (), initial_state, output_final_state, numerics)
@@ -2938,5 +3048,5 @@ class ModelNew(torch.nn.Module):
         numerics = self.numerics
         if numerics is None:
             # 16-bit floats (other 16-bit dtypes are refused by the argument checks either way)
-            numerics = "reference" if isinstance(q, torch.Tensor) and q.element_size() == 2 else "accurate"
+            numerics = "reference" if isinstance(q, torch.Tensor) and q.dtype.itemsize == 2 else "accurate"
         return gated_recurrence(q, k, v, gate, beta, numerics=numerics)
