@@ -51,6 +51,7 @@ API:
     y = gated_recurrence(q, k, v, gate, beta, numerics="reference")              # the loop's own rounding
     y = ModelNew()(q, k, v, gate, beta)   # KernelBench: Model's numerics (float16/bfloat16: "reference")
     plan(B, T, H, D_k, D_v, dtype="float32", numerics="accurate")   # the launch a call gets, as text
+    torch.compile(ModelNew(), fullgraph=True)   # traced through torch.ops.<_OPS_NS>.forward / forward_ex
     build()  /  build("chunk_bf16")             # compile units ahead of their first use (servers, benchmarks)
     built_units()                               # the units loaded in this process
 Numerics: "accurate" (the functional default) computes in fp32 and rounds y once to the input dtype
