@@ -146,3 +146,14 @@ def test_operator_in_a_cuda_graph(sol):
             x.copy_(f)
         graph.replay()
         assert torch.equal(y, sol.gated_recurrence(*fresh))
+
+
+def test_autocast_leaves_the_inputs_alone(sol):
+    """Under torch.autocast the operator runs in the dtype of its inputs: no autocast kernel is registered,
+    so nothing casts them (traced here under CPU autocast: no cast in the graph, a float32 result)."""
+    xs = inputs(*SPEC, device="cpu")
+    with torch.autocast("cpu", dtype=BF16):
+        ep = torch.export.export(sol.ModelNew(), tuple(xs))
+    calls = [n for n in ep.graph.nodes if n.op == "call_function"]
+    assert [str(n.target) for n in calls] == [f"{sol._OPS_NS}.forward.default"]
+    assert calls[0].meta["val"].dtype == FP32
