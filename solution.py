@@ -2381,8 +2381,8 @@ bool plan_recurrent(const Shape& s, const Layout& lay, const DeviceLimits& lim, 
     const int max_cols = kMaxThreads / pl.G;
     pl.JB = std::min((int)ceil_div(s.Dv, min_cols) * min_cols, max_cols);
     if (pl.round_ref) {
-      // the rounding's conversions, not the chain of steps, fill an SM's issue slots: spread the columns
-      // over about one block an SM (fewer columns a block) where B * H leaves SMs idle
+      // each warp's chain of rounded steps sets the time: spread the columns over about one block an SM
+      // (fewer columns a block) where B * H leaves SMs idle
       const int64_t want = std::max<int64_t>(1, lim.sms / std::max<int64_t>(1, s.B * s.H));
       pl.JB = (int)std::min<int64_t>(pl.JB, ceil_div(ceil_div(s.Dv, want), min_cols) * min_cols);
     }
@@ -2977,8 +2977,7 @@ def _forward_fake(q, k, v, gate, beta, reference):
 
 @torch.library.register_fake(f"{_OPS_NS}::forward_ex")
 def _forward_ex_fake(q, k, v, gate, beta, initial_state, want_final, kernel, config, reference):
-    _prepare_units(q, v, reference)
-    y = q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
+    y = _forward_fake(q, k, v, gate, beta, reference)
     if not want_final:
         return [y]
     return [y, q.new_empty((q.shape[0], q.shape[2], q.shape[3], v.shape[3]), dtype=torch.float32)]
