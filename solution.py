@@ -6,7 +6,8 @@ Math, per batch b and head h, S_0 = 0 (a D_k x D_v state kept in fp32):
     y_t = S_t^T q_t            (y_t[j] = sum_i q_t[i] S_t[i, j])
 
 q, k: (B, T, H, D_k); v, y: (B, T, H, D_v); gate, beta: (B, T, H); any strides; float32, float16 or
-bfloat16 (one dtype for all); 1 <= D_k, D_v <= 256. Arithmetic is fp32 (numerics below); y has the input dtype.
+bfloat16 (q, k, v one dtype; gate and beta q's dtype or float32); 1 <= D_k, D_v <= 256. Arithmetic is fp32
+(numerics below); y has q's dtype.
 GPUs: compute capability 7.5 and newer (below 8.0 the plan uses only recurrent and parallel).
 
 Kernels. make_plan() (HOST_SRC, section "plan") picks one per call and fills one Plan record with
@@ -138,6 +139,7 @@ struct Problem {
   Strides3 sg, sb;
   int T, H, Dk, Dv;
   int64_t BH;
+  bool g32, b32;  // gate / beta in float32 beside 16-bit q, k, v (else the input dtype)
   const float* s_in; StateStrides ssi;  // initial state, or nullptr for zero
   float* s_out; StateStrides sso;       // final state, or nullptr
 };
@@ -228,6 +230,21 @@ __device__ __forceinline__ T from_float(float x) {
   else if constexpr (std::is_same<T, __nv_bfloat16>::value) return __float2bfloat16_rn(x);
   else return x;
 }
+
+// Gate or beta of one (b, h) at element offset `off`: the input dtype, or float32 beside 16-bit q, k, v
+// (`wide`, Problem::g32 / b32: models keep their gates in float32). For float32 inputs it folds away.
+template <typename scalar_t>
+struct GateSeq {
+  const void* p;
+  bool f32;
+  __device__ __forceinline__ GateSeq(const void* base, int64_t off, bool wide) : f32(sizeof(scalar_t) == 4 || wide) {
+    p = f32 ? static_cast<const void*>(static_cast<const float*>(base) + off)
+            : static_cast<const void*>(static_cast<const scalar_t*>(base) + off);
+  }
+  __device__ __forceinline__ float operator[](int64_t i) const {
+    return f32 ? static_cast<const float*>(p)[i] : to_float(static_cast<const scalar_t*>(p)[i]);
+  }
+};
 
 // V consecutive elements of a row: 16 bytes when vectorised, else one.
 template <typename scalar_t, bool VEC>
@@ -571,8 +588,8 @@ __global__ void __launch_bounds__(kMaxThreads) recurrent_kernel(const RecurrentP
   const scalar_t* q = static_cast<const scalar_t*>(p.q) + b * p.sq.b + h * p.sq.h;
   const scalar_t* k = static_cast<const scalar_t*>(p.k) + b * p.sk.b + h * p.sk.h;
   const scalar_t* v = static_cast<const scalar_t*>(p.v) + b * p.sv.b + h * p.sv.h + j0 * p.sv.d;
-  const scalar_t* gate = static_cast<const scalar_t*>(p.gate) + b * p.sg.b + h * p.sg.h;
-  const scalar_t* beta = static_cast<const scalar_t*>(p.beta) + b * p.sb.b + h * p.sb.h;
+  const GateSeq<scalar_t> gate(p.gate, b * p.sg.b + h * p.sg.h, p.g32);
+  const GateSeq<scalar_t> beta(p.beta, b * p.sb.b + h * p.sb.h, p.b32);
   scalar_t* y = static_cast<scalar_t*>(p.y) + b * p.sy.b + h * p.sy.h + (j0 + col) * p.sy.d;
 
   // Padding columns are never staged: zero them (all of shared memory) once.
@@ -593,8 +610,8 @@ __global__ void __launch_bounds__(kMaxThreads) recurrent_kernel(const RecurrentP
     const int tc = min(p.TC, p.T - t0);
     if (t0 > 0) __syncthreads();  // the previous chunk is fully consumed
     for (int e = tid; e < tc; e += blockDim.x) {  // issued first: in flight with q, k, v
-      g_s[e] = to_float(gate[(t0 + e) * p.sg.t]);
-      b_s[e] = to_float(beta[(t0 + e) * p.sb.t]);
+      g_s[e] = gate[(t0 + e) * p.sg.t];
+      b_s[e] = beta[(t0 + e) * p.sb.t];
     }
     if (p.vec)
       stage_qkv<scalar_t, true>(q_s, k_s, v_s, kp, p.JB, q + t0 * p.sq.t, k + t0 * p.sk.t, v + t0 * p.sv.t,
@@ -967,8 +984,8 @@ __global__ void __launch_bounds__(kMaxThreads) parallel_kernel(const ParallelPar
   const scalar_t* q = static_cast<const scalar_t*>(p.q) + b * p.sq.b + h * p.sq.h;
   const scalar_t* k = static_cast<const scalar_t*>(p.k) + b * p.sk.b + h * p.sk.h;
   const scalar_t* v = static_cast<const scalar_t*>(p.v) + b * p.sv.b + h * p.sv.h + j0 * p.sv.d;
-  const scalar_t* gate = static_cast<const scalar_t*>(p.gate) + b * p.sg.b + h * p.sg.h;
-  const scalar_t* beta = static_cast<const scalar_t*>(p.beta) + b * p.sb.b + h * p.sb.h;
+  const GateSeq<scalar_t> gate(p.gate, b * p.sg.b + h * p.sg.h, p.g32);
+  const GateSeq<scalar_t> beta(p.beta, b * p.sb.b + h * p.sb.h, p.b32);
 
   // ---- gates: warp 0's lanes own steps [l E, l E + E) of [0, t0), warp 1's lane i step t0 + i (1 and 0
   // past T); their loads go out first, then every thread's share of q, k and v (cp.async)
@@ -978,20 +995,19 @@ __global__ void __launch_bounds__(kMaxThreads) parallel_kernel(const ParallelPar
   griddep_wait<>();
   griddep_launch<>();
   if (warp == 0) {
-    const scalar_t* gp = gate + (int64_t)s_lo * p.sg.t;
-    const scalar_t* bp = beta + (int64_t)s_lo * p.sb.t;
+    int64_t ig = (int64_t)s_lo * p.sg.t, ib = (int64_t)s_lo * p.sb.t;  // offsets, past the end only unread
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       const bool in = s_lo + e < s_hi;
-      gw[e] = in ? to_float(*gp) : 1.f;
-      bw[e] = in ? to_float(*bp) : 0.f;
-      gp += p.sg.t;
-      bp += p.sb.t;
+      gw[e] = in ? gate[ig] : 1.f;
+      bw[e] = in ? beta[ib] : 0.f;
+      ig += p.sg.t;
+      ib += p.sb.t;
     }
   } else if (warp == 1) {
     const bool in = lane < RT && t0 + lane < p.T;
-    gw[0] = in ? to_float(gate[(int64_t)(t0 + lane) * p.sg.t]) : 1.f;
-    bw[0] = in ? to_float(beta[(int64_t)(t0 + lane) * p.sb.t]) : 0.f;
+    gw[0] = in ? gate[(int64_t)(t0 + lane) * p.sg.t] : 1.f;
+    bw[0] = in ? beta[(int64_t)(t0 + lane) * p.sb.t] : 0.f;
   }
   const int Lv = min(L, p.T);
   // A compiled tile's rows: 16-byte copies a row, and how many a thread makes (L <= kParallelMaxT rows)
@@ -1298,9 +1314,10 @@ template <typename scalar_t>
 struct ChunkBlock {
   int vt, seg, h, b, j0, nv;
   int64_t bh;
-  const scalar_t *q, *k, *v, *gate, *beta;
+  const scalar_t *q, *k, *v;
+  GateSeq<scalar_t> gate, beta;
   scalar_t* y;
-  __device__ __forceinline__ ChunkBlock(const ChunkParams& p, int NV) {
+  __device__ __forceinline__ ChunkBlock(const ChunkParams& p, int NV) : gate(p.gate, 0, p.g32), beta(p.beta, 0, p.b32) {
     int blk = blockIdx.x;
     vt = blk % p.vtiles;
     blk /= p.vtiles;
@@ -1314,8 +1331,8 @@ struct ChunkBlock {
     q = static_cast<const scalar_t*>(p.q) + b * p.sq.b + h * p.sq.h;
     k = static_cast<const scalar_t*>(p.k) + b * p.sk.b + h * p.sk.h;
     v = static_cast<const scalar_t*>(p.v) + b * p.sv.b + h * p.sv.h + j0 * p.sv.d;
-    gate = static_cast<const scalar_t*>(p.gate) + b * p.sg.b + h * p.sg.h;
-    beta = static_cast<const scalar_t*>(p.beta) + b * p.sb.b + h * p.sb.h;
+    gate = GateSeq<scalar_t>(p.gate, b * p.sg.b + h * p.sg.h, p.g32);
+    beta = GateSeq<scalar_t>(p.beta, b * p.sb.b + h * p.sb.h, p.b32);
     y = static_cast<scalar_t*>(p.y) + b * p.sy.b + h * p.sy.h + j0 * p.sy.d;
   }
   __device__ __forceinline__ float* segment_state(const ChunkParams& p, int s) const {
@@ -1373,8 +1390,8 @@ __device__ __forceinline__ void load_gate_beta(const ChunkParams& p, const Chunk
   g = 1.f;
   b = 0.f;
   if (i < tc) {
-    g = to_float(cb.gate[(int64_t)(t0 + i) * p.sg.t]);
-    b = to_float(cb.beta[(int64_t)(t0 + i) * p.sb.t]);
+    g = cb.gate[(int64_t)(t0 + i) * p.sg.t];
+    b = cb.beta[(int64_t)(t0 + i) * p.sb.t];
   }
 }
 
@@ -2260,11 +2277,17 @@ bool check_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
       !check_input(v, "v", 4, "(B, T, H, D_v)") || !check_input(gate, "gate", 3, "(B, T, H)") ||
       !check_input(beta, "beta", 3, "(B, T, H)"))
     return false;
-  const std::pair<const at::Tensor*, const char*> others[] = {{&k, "k"}, {&v, "v"}, {&gate, "gate"}, {&beta, "beta"}};
+  const std::pair<const at::Tensor*, const char*> others[] = {{&k, "k"}, {&v, "v"}};
   for (const auto& o : others)
     GR_REQUIRE("TypeError", o.first->scalar_type() == q.scalar_type(), o.second, " has dtype ",
                dtype_str(o.first->scalar_type()), " but q has ", dtype_str(q.scalar_type()),
-               "; all inputs must share one dtype");
+               "; q, k and v must share one dtype");
+  // gates may stay float32 beside 16-bit q, k, v, as models keep them (arithmetic is fp32 anyway)
+  const std::pair<const at::Tensor*, const char*> gates[] = {{&gate, "gate"}, {&beta, "beta"}};
+  for (const auto& o : gates)
+    GR_REQUIRE("TypeError", o.first->scalar_type() == q.scalar_type() || o.first->scalar_type() == at::kFloat,
+               o.second, " has dtype ", dtype_str(o.first->scalar_type()), " but q has ", dtype_str(q.scalar_type()),
+               "; gate and beta must have q's dtype or float32");
   const auto bth = q.sizes().slice(0, 3);
   GR_REQUIRE("ValueError", k.sizes() == q.sizes(), "k must have the shape of q ", shape_str(q.sizes()), ", got ",
              shape_str(k.sizes()));
@@ -2279,6 +2302,18 @@ bool check_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   GR_REQUIRE("ValueError", v.size(3) >= 1 && v.size(3) <= kMaxDim, "v: D_v must be in 1..", kMaxDim, ", got ",
              v.size(3));
   GR_REQUIRE("ValueError", q.size(1) <= INT32_MAX, "q: T must be below 2^31, got ", q.size(1));
+  return true;
+}
+
+// numerics "reference" reproduces the loop run in ONE dtype; with float32 gates that loop would promote
+// its state to float32 (and return float32), which "accurate" is the faithful answer to.
+bool check_reference_dtypes(const at::Tensor& q, const at::Tensor& gate, const at::Tensor& beta, bool reference) {
+  if (!reference) return true;
+  const std::pair<const at::Tensor*, const char*> gates[] = {{&gate, "gate"}, {&beta, "beta"}};
+  for (const auto& o : gates)
+    GR_REQUIRE("ValueError", o.first->scalar_type() == q.scalar_type(), o.second, " is ",
+               dtype_str(o.first->scalar_type()), " but q is ", dtype_str(q.scalar_type()),
+               ": numerics='reference' rounds like the loop in one dtype; use numerics='accurate' for float32 gates");
   return true;
 }
 
@@ -2599,6 +2634,7 @@ Problem problem_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   pr.sg = strides3(gate); pr.sb = strides3(beta);
   pr.T = (int)q.size(1); pr.H = (int)q.size(2); pr.Dk = (int)q.size(3); pr.Dv = (int)v.size(3);
   pr.BH = q.size(0) * q.size(2);
+  pr.g32 = gate.scalar_type() == at::kFloat; pr.b32 = beta.scalar_type() == at::kFloat;
   pr.s_in = s_in ? s_in->data_ptr<float>() : nullptr; pr.ssi = state_strides(s_in);
   pr.s_out = s_out ? s_out->data_ptr<float>() : nullptr; pr.sso = state_strides(s_out);
   return pr;
@@ -2636,8 +2672,8 @@ const std::vector<int64_t> kNoConfig;
 // The hot path: checks, the plan, one output allocation, the plan's launches.
 at::Tensor run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
                const at::Tensor& beta, bool reference) {
-  if (!check_shapes(q, k, v, gate, beta) || !check_no_grad(q, k, v, gate, beta, nullptr) ||
-      !check_devices(q, k, v, gate, beta))
+  if (!check_shapes(q, k, v, gate, beta) || !check_reference_dtypes(q, gate, beta, reference) ||
+      !check_no_grad(q, k, v, gate, beta, nullptr) || !check_devices(q, k, v, gate, beta))
     return at::Tensor();
   const c10::cuda::CUDAGuard guard(q.device());
   Plan pl;
@@ -2654,7 +2690,7 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
 bool run_ex(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
             const at::Tensor& beta, const c10::optional<at::Tensor>& initial_state, bool want_final,
             const std::string& kernel, const std::vector<int64_t>& config, bool reference, std::vector<at::Tensor>& out) {
-  if (!check_shapes(q, k, v, gate, beta)) return false;
+  if (!check_shapes(q, k, v, gate, beta) || !check_reference_dtypes(q, gate, beta, reference)) return false;
   c10::cuda::OptionalCUDAGuard guard;  // q's device before anything reads device limits
   if (q.is_cuda()) guard.set_device(q.device());
   const at::Tensor* s_in = initial_state.has_value() && initial_state->defined() ? &*initial_state : nullptr;
@@ -3035,7 +3071,9 @@ class ModelNew(torch.nn.Module):
 
     numerics=None (the default) computes what Model computes in the inputs' dtype: float16 and
     bfloat16 inputs get Model's own rounding ("reference"), float32 inputs the accurate kernels (which
-    agree with Model's float32 loop to its own rounding). "accurate" or "reference" forces one.
+    agree with Model's float32 loop to its own rounding). float32 gate or beta beside 16-bit q, k, v
+    (Model's loop then promotes its state to float32) also get "accurate", with y in q's dtype.
+    "accurate" or "reference" forces one.
     """
 
     def __init__(self, numerics=None):
@@ -3047,6 +3085,8 @@ class ModelNew(torch.nn.Module):
     def forward(self, q, k, v, gate, beta):
         numerics = self.numerics
         if numerics is None:
-            # 16-bit floats (other 16-bit dtypes are refused by the argument checks either way)
-            numerics = "reference" if isinstance(q, torch.Tensor) and q.dtype.itemsize == 2 else "accurate"
+            # one 16-bit float dtype (other 16-bit dtypes are refused by the argument checks either way)
+            dt = q.dtype if isinstance(q, torch.Tensor) and q.dtype.itemsize == 2 else None
+            numerics = "reference" if dt is not None and getattr(gate, "dtype", dt) == dt and \
+                getattr(beta, "dtype", dt) == dt else "accurate"
         return gated_recurrence(q, k, v, gate, beta, numerics=numerics)

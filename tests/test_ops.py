@@ -96,15 +96,18 @@ def test_traced_calls_check_argument_types(sol):
 
 # ---- GPU
 @cuda
-@pytest.mark.parametrize("dtype,reference_numerics", [(FP32, False), (BF16, False), (BF16, True)],
-                         ids=["fp32", "bf16", "bf16-reference"])
-def test_opcheck(sol, dtype, reference_numerics):
+@pytest.mark.parametrize("dtype,reference_numerics,wide_gates", [(FP32, False, False), (BF16, False, False),
+                                                                 (BF16, True, False), (BF16, False, True)],
+                         ids=["fp32", "bf16", "bf16-reference", "bf16-float32-gates"])
+def test_opcheck(sol, dtype, reference_numerics, wide_gates):
     """opcheck calls the operator eagerly first; a direct call does not build units (its error says which
     to build; gated_recurrence and traced calls build them), so the reference unit is built here."""
     if reference_numerics:
         sol.build("reference")
     ops = ops_of(sol)
     xs = inputs(2, 40, 3, 24, 20, dtype=dtype)
+    if wide_gates:
+        xs[3:] = [x.float() for x in xs[3:]]
     torch.library.opcheck(ops.forward.default, (*xs, reference_numerics))
     s0 = strided_state(2, 3, 24, 20)
     torch.library.opcheck(ops.forward_ex.default, (*xs, s0, True, "", [], reference_numerics))
