@@ -19,7 +19,7 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16):
         solution.gated_recurrence(*[x.transpose(1, 2).contiguous().transpose(1, 2) if x.dim() == 4 else x for x in xs])
     xs = reference.make_inputs(1, 40, 2, 24, 24, dtype=dtype, device="cuda")
     solution._gated_recurrence_with(*xs, kernel="recurrent", config=(6, 4, 8, 7))  # 6 steps staged at once, ragged last
-    # each chunk kernel in every (NV, D_k) instantiation, with segments (state phase + segment_scan) and states
+    # each chunk kernel in every (NV, D_k) instantiation, with segments (segment_state + segment_scan) and states
     kernel = "chunk_bf16" if dtype == torch.bfloat16 else "chunk_tf32"
     for cfg in [(32, 3), (64, 4), (64, 1)]:
         shapes = [(1, 150, 2, 33, 70), (2, 70, 1, 7, 5), (1, 40, 1, 256, 40)]
@@ -32,6 +32,16 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16):
         xs = reference.make_inputs(1, 100, 1, 24, 20, dtype=dtype, device="cuda")
         xs[2][0, 40, 0, 3] = float("nan")  # the fp32 diagonal path for a non-finite v
         solution._gated_recurrence_with(*xs, kernel=kernel, config=cfg)
+    # segment_state: element copies (time-minor rows), a ring reused over long segments, wide row / column tiles
+    xs = reference.make_inputs(1, 700, 2, 33, 70, dtype=dtype, device="cuda")
+    solution._gated_recurrence_with(*[x.transpose(1, 2).contiguous().transpose(1, 2) if x.dim() == 4 else x for x in xs],
+                                    kernel=kernel, config=(64, 2))
+    xs = reference.make_inputs(1, 100, 1, 200, 130, dtype=dtype, device="cuda")
+    solution._gated_recurrence_with(*xs, kernel=kernel, config=(32, 3))
+    if dtype != torch.float32:  # float32 gate and beta beside 16-bit q, k, v, on every planned kernel
+        for B, T, H, Dk, Dv in [(2, 128, 4, 24, 24), (1, 100, 2, 33, 20), (8, 200, 16, 24, 24), (1, 300, 2, 64, 64)]:
+            xs = reference.make_inputs(B, T, H, Dk, Dv, dtype=dtype, device="cuda")
+            solution.gated_recurrence(*xs[:3], xs[3].float(), xs[4].float())
     # parallel: planned and chosen column tiles (ragged), ragged row tiles, states, 16-byte and scalar copies
     for cfg, (B, T, H, Dk, Dv) in [((), (2, 37, 3, 24, 24)), ((64,), (1, 200, 2, 33, 100)), ((32,), (1, 256, 1, 64, 40)),
                                    ((8,), (1, 9, 1, 256, 8)), ((), (1, 100, 2, 40, 104))]:
