@@ -46,13 +46,16 @@ def test_float32_gates_equal_16bit_gates(sol, kernel, config, shape, dtype, whic
 @pytest.mark.parametrize("dtype", LOW, ids=LOW_IDS)
 @pytest.mark.parametrize("kernel,config,shape", CASES, ids=CASE_IDS)
 def test_float32_gates_near_float64(sol, kernel, config, shape, dtype):
-    """Gates and betas that 16 bits cannot hold: y within 1.1x of the exact answer's own rounding."""
+    """Gates and betas that 16 bits cannot hold: y as near its float64 answer as the same kernel gets with
+    16-bit gates (the exact answer's own rounding; float16 on chunk_tf32 adds its single TF32 products)."""
     xs = inputs(*shape, dtype=torch.float32)
     xs = [x.to(dtype) for x in xs[:3]] + xs[3:]
     y = run(sol, xs, kernel, config)
     exact = ref64(xs)
     assert y.dtype == dtype and not torch.isnan(y).any()
-    assert rel_l2(y, exact) <= 1.1 * rounding_floor(exact, dtype)
+    narrow = xs[:3] + [x.to(dtype) for x in xs[3:]]
+    bar = max(rounding_floor(exact, dtype), rel_l2(run(sol, narrow, kernel, config), ref64(narrow)))
+    assert rel_l2(y, exact) <= 1.1 * bar
 
 
 @cuda
