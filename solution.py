@@ -35,12 +35,10 @@ everything the launch depends on; plan(B, T, H, D_k, D_v, dtype) prints that rec
     chunk_bf16    CHUNK_BF16_SRC       bfloat16, as chunk_tf32      the same schedule on bf16 mma.sync m16n8k16; the
                   unit chunk_bf16                                   fp32 operands (masked product, state, scaled keys)
                   (built on first use)                              split into bf16 hi + lo terms.
-    segment_state SEGMENT_STATE_SRC    chunk plans with segments>1  sequence parallelism when B*H blocks cannot fill
-                  in both chunk units  (B*H too small for the GPU)  the GPU: each segment's own state as one product
-                                                                    sum_s (w_s k_s) v_s^T on 3xTF32 mma.sync (no
-                                                                    recurrence inside a segment), then
-    segment_scan  SEGMENT_SCAN_SRC                                  this kernel chains them, then every segment's
-                  in both chunk units                               outputs run at once (the chunk kernel).
+    segment_scan  SEGMENT_SCAN_SRC     chunk plans with segments>1  sequence parallelism when B*H blocks cannot fill
+                  in both chunk units  (B*H too small for the GPU)  the GPU: the chunk kernel computes each segment's
+                                                                    own state, this kernel chains them, then every
+                                                                    segment's outputs run at once.
 
 Both chunk kernels run one skeleton (CHUNK_SRC, run_chunks): block setup, segment bounds, the barrier
 schedule and the state update; each family supplies its staging and matrix products. Decays are direct
@@ -104,7 +102,7 @@ from torch.utils.cpp_extension import load_inline  # noqa: E402
 __all__ = ["ModelNew", "gated_recurrence", "plan", "build", "built_units", "KERNELS", "UNITS"]
 
 # Every kernel a plan can name (tests check it against the __global__ kernels and plan()).
-KERNELS = ("recurrent", "parallel", "chunk_tf32", "chunk_bf16", "segment_state", "segment_scan")
+KERNELS = ("recurrent", "parallel", "chunk_tf32", "chunk_bf16", "segment_scan")
 # Build units: core (host code, recurrent, parallel) at import; each chunk family and the reference rounding on first use.
 UNITS = ("core", "chunk_tf32", "chunk_bf16", "reference")
 
@@ -124,10 +122,7 @@ enum : int {
   kMaxThreads = 256,             // every kernel's block
   kChunk = 32,                   // steps per chunk of the chunk kernels
   kGateTableFloats = 21 * kChunk,  // one chunk's gate tables (CHUNK_SRC, write_gate_tables)
-  kParallelRows = 8,              // steps a row tile of the parallel kernel (even)
-  kSegTile = 64,                  // segment_state: rows of D_k and columns of D_v a block
-  kSegStages = 4,                 // segment_state: blocks of 32 steps in flight
-  kSegPitch = kSegTile + 8        // segment_state: staged row pitch (elements; conflict-free fragments)
+  kParallelRows = 8               // steps a row tile of the parallel kernel (even)
 };
 enum class DType : int { f32 = 0, f16 = 1, bf16 = 2 };
 enum class Kernel : int { recurrent = 0, parallel = 1, chunk_tf32 = 2, chunk_bf16 = 3 };
@@ -183,8 +178,6 @@ inline size_t parallel_smem(int NV, int DKP, int L, int esize) {
 inline size_t recurrent_smem(int R, int G, int JB, int TC) {
   return sizeof(float) * (size_t)TC * (2 * G * R + JB + 2);
 }
-// segment_state: a ring of kSegStages (k, v) tile pairs of 32 steps in the input dtype.
-inline size_t segment_state_smem(int esize) { return (size_t)esize * kSegStages * 2 * kChunk * kSegPitch; }
 // chunk_tf32: q, k, v, y staged as fp32, the state slice, the masked product, the gate tables.
 inline size_t chunk_tf32_smem(int NV, int DKP) {
   return sizeof(float) * (size_t)(2 * 32 * (DKP + 4) + 2 * 32 * (NV + 8) + DKP * (NV + 8) + 32 * 36 + 5 * 32 + 512);
@@ -700,7 +693,7 @@ TF32_MMA_SRC = r"""
 //   A 16x8: a0 (g, q), a1 (g+8, q), a2 (g, q+4), a3 (g+8, q+4);  B 8x8: b0 (q, g), b1 (q+4, g);
 //   C 16x8: c0 (g, 2q), c1 (g, 2q+1), c2 (g+8, 2q), c3 (g+8, 2q+1).
 // SPLIT: each fp32 operand as hi + lo TF32 terms and three products (3xTF32, fp32-level error).
-// Used by chunk_tf32 and segment_state.
+// Used by chunk_tf32.
 namespace gr {
 namespace {
 
@@ -756,7 +749,6 @@ __device__ __forceinline__ void prep_a(const float (&a)[4], uint32_t (&ah)[4], u
   }
 }
 
-template <int = 0>  // as frag_a
 __device__ __forceinline__ void ldm_x4(float (&r)[4], const float* row) {
   uint32_t x[4];
   ldm4(x, row);
@@ -764,9 +756,7 @@ __device__ __forceinline__ void ldm_x4(float (&r)[4], const float* row) {
 }
 
 // 16x8 A fragment at A (row-major, pitch ld a multiple of 4, A 16-byte aligned): tiles rows 0-7 /
-// 8-15 by columns 0-3 / 4-7 give a0 (g, q), a1 (g+8, q), a2 (g, q+4), a3 (g+8, q+4). A template: the
-// bf16 unit (segment_state only) never calls it and warns of no unused copy.
-template <int = 0>
+// 8-15 by columns 0-3 / 4-7 give a0 (g, q), a1 (g+8, q), a2 (g, q+4), a3 (g+8, q+4).
 __device__ __forceinline__ void frag_a(float (&a)[4], const float* A, int ld, int g, int q) {
   const int lane = 4 * g + q;
   ldm_x4(a, A + ((lane & 7) + ((lane >> 3) & 1) * 8) * ld + (lane >> 4) * 4);
@@ -1327,6 +1317,8 @@ struct ChunkParams : Problem {
   int DKP;          // D_k rounded up to 16
   int vtiles;       // ceil(D_v / NV) column tiles
   int nseg, seg_chunks;
+  int seg_launch;   // segments in this launch: nseg (outputs) or nseg - 1 (states)
+  int mode;         // 0: outputs, 1: segment states only
   int vec_qk, vec_v, vec_y;  // 16-byte accesses are legal for q and k / v / y
   float* seg_states;  // (B, H, nseg - 1, D_k, D_v): contributions, then (after the scan) end states
   float* seg_decays;  // (B, H, nseg - 1)
@@ -1344,8 +1336,8 @@ struct ChunkBlock {
     int blk = blockIdx.x;
     vt = blk % p.vtiles;
     blk /= p.vtiles;
-    seg = blk % p.nseg;
-    blk /= p.nseg;
+    seg = blk % p.seg_launch;
+    blk /= p.seg_launch;
     h = blk % p.H;
     b = blk / p.H;
     j0 = vt * NV;
@@ -1363,16 +1355,17 @@ struct ChunkBlock {
   }
 };
 
-// The state slice (DKP x NV) at the segment's start: the caller's initial state (or zero) for segment 0,
-// else the end state of the previous segment (segment_state, then segment_scan).
+// The state slice (DKP x NV) at the segment's start: the caller's initial state (segment 0 of the output
+// phase), the scanned end state of the previous segment, or zero (the state phase computes each
+// segment's own contribution).
 template <typename scalar_t, typename State>
 __device__ __forceinline__ void init_state(const State& st, int DKP, int NV, const ChunkParams& p,
                                            const ChunkBlock<scalar_t>& cb) {
   const float* s0 = nullptr;
   StateStrides s0s{0, 0, 0, 0};
-  if (cb.seg == 0) {
+  if (p.mode == 0 && cb.seg == 0) {
     s0 = p.s_in; s0s = p.ssi;
-  } else {
+  } else if (p.mode == 0) {
     s0 = cb.segment_state(p, cb.seg - 1);
     s0s = {0, 0, p.Dv, 1};
   }
@@ -1385,14 +1378,24 @@ __device__ __forceinline__ void init_state(const State& st, int DKP, int NV, con
     }
 }
 
-// After the last chunk of the last segment: the final state, when the caller asked for it.
+// After the last chunk: the final state (last segment of the output phase), or the segment's own
+// contribution and gate product (state phase).
 template <typename scalar_t, typename State>
-__device__ __forceinline__ void leave_state(const State& st, const ChunkParams& p, const ChunkBlock<scalar_t>& cb) {
-  if (cb.seg != p.nseg - 1 || p.s_out == nullptr) return;
+__device__ __forceinline__ void leave_state(const State& st, const ChunkParams& p, const ChunkBlock<scalar_t>& cb,
+                                            float seg_decay) {
+  float* dst = nullptr;
+  StateStrides ds{0, 0, 0, 0};
+  if (p.mode == 0 && cb.seg == p.nseg - 1 && p.s_out != nullptr) {
+    dst = p.s_out; ds = p.sso;
+  } else if (p.mode != 0) {
+    dst = cb.segment_state(p, cb.seg);
+    ds = {0, 0, p.Dv, 1};
+    if (cb.vt == 0 && threadIdx.x == 0) p.seg_decays[cb.bh * (p.nseg - 1) + cb.seg] = seg_decay;
+  }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-  for (int i = warp; i < p.Dk; i += warps)
-    for (int j = lane; j < cb.nv; j += 32)
-      p.s_out[cb.b * p.sso.b + cb.h * p.sso.h + i * p.sso.i + (cb.j0 + j) * p.sso.j] = st.get(i, j);
+  if (dst != nullptr)
+    for (int i = warp; i < p.Dk; i += warps)
+      for (int j = lane; j < cb.nv; j += 32) dst[cb.b * ds.b + cb.h * ds.h + i * ds.i + (cb.j0 + j) * ds.j] = st.get(i, j);
 }
 
 // Gate and beta of step t0 + i into g, b: 1 and 0 (an identity step) past the sequence's end.
@@ -1466,16 +1469,18 @@ __device__ __forceinline__ void run_chunks(const ChunkParams& p, const ChunkBloc
   // S update: row block mi of S, n-tiles n0 .. n0 + sgn - 1 (of 8 columns), ssplit strips per row block.
   const int MI = f.DKP / 16, ssplit = s_splits(MI, NT8, WARPS);
   const int sgn = NT8 / ssplit, s_tasks = MI * ssplit;
-  const bool keep_state = cb.seg == p.nseg - 1 && p.s_out != nullptr;
+  const bool keep_state = p.mode != 0 || (cb.seg == p.nseg - 1 && p.s_out != nullptr);
   const int c_begin = cb.seg * p.seg_chunks;
   const int c_end = min(c_begin + p.seg_chunks, (p.T + C - 1) / C);
+  float seg_decay = 1.f;
   f.begin(c_begin, c_end, warp, lane);
   for (int ch = c_begin; ch < c_end; ++ch) {
     const int t0 = ch * C, tc = min(C, p.T - t0), set = (ch - c_begin) & 1;
     const bool vbad = __syncthreads_or(f.stage(ch, c_end, set, t0, tc, warp, lane));  // B1
     const GateTables gt = f.tables(set);
     const float chunk_decay = gt.rowd[C - 1];
-    f.outputs(ch, c_end, set, t0, tc, vbad, gt, warp, lane);  // B2, B3 inside
+    seg_decay *= chunk_decay;
+    if (p.mode == 0) f.outputs(ch, c_end, set, t0, tc, vbad, gt, warp, lane);  // B2, B3 inside
     for (int task = warp; task < (ch + 1 < c_end || keep_state ? s_tasks : 0); task += WARPS) {
       const int mi = task / ssplit, n0 = (task - (task / ssplit) * ssplit) * sgn;
       switch (sgn) {  // the strip width as a constant: no per-tile branches between the mma chains
@@ -1485,146 +1490,10 @@ __device__ __forceinline__ void run_chunks(const ChunkParams& p, const ChunkBloc
         default: f.s_update(Width<NT8>{}, set, mi, n0, gt.kscale, chunk_decay, lane); break;
       }
     }
-    f.epilogue(t0, tc, vbad);
+    if (p.mode == 0) f.epilogue(t0, tc, vbad);
     __syncthreads();  // B4
   }
-  leave_state(f.state(), p, cb);
-}
-
-}  // namespace
-}  // namespace gr
-"""
-
-SEGMENT_STATE_SRC = r"""
-// ===================================== segment_state: a segment's own state, one product ======
-// The state phase of a plan with segments. A segment's contribution to the state, from zero over its
-// steps s, needs no recurrence:
-//   U = sum_s w_s k_s v_s^T,   w_s = beta_s prod_{r=s+1..end} g_r,   decay = prod_{r in segment} g_r
-// (segment_scan then chains S_end = decay S_start + U). One block per (b, h, segment, kSegTile rows of
-// D_k, kSegTile columns of D_v); U's tile stays in TF32 mma.sync accumulators (A = (w k)^T split hi +
-// lo; B = v, split too for float32 inputs: 3xTF32, fp32-level error; 16-bit v is exact in TF32, two
-// products). The segment is walked backwards in blocks of 32 steps, staged by cp.async in a ring of
-// kSegStages, so the suffix products of the gates run with it: each warp forms a block's weights itself
-// (a suffix scan in double over its lanes, one step a lane), and no barrier waits on them. Segments
-// before the last are whole: no step past T. Used by both chunk units; needs TF32_MMA_SRC.
-namespace gr {
-namespace {
-
-// 32 rows (steps) x kSegTile columns c0.. of a strided source into dst (pitch kSegPitch); zeros from
-// column `cols` on. VEC: 16-byte copies (rows aligned, unit column stride, cols a multiple of 16 bytes).
-template <typename scalar_t>
-__device__ __forceinline__ void seg_stage_tile(scalar_t* dst, const scalar_t* src, int64_t st, int64_t sd, int c0,
-                                               int cols, bool vec) {
-  constexpr int VE = 16 / (int)sizeof(scalar_t), PER_ROW = kSegTile / VE;
-  if (vec) {
-    for (int e = threadIdx.x; e < kChunk * PER_ROW; e += kMaxThreads) {
-      const int r = e / PER_ROW, c = (e - r * PER_ROW) * VE;
-      const bool in = c0 + c < cols;
-      cp_async<16>(dst + r * kSegPitch + c, in ? src + r * st + (c0 + c) : src, in);
-    }
-  } else {
-    for (int e = threadIdx.x; e < kChunk * kSegTile; e += kMaxThreads) {
-      const int r = e / kSegTile, c = e - r * kSegTile;
-      const bool in = c0 + c < cols;
-      const scalar_t* from = in ? src + r * st + (c0 + c) * sd : src;
-      if constexpr (sizeof(scalar_t) == 4) cp_async<4>(dst + r * kSegPitch + c, from, in);
-      else dst[r * kSegPitch + c] = in ? *from : from_float<scalar_t>(0.f);  // cp.async has no 2-byte copy
-    }
-  }
-}
-
-template <typename scalar_t>
-__global__ void __launch_bounds__(kMaxThreads) segment_state_kernel(const ChunkParams p) {
-  constexpr int C = kChunk, TILE = C * kSegPitch;
-  constexpr bool SPLIT_V = sizeof(scalar_t) == 4;
-  extern __shared__ __align__(16) unsigned char seg_smem[];
-  scalar_t* ring = reinterpret_cast<scalar_t*>(seg_smem);  // kSegStages x (k tile, v tile)
-  const int mtiles = (p.Dk + kSegTile - 1) / kSegTile, ntiles = (p.Dv + kSegTile - 1) / kSegTile;
-  int blk = blockIdx.x;
-  const int nt = blk % ntiles;
-  blk /= ntiles;
-  const int mt = blk % mtiles;
-  blk /= mtiles;
-  const int seg = blk % (p.nseg - 1);
-  const int64_t bh = blk / (p.nseg - 1);
-  const int b = (int)(bh / p.H), h = (int)(bh - (int64_t)b * p.H), i0 = mt * kSegTile, j0 = nt * kSegTile;
-  const int warp = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 5, 0), lane = threadIdx.x & 31;
-  const int g = lane >> 2, q4 = lane & 3, wr = (warp & 3) * 16, wc = (warp >> 2) * 32;  // warp tile 16 x 32
-  const scalar_t* k = static_cast<const scalar_t*>(p.k) + b * p.sk.b + h * p.sk.h;
-  const scalar_t* v = static_cast<const scalar_t*>(p.v) + b * p.sv.b + h * p.sv.h;
-  const GateSeq<scalar_t> gate(p.gate, b * p.sg.b + h * p.sg.h, p.g32);
-  const GateSeq<scalar_t> beta(p.beta, b * p.sb.b + h * p.sb.h, p.b32);
-  const int nblk = p.seg_chunks, t_end = (seg + 1) * p.seg_chunks * C;  // block n: steps t_end - (n + 1) C ..
-  griddep_launch<>();  // segment_scan (pdl) may start; it waits for this grid's memory
-  auto stage = [&](int n) {
-    if (n < nblk) {
-      const int t0 = t_end - (n + 1) * C;
-      scalar_t* ks = ring + (n % kSegStages) * 2 * TILE;
-      seg_stage_tile(ks, k + (int64_t)t0 * p.sk.t, p.sk.t, p.sk.d, i0, p.Dk, p.vec_qk != 0);
-      seg_stage_tile(ks + TILE, v + (int64_t)t0 * p.sv.t, p.sv.t, p.sv.d, j0, p.Dv, p.vec_v != 0);
-    }
-    cp_async_commit<>();  // empty groups past the end keep the wait count constant
-  };
-#pragma unroll
-  for (int n = 0; n < kSegStages - 1; ++n) stage(n);
-  float acc[4][4] = {};
-  double run = 1.0;  // product of the gates after the current block (to the segment's end)
-  float g_next = gate[(int64_t)(t_end - C + lane) * p.sg.t], b_next = beta[(int64_t)(t_end - C + lane) * p.sb.t];
-  for (int n = 0; n < nblk; ++n) {
-    const float gl = g_next, bl = b_next;
-    if (n + 1 < nblk) {  // the next block's gate and beta, in flight during this one
-      const int64_t t = t_end - (n + 2) * C + lane;
-      g_next = gate[t * p.sg.t];
-      b_next = beta[t * p.sb.t];
-    }
-    // w of step lane = beta prod g[lane+1..31] * run, rounded once
-    double suf = gl;  // inclusive suffix product over lanes lane..31
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const double z = __shfl_down_sync(0xffffffffu, suf, off);
-      if (lane + off < 32) suf *= z;
-    }
-    double after = __shfl_down_sync(0xffffffffu, suf, 1);
-    if (lane == 31) after = 1.0;
-    const float w = (float)((double)bl * after * run);
-    run *= __shfl_sync(0xffffffffu, suf, 0);
-    cp_async_wait<kSegStages - 2>();  // this thread's copies of block n
-    __syncthreads();                   // everyone's; and block n - 1's slot is free again
-    stage(n + kSegStages - 1);
-    const scalar_t* ks = ring + (n % kSegStages) * 2 * TILE;
-    const scalar_t* vs = ks + TILE;
-#pragma unroll
-    for (int s0 = 0; s0 < C; s0 += 8) {
-      const float w0 = __shfl_sync(0xffffffffu, w, s0 + q4), w1 = __shfl_sync(0xffffffffu, w, s0 + q4 + 4);
-      const scalar_t* k0 = ks + (s0 + q4) * kSegPitch + wr + g;
-      const scalar_t* k1 = k0 + 4 * kSegPitch;
-      const float a[4] = {to_float(k0[0]) * w0, to_float(k0[8]) * w0, to_float(k1[0]) * w1, to_float(k1[8]) * w1};
-      uint32_t ah[4], al[4];
-      split_tf32<4>(a, ah, al);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const scalar_t* bv = vs + (s0 + q4) * kSegPitch + wc + j * 8 + g;
-        const float bb[2] = {to_float(bv[0]), to_float(bv[4 * kSegPitch])};
-        if constexpr (SPLIT_V) {
-          mma3<true>(acc[j], ah, al, bb);
-        } else {
-          const uint32_t bx[2] = {__float_as_uint(bb[0]), __float_as_uint(bb[1])};
-          mma_tf32(acc[j], al, bx);
-          mma_tf32(acc[j], ah, bx);
-        }
-      }
-    }
-  }
-  cp_async_wait<0>();
-  float* dst = p.seg_states + (bh * (p.nseg - 1) + seg) * ((int64_t)p.Dk * p.Dv);
-#pragma unroll
-  for (int j = 0; j < 4; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int i = i0 + wr + g + (e >> 1) * 8, c = j0 + wc + j * 8 + 2 * q4 + (e & 1);
-      if (i < p.Dk && c < p.Dv) dst[(int64_t)i * p.Dv + c] = acc[j][e];
-    }
-  if (mt == 0 && nt == 0 && threadIdx.x == 0) p.seg_decays[bh * (p.nseg - 1) + seg] = (float)run;
+  leave_state(f.state(), p, cb, seg_decay);
 }
 
 }  // namespace
@@ -1682,7 +1551,7 @@ cudaError_t launch_chunk_kernel(const Plan& pl, const ChunkParams& p, int64_t bl
   return cudaErrorInvalidValue;
 }
 
-// With segments: segment_state, segment_scan, then the output phase (the last two as programmatic
+// With segments: the state phase, segment_scan, then the output phase (the last two as programmatic
 // dependent launches behind our own kernels when the plan says pdl, which hides their launch latency).
 template <typename Kernels>
 cudaError_t execute_chunks(const Plan& pl, const Problem& pr, float* work, cudaStream_t s, const char** failed) {
@@ -1693,20 +1562,16 @@ cudaError_t execute_chunks(const Plan& pl, const Problem& pr, float* work, cudaS
   p.seg_states = work;
   p.seg_decays = work != nullptr ? work + pr.BH * (pl.nseg - 1) * ((int64_t)pr.Dk * pr.Dv) : nullptr;
   if (pl.nseg > 1) {
-    *failed = "segment_state";
-    static bool done[64] = {};
-    const auto state_kernel = segment_state_kernel<typename Kernels::scalar>;
-    const int64_t tiles = (int64_t)((pr.Dk + kSegTile - 1) / kSegTile) * ((pr.Dv + kSegTile - 1) / kSegTile);
-    cudaError_t err = allow_smem(state_kernel, done);
-    if (err == cudaSuccess)
-      err = launch_ex(state_kernel, dim3((unsigned)(p.BH * (pl.nseg - 1) * tiles)),
-                      segment_state_smem((int)sizeof(typename Kernels::scalar)), s, false, p);
+    p.mode = 1; p.seg_launch = pl.nseg - 1;
+    *failed = "state phase";
+    cudaError_t err = launch_chunk_kernel<Kernels>(pl, p, p.BH * p.seg_launch * p.vtiles, false, s);
     if (err != cudaSuccess) return err;
     *failed = "segment_scan";
     const int64_t n = p.BH * p.Dk * p.Dv;
     err = launch_ex(segment_scan_kernel, dim3((unsigned)((n + kMaxThreads - 1) / kMaxThreads)), 0, s, pl.pdl, p);
     if (err != cudaSuccess) return err;
   }
+  p.mode = 0; p.seg_launch = pl.nseg;
   *failed = "output phase";
   return launch_chunk_kernel<Kernels>(pl, p, pl.blocks, pl.pdl, s);
 }
@@ -1808,14 +1673,15 @@ struct ChunkTF32 {
       TileRegs<scalar_t, C, DK> kr, qr;
       TileRegs<scalar_t, C, NV> vr;
       kr.load(cb.k + (int64_t)t0 * p.sk.t, p.sk.t, tc, p.Dk);
-      qr.load(cb.q + (int64_t)t0 * p.sq.t, p.sq.t, tc, p.Dk);
+      if (p.mode == 0) qr.load(cb.q + (int64_t)t0 * p.sq.t, p.sq.t, tc, p.Dk);
       vr.load(cb.v + (int64_t)t0 * p.sv.t, p.sv.t, tc, cb.nv);
       kr.template store<false>(Ks, LDK);
-      qr.template store<false>(Qs, LDK);
+      if (p.mode == 0) qr.template store<false>(Qs, LDK);
       v_bad = vr.template store<true>(Vs, LDV);
     } else {
       load_tile_any<scalar_t>(p.vec_qk, Ks, LDK, cb.k + (int64_t)t0 * p.sk.t, p.sk.t, p.sk.d, tc, p.Dk, kChunk, DKP);
-      load_tile_any<scalar_t>(p.vec_qk, Qs, LDK, cb.q + (int64_t)t0 * p.sq.t, p.sq.t, p.sq.d, tc, p.Dk, kChunk, DKP);
+      if (p.mode == 0)
+        load_tile_any<scalar_t>(p.vec_qk, Qs, LDK, cb.q + (int64_t)t0 * p.sq.t, p.sq.t, p.sq.d, tc, p.Dk, kChunk, DKP);
       v_bad = load_tile_any<scalar_t>(p.vec_v, Vs, LDV, cb.v + (int64_t)t0 * p.sv.t, p.sv.t, p.sv.d, tc, cb.nv, kChunk, NV);
     }
     if (warp == 0) write_gate_tables(tabs, g_reg, b_reg, lane);
@@ -1893,7 +1759,6 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_tf32_kernel(const ChunkP
 
 template <typename scalar_t>
 struct ChunkTF32Kernels {
-  using scalar = scalar_t;
   template <int NV, int DK>
   static auto get() { return chunk_tf32_kernel<scalar_t, NV, DK>; }
 };
@@ -2139,29 +2004,31 @@ struct ChunkBF16 {
     b_next = 0.f;
     if (warp == GW) load_gate_beta(p, cb, t0, lane, tc, g_next, b_next);
     tile_async<DK>(Qb + C * LDK, LDK, cb.k + (int64_t)t0 * p.sk.t, p.sk.t, tc, p.Dk);
-    tile_async<DK>(Qb, LDK, cb.q + (int64_t)t0 * p.sq.t, p.sq.t, tc, p.Dk);
+    if (p.mode == 0) tile_async<DK>(Qb, LDK, cb.q + (int64_t)t0 * p.sq.t, p.sq.t, tc, p.Dk);
     tile_async<NV>(Qb + 2 * C * LDK, LDV, cb.v + (int64_t)t0 * p.sv.t, p.sv.t, tc, cb.nv);
     cp_async_commit<>();
   }
   __device__ __forceinline__ void begin(int c_begin, int c_end, int warp, int lane) {
     if constexpr (DK > 0) {
       if (c_begin < c_end) issue(c_begin, 0, warp, lane);
-      if (warp == GW) write_gate_tables(tabs, g_next, b_next, lane);  // later sets: during P
+      if (p.mode == 0 && warp == GW) write_gate_tables(tabs, g_next, b_next, lane);  // later sets: during P
     }
   }
   __device__ __forceinline__ bool stage(int ch, int c_end, int set, int t0, int tc, int warp, int lane) {
     bf16* Qh = qbuf(set);
     if constexpr (DK > 0) {
+      const float g_reg = g_next, b_reg = b_next;
       // The other buffer was last read before the previous chunk's final barrier.
       if (ch + 1 < c_end) issue(ch + 1, set ^ 1, warp, lane);
       else cp_async_commit<>();  // an empty group keeps "all but the newest group" meaning this chunk
+      if (p.mode != 0 && warp == GW) write_gate_tables(tabs + set * kGateTableFloats, g_reg, b_reg, lane);
       cp_async_wait<1>();
       return tile_bad<NV>(Qh + 2 * C * LDK, LDV);
     } else {
       float g_reg, b_reg;
       load_gate_beta(p, cb, t0, threadIdx.x, tc, g_reg, b_reg);
       raw_tile<false>(p.vec_qk, Qh + C * LDK, LDK, cb.k + (int64_t)t0 * p.sk.t, p.sk.t, p.sk.d, tc, p.Dk, DKQ);
-      raw_tile<false>(p.vec_qk, Qh, LDK, cb.q + (int64_t)t0 * p.sq.t, p.sq.t, p.sq.d, tc, p.Dk, DKQ);
+      if (p.mode == 0) raw_tile<false>(p.vec_qk, Qh, LDK, cb.q + (int64_t)t0 * p.sq.t, p.sq.t, p.sq.d, tc, p.Dk, DKQ);
       const bool v_bad =
           raw_tile<true>(p.vec_v, Qh + 2 * C * LDK, LDV, cb.v + (int64_t)t0 * p.sv.t, p.sv.t, p.sv.d, tc, cb.nv, NV);
       if (warp == 0) write_gate_tables(tabs + set * kGateTableFloats, g_reg, b_reg, lane);
@@ -2299,7 +2166,6 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_bf16_kernel(const ChunkP
 }
 
 struct ChunkBF16Kernels {
-  using scalar = __nv_bfloat16;
   template <int NV, int DK>
   static auto get() { return chunk_bf16_kernel<NV, DK>; }
 };
@@ -2635,8 +2501,6 @@ bool plan_chunked(const Shape& s, const Layout& lay, const DeviceLimits& lim, co
   pl.blocks = s.B * s.H * pl.nseg * pl.vtiles;
   GR_REQUIRE("ValueError", pl.blocks <= INT32_MAX, "B * H = ", s.B * s.H, " is too large for one launch");
   pl.work_floats = pl.nseg > 1 ? s.B * s.H * (pl.nseg - 1) * (s.Dk * s.Dv + 1) : 0;
-  GR_REQUIRE("ValueError", pl.nseg == 1 || segment_state_smem(elem_size(pl.dtype)) <= lim.smem, "segment_state needs ",
-             segment_state_smem(elem_size(pl.dtype)), " bytes of shared memory a block, over this device's ", lim.smem);
   return true;
 }
 
@@ -2748,7 +2612,7 @@ std::string describe(const Plan& pl) {
              " split=", 1 << pl.sp_log, pl.vec ? " loads=16B" : " loads=scalar", pl.pdl ? " pdl=on" : " pdl=off");
   else
     s += cat("C=", kChunk, " NV=", pl.NV, " D_k=", pl.DK > 0 ? cat(pl.DK, " compiled") : cat(pl.DKP, " run-time"),
-             " segments=", pl.nseg, pl.nseg > 1 ? cat(" + segment_state + segment_scan", pl.pdl ? " pdl=on" : " pdl=off") : "",
+             " segments=", pl.nseg, pl.nseg > 1 ? cat(" + segment_scan", pl.pdl ? " pdl=on" : " pdl=off") : "",
              " loads=", pl.vec_qk && pl.vec_v && pl.vec_y ? "16B" : pl.vec_qk || pl.vec_v || pl.vec_y ? "mixed" : "scalar",
              pl.work_floats > 0 ? cat(" workspace=", pl.work_floats * 4, "B") : "");
   return s + cat(" grid=", pl.blocks, "x", kMaxThreads, " smem=", (int64_t)pl.smem);
@@ -2981,14 +2845,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 SOURCES = {"prelude": PRELUDE_SRC, "device": DEVICE_SRC, "recurrent": RECURRENT_SRC, "reference": REFERENCE_SRC,
            "parallel": PARALLEL_SRC,
            "chunk": CHUNK_SRC,
-           "segment_state": SEGMENT_STATE_SRC, "segment_scan": SEGMENT_SCAN_SRC, "tf32_mma": TF32_MMA_SRC, "chunk_tf32": CHUNK_TF32_SRC, "chunk_bf16": CHUNK_BF16_SRC,
+           "segment_scan": SEGMENT_SCAN_SRC, "tf32_mma": TF32_MMA_SRC, "chunk_tf32": CHUNK_TF32_SRC, "chunk_bf16": CHUNK_BF16_SRC,
            "host": HOST_SRC, "host_run": HOST_RUN_SRC}
 
 # Each unit's CUDA sources (PRELUDE and DEVICE first) and C entry point; core adds the host file.
 _UNIT_CUDA = {
     "core": [RECURRENT_SRC, PARALLEL_SRC],
-    "chunk_tf32": [CHUNK_SRC, TF32_MMA_SRC, SEGMENT_STATE_SRC, SEGMENT_SCAN_SRC, CHUNK_TF32_SRC],
-    "chunk_bf16": [CHUNK_SRC, TF32_MMA_SRC, SEGMENT_STATE_SRC, SEGMENT_SCAN_SRC, CHUNK_BF16_SRC],
+    "chunk_tf32": [CHUNK_SRC, SEGMENT_SCAN_SRC, TF32_MMA_SRC, CHUNK_TF32_SRC],
+    "chunk_bf16": [CHUNK_SRC, SEGMENT_SCAN_SRC, CHUNK_BF16_SRC],
     "reference": [RECURRENT_SRC, REFERENCE_SRC],
 }
 CUDA_FLAGS = ["-O3"]

@@ -129,7 +129,7 @@ def test_bad_kernel_or_configuration_raises_named_error(sol, case):
         sol._gated_recurrence_with(*xs, kernel=kernel, config=cfg)
 
 
-@pytest.mark.parametrize("kernel", ["fast", "chunk_v1", "chunk_v2", "recurrent_v1", "segment_state", "segment_scan"])
+@pytest.mark.parametrize("kernel", ["fast", "chunk_v1", "chunk_v2", "recurrent_v1", "segment_scan"])
 def test_unknown_kernel_is_a_value_error(sol, kernel):
     with pytest.raises(ValueError, match="kernel must be one of"):
         sol._gated_recurrence_with(*good(), kernel=kernel)

@@ -18,7 +18,7 @@ SMEM = torch.cuda.get_device_properties(0).shared_memory_per_block_optin if torc
 
 
 def test_kernels_are_the_cuda_kernels(sol):
-    assert sol.KERNELS == ("recurrent", "parallel", "chunk_tf32", "chunk_bf16", "segment_state", "segment_scan")
+    assert sol.KERNELS == ("recurrent", "parallel", "chunk_tf32", "chunk_bf16", "segment_scan")
     found = re.findall(GLOBAL_KERNEL, "".join(sol.SOURCES.values()))
     assert sorted(found) == sorted(sol.KERNELS)
 
@@ -75,7 +75,7 @@ PLAN_SHAPES = [SPEC, (1, 1, 1, 1, 1), (1, 0, 1, 8, 8), (4, 1024, 8, 64, 64), (8,
 def test_plan_names_a_kernel_and_its_configuration(sol, shape, dtype):
     text = sol.plan(*shape, dtype)
     kernel = text.split()[0]
-    assert kernel in sol.KERNELS and kernel not in ("segment_state", "segment_scan"), text
+    assert kernel in sol.KERNELS and kernel != "segment_scan", text
     if kernel == "recurrent":
         assert re.search(r"\bR=\d+ G=\d+ JB=\d+ TC=\d+", text), text
     elif kernel == "parallel":

@@ -19,7 +19,7 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16):
         solution.gated_recurrence(*[x.transpose(1, 2).contiguous().transpose(1, 2) if x.dim() == 4 else x for x in xs])
     xs = reference.make_inputs(1, 40, 2, 24, 24, dtype=dtype, device="cuda")
     solution._gated_recurrence_with(*xs, kernel="recurrent", config=(6, 4, 8, 7))  # 6 steps staged at once, ragged last
-    # each chunk kernel in every (NV, D_k) instantiation, with segments (segment_state + segment_scan) and states
+    # each chunk kernel in every (NV, D_k) instantiation, with segments (state phase + segment_scan) and states
     kernel = "chunk_bf16" if dtype == torch.bfloat16 else "chunk_tf32"
     for cfg in [(32, 3), (64, 4), (64, 1)]:
         shapes = [(1, 150, 2, 33, 70), (2, 70, 1, 7, 5), (1, 40, 1, 256, 40)]
@@ -32,7 +32,7 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16):
         xs = reference.make_inputs(1, 100, 1, 24, 20, dtype=dtype, device="cuda")
         xs[2][0, 40, 0, 3] = float("nan")  # the fp32 diagonal path for a non-finite v
         solution._gated_recurrence_with(*xs, kernel=kernel, config=cfg)
-    # segment_state: element copies (time-minor rows), a ring reused over long segments, wide row / column tiles
+    # segments on element copies (time-minor rows), and on wide heads (ragged column tiles)
     xs = reference.make_inputs(1, 700, 2, 33, 70, dtype=dtype, device="cuda")
     solution._gated_recurrence_with(*[x.transpose(1, 2).contiguous().transpose(1, 2) if x.dim() == 4 else x for x in xs],
                                     kernel=kernel, config=(64, 2))

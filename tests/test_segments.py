@@ -1,7 +1,7 @@
-"""segment_state (GPU): each segment's own state as one product over its steps, walked backwards in blocks of
-32 through a ring of kSegStages. Segments much longer than the ring (its slots reused many times), gates
-whose products over a segment grow or vanish, every dtype, against the float64 loop; the planned long-sequence
-paths run it through the chunk tests, the gate sweeps and the states tests."""
+"""Sequence parallelism (GPU): segments much longer than a chunk (the state phase walks many chunks a segment)
+with gates whose products over a segment grow or vanish, and wide heads in several column tiles, every dtype,
+against the float64 loop, with states in and out. The planned long-sequence paths run segments through the
+chunk tests, the gate sweeps and the states tests."""
 import pytest
 import torch
 
@@ -14,8 +14,8 @@ import naive
 @cuda
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("gate", [None, 1.002, (0.9, 1.0), (-1.01, 1.01)], ids=["sigmoid", "above1", "near1", "mixed-sign"])
-def test_long_segments_reuse_the_ring(sol, dtype, gate):
-    """(1, 2100, 2, 64, 40) in 3 segments: 22 blocks of 32 steps a segment, the last one ragged."""
+def test_long_segments(sol, dtype, gate):
+    """(1, 2100, 2, 64, 40) in 3 segments: 22 chunks of 32 steps a segment, the last one ragged."""
     xs = inputs(1, 2100, 2, 64, 40, dtype=dtype, gate=gate)
     s0 = strided_state(1, 2, 64, 40)
     y, fin = run(sol, xs, CHUNK_KERNEL[dtype], (64, 3), initial_state=s0, output_final_state=True)
@@ -25,8 +25,8 @@ def test_long_segments_reuse_the_ring(sol, dtype, gate):
 
 @cuda
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-def test_wide_heads_in_row_and_column_tiles(sol, dtype):
-    """D_k = 200, D_v = 130: four row tiles and three column tiles of 64, both ragged."""
+def test_wide_heads_in_column_tiles(sol, dtype):
+    """D_k = 200, D_v = 130: five column tiles of 32, the last one ragged, in five segments."""
     xs = inputs(1, 200, 1, 200, 130, dtype=dtype)
     y = run(sol, xs, CHUNK_KERNEL[dtype], (32, 5))
     assert rel_l2(y, ref64(xs)) <= TOL[dtype]
