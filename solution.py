@@ -233,11 +233,14 @@ __device__ __forceinline__ T from_float(float x) {
 
 // Gate or beta of one (b, h) at element offset `off`: the input dtype, or float32 beside 16-bit q, k, v
 // (`wide`, Problem::g32 / b32: models keep their gates in float32). For float32 inputs it folds away.
-template <typename scalar_t>
+// WIDE = false: the instantiation is planned for gates in the input dtype only (compiled parallel tiles,
+// numerics "reference"), so the loads carry no dtype branch.
+template <typename scalar_t, bool WIDE = true>
 struct GateSeq {
   const void* p;
   bool f32;
-  __device__ __forceinline__ GateSeq(const void* base, int64_t off, bool wide) : f32(sizeof(scalar_t) == 4 || wide) {
+  __device__ __forceinline__ GateSeq(const void* base, int64_t off, bool wide)
+      : f32(sizeof(scalar_t) == 4 || (WIDE && wide)) {
     p = f32 ? static_cast<const void*>(static_cast<const float*>(base) + off)
             : static_cast<const void*>(static_cast<const scalar_t*>(base) + off);
   }
@@ -595,8 +598,8 @@ __global__ void __launch_bounds__(kMaxThreads) recurrent_kernel(const RecurrentP
   const scalar_t* q = static_cast<const scalar_t*>(p.q) + b * p.sq.b + h * p.sq.h;
   const scalar_t* k = static_cast<const scalar_t*>(p.k) + b * p.sk.b + h * p.sk.h;
   const scalar_t* v = static_cast<const scalar_t*>(p.v) + b * p.sv.b + h * p.sv.h + j0 * p.sv.d;
-  const GateSeq<scalar_t> gate(p.gate, b * p.sg.b + h * p.sg.h, p.g32);
-  const GateSeq<scalar_t> beta(p.beta, b * p.sb.b + h * p.sb.h, p.b32);
+  const GateSeq<scalar_t, !ROUND> gate(p.gate, b * p.sg.b + h * p.sg.h, p.g32);  // "reference": one dtype
+  const GateSeq<scalar_t, !ROUND> beta(p.beta, b * p.sb.b + h * p.sb.h, p.b32);
   scalar_t* y = static_cast<scalar_t*>(p.y) + b * p.sy.b + h * p.sy.h + (j0 + col) * p.sy.d;
 
   // Padding columns are never staged: zero them (all of shared memory) once.
@@ -995,8 +998,8 @@ __global__ void __launch_bounds__(kMaxThreads) parallel_kernel(const ParallelPar
   const scalar_t* q = static_cast<const scalar_t*>(p.q) + b * p.sq.b + h * p.sq.h;
   const scalar_t* k = static_cast<const scalar_t*>(p.k) + b * p.sk.b + h * p.sk.h;
   const scalar_t* v = static_cast<const scalar_t*>(p.v) + b * p.sv.b + h * p.sv.h + j0 * p.sv.d;
-  const GateSeq<scalar_t> gate(p.gate, b * p.sg.b + h * p.sg.h, p.g32);
-  const GateSeq<scalar_t> beta(p.beta, b * p.sb.b + h * p.sb.h, p.b32);
+  const GateSeq<scalar_t, !kCompiled> gate(p.gate, b * p.sg.b + h * p.sg.h, p.g32);  // tiles: planned for one dtype
+  const GateSeq<scalar_t, !kCompiled> beta(p.beta, b * p.sb.b + h * p.sb.h, p.b32);
 
   // ---- gates: warp 0's lanes own steps [l E, l E + E) of [0, t0), warp 1's lane i step t0 + i (1 and 0
   // past T); their loads go out first, then every thread's share of q, k and v (cp.async)
@@ -2366,7 +2369,10 @@ bool check_no_grad(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
 
 // ===================================== plan ==================================================
 struct Shape { int64_t B, T, H, Dk, Dv; };
-struct Layout { bool q, k, v, y; };  // rows 16-byte aligned with unit column stride: vector access legal
+struct Layout {
+  bool q, k, v, y;   // rows 16-byte aligned with unit column stride: vector access legal
+  bool wide_gates;   // gate or beta float32 beside 16-bit q, k, v (the kernels' run-time gate loads)
+};
 
 // The current device's SM count, opt-in shared memory per block and compute capability (an H200's
 // without a device, so that plan() also answers on a machine with no GPU).
@@ -2526,9 +2532,10 @@ bool plan_parallel(const Shape& s, const Layout& lay, const DeviceLimits& lim, c
   }
   pl.vec = lay.q && lay.k && lay.v;
   pl.DK = 0;  // a compiled tile: one column tile as wide as the head, D_k = D_v, aligned rows, staged as
-              // float (16-bit inputs: where that fits too)
+              // float (16-bit inputs: where that fits too), gates in the input dtype
 #define GR_TILE(D_) \
-  if (pl.vec && s.Dk == D_ && s.Dv == D_ && pl.NV == D_ && parallel_smem(D_, D_, L, 4) <= lim.smem) pl.DK = D_;
+  if (pl.vec && !lay.wide_gates && s.Dk == D_ && s.Dv == D_ && pl.NV == D_ && parallel_smem(D_, D_, L, 4) <= lim.smem) \
+    pl.DK = D_;
   GR_PARALLEL_TILES(GR_TILE)
 #undef GR_TILE
   pl.smem = parallel_smem(pl.NV, pl.DKP, L, pl.DK > 0 ? 4 : es);
@@ -2636,8 +2643,10 @@ inline bool rows_aligned(const at::Tensor& t) {
          t.stride(1) % V == 0 && t.stride(2) % V == 0 && t.size(3) % V == 0;
 }
 // y is ours: contiguous and allocator-aligned, so its rows are aligned when D_v is a multiple of V.
-inline Layout layout_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  return {rows_aligned(q), rows_aligned(k), rows_aligned(v), v.size(3) % (16 / v.element_size()) == 0};
+inline Layout layout_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
+                        const at::Tensor& beta) {
+  return {rows_aligned(q), rows_aligned(k), rows_aligned(v), v.size(3) % (16 / v.element_size()) == 0,
+          gate.scalar_type() != q.scalar_type() || beta.scalar_type() != q.scalar_type()};
 }
 
 Problem problem_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
@@ -2692,7 +2701,7 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
     return at::Tensor();
   const c10::cuda::CUDAGuard guard(q.device());
   Plan pl;
-  if (!make_plan(shape_of(q, v), dtype_of(q), layout_of(q, k, v), device_limits(), kPlanned, kNoConfig, reference, pl) ||
+  if (!make_plan(shape_of(q, v), dtype_of(q), layout_of(q, k, v, gate, beta), device_limits(), kPlanned, kNoConfig, reference, pl) ||
       !unit_ready(pl))
     return at::Tensor();
   at::Tensor y = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());
@@ -2711,7 +2720,7 @@ bool run_ex(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
   const at::Tensor* s_in = initial_state.has_value() && initial_state->defined() ? &*initial_state : nullptr;
   if ((s_in && !check_state(*s_in, q, v)) || !check_no_grad(q, k, v, gate, beta, s_in)) return false;
   Plan pl;
-  if (!make_plan(shape_of(q, v), dtype_of(q), layout_of(q, k, v), device_limits(), kernel, config, reference, pl) ||
+  if (!make_plan(shape_of(q, v), dtype_of(q), layout_of(q, k, v, gate, beta), device_limits(), kernel, config, reference, pl) ||
       !check_devices(q, k, v, gate, beta))
     return false;
   GR_REQUIRE("ValueError", !s_in || s_in->device() == q.device(), "initial_state is on ", device_str(*s_in),
@@ -2739,7 +2748,7 @@ std::string plan_text(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, i
   if (!check_sizes(s)) return std::string();
   const DType dt = static_cast<DType>(dtype);
   const int V = 16 / elem_size(dt);
-  const Layout lay{Dk % V == 0, Dk % V == 0, Dv % V == 0, Dv % V == 0};
+  const Layout lay{Dk % V == 0, Dk % V == 0, Dv % V == 0, Dv % V == 0, false};
   const DeviceLimits lim = sms > 0 && smem > 0 && arch > 0 ? DeviceLimits{sms, (size_t)smem, arch >= 90, (int)arch}
                                                            : device_limits();
   Plan pl;

@@ -15,7 +15,7 @@ LOW_IDS = ["fp16", "bf16"]
 WIDE = {"gate": (3,), "beta": (4,), "both": (3, 4)}
 # (kernel, config, shape): every kernel family the dispatch picks, with sequence parallelism in the chunk ones
 CASES = [
-    ("parallel", (), SPEC),                 # a compiled tile
+    ("parallel", (), SPEC),                 # a compiled tile for 16-bit gates; float32 gates take the run-time one
     ("parallel", (), (1, 100, 2, 33, 20)),  # the run-time instantiation
     ("recurrent", (), (2, 63, 3, 24, 40)),
     ("chunked", (), (1, 300, 2, 64, 64)),
@@ -34,12 +34,17 @@ def widen(xs, which):
 @pytest.mark.parametrize("dtype", LOW, ids=LOW_IDS)
 @pytest.mark.parametrize("kernel,config,shape", CASES, ids=CASE_IDS)
 def test_float32_gates_equal_16bit_gates(sol, kernel, config, shape, dtype, which):
-    """The same values in float32 give bitwise the same y (arithmetic is fp32 either way)."""
+    """The same values in float32 give bitwise the same y (arithmetic is fp32 either way), but where 16-bit
+    gates get a compiled parallel tile (planned for one dtype): there y is as near the float64 answer."""
     xs = inputs(*shape, dtype=dtype, gate=(-1.2, 1.2))
     want = run(sol, xs, kernel, config)
     got = run(sol, widen(xs, which), kernel, config)
     assert got.dtype == dtype
-    assert torch.equal(got, want)
+    if kernel == "parallel" and shape == SPEC:
+        exact = ref64(xs)
+        assert rel_l2(got, exact) <= 1.1 * max(rounding_floor(exact, dtype), rel_l2(want, exact))
+    else:
+        assert torch.equal(got, want)
 
 
 @cuda
