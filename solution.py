@@ -139,9 +139,9 @@ struct Problem {
   Strides3 sg, sb;
   int T, H, Dk, Dv;
   int64_t BH;
-  bool g32, b32;  // gate / beta in float32 beside 16-bit q, k, v (else the input dtype)
   const float* s_in; StateStrides ssi;  // initial state, or nullptr for zero
   float* s_out; StateStrides sso;       // final state, or nullptr
+  bool g32, b32;  // gate / beta in float32 beside 16-bit q, k, v (else the input dtype)
 };
 
 // Everything a launch depends on, decided once by make_plan() (host) and only executed by a unit.
@@ -1011,14 +1011,15 @@ __global__ void __launch_bounds__(kMaxThreads) parallel_kernel(const ParallelPar
   if (warp == 0) {
     gate.visit([&](auto gp) {
       beta.visit([&](auto bp) {
-        int64_t ig = (int64_t)s_lo * p.sg.t, ib = (int64_t)s_lo * p.sb.t;  // offsets, past the end only unread
+        gp += (int64_t)s_lo * p.sg.t;
+        bp += (int64_t)s_lo * p.sb.t;
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
           const bool in = s_lo + e < s_hi;
-          gw[e] = in ? to_float(gp[ig]) : 1.f;
-          bw[e] = in ? to_float(bp[ib]) : 0.f;
-          ig += p.sg.t;
-          ib += p.sb.t;
+          gw[e] = in ? to_float(*gp) : 1.f;
+          bw[e] = in ? to_float(*bp) : 0.f;
+          gp += p.sg.t;  // past the end only where `in` is false, never read
+          bp += p.sb.t;
         }
       });
     });
@@ -1273,10 +1274,11 @@ __device__ __forceinline__ GateTables gate_tables_at(const float* t) {
 }
 
 // Writes the tables at t from one warp: lane s holds step s's gate g_reg and beta b_reg. The products
-// come from warp shuffles (prefix, suffix and in-block products) in Acc. A scan tree squares equal
-// partial products, so with a constant gate its fp32 rounding errors add up coherently (31 ulps at
-// 32 steps, rel-L2 7.6e-6 in y at T = 255, gate 1.02); Acc = double rounds once.
-template <typename Acc = float>
+// come from warp shuffles (prefix, suffix and in-block products) in Acc = double, each rounded once: a
+// scan tree squares equal partial products, so in fp32 a constant gate's rounding errors add up
+// coherently (31 ulps at 32 steps), and the chunk decays carry that error from chunk to chunk
+// (rel-L2 over 1e-5 in fp32 at T = 2100 with gate 1.002, tests/test_segments.py).
+template <typename Acc = double>
 __device__ __forceinline__ void write_gate_tables(float* t, float g_reg, float b_reg, int lane) {
   float *rowd = t, *kscale = t + kChunk, *pin = t + 2 * kChunk, *sout = t + 3 * kChunk, *bsm = t + 4 * kChunk;
   float* ltab = t + 5 * kChunk;
