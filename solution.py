@@ -3034,13 +3034,8 @@ def _prepare_units(q, v, reference):
 def _register_fake(qualname):
     """torch.library.register_fake that survives a second load of this file in one process (eval.py loads
     it beside an imported copy; a notebook re-runs an unchanged cell): the same source is the same
-    namespace, whose fake implementation the newer load replaces (torch >= 2.12 allows that by default)
-    or keeps (torch 2.11 refuses a second one)."""
-    if "allow_override" in inspect.signature(torch.library.register_fake).parameters:
-        return torch.library.register_fake(qualname, allow_override=True)
-    if torch._library.simple_registry.singleton.find(qualname).fake_impl.kernel is not None:
-        return lambda fn: fn
-    return torch.library.register_fake(qualname)
+    namespace, whose fake implementation the newer load replaces (torch 2.11 refuses that by default)."""
+    return torch.library.register_fake(qualname, allow_override=True)
 
 
 @_register_fake(f"{_OPS_NS}::forward")
