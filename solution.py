@@ -1276,11 +1276,11 @@ __device__ __forceinline__ GateTables gate_tables_at(const float* t) {
 }
 
 // Writes the tables at t from one warp: lane s holds step s's gate g_reg and beta b_reg. The products
-// come from warp shuffles (prefix, suffix and in-block products) in Acc. A scan tree squares equal
-// partial products, so with a constant gate its fp32 rounding errors add up coherently (31 ulps at
-// 32 steps, rel-L2 7.6e-6 in y at T = 255, gate 1.02); Acc = double rounds once (measured: the same y
-// error at T = 2100, gate 1.002, where chunk_tf32's error grows with the chunks walked; 1% slower).
-template <typename Acc = float>
+// come from warp shuffles (prefix, suffix and in-block products) in Acc = double, each value rounded
+// once: in fp32 a scan tree squares equal partial products, so a constant gate's rounding errors add up
+// coherently (31 ulps at 32 steps), and the chunk decays carry them along the whole sequence (fp32
+// rel-L2 2.1e-5 at T = 2100 with gate 1.002, in every segmentation).
+template <typename Acc = double>
 __device__ __forceinline__ void write_gate_tables(float* t, float g_reg, float b_reg, int lane) {
   float *rowd = t, *kscale = t + kChunk, *pin = t + 2 * kChunk, *sout = t + 3 * kChunk, *bsm = t + 4 * kChunk;
   float* ltab = t + 5 * kChunk;
