@@ -811,9 +811,9 @@ __device__ __forceinline__ void row_strip(float (&acc)[N][4], const float* a, in
 // One warp's strip of S: rows 16 (at sp, pitch ldv) x N tiles of 8 columns.
 // S = decay * S + sum_s (kscale[s] k_s)^T v_s over the chunk's 32 steps (staged as zeros, with
 // kscale 0, past the end of the sequence); kc: k at this row block. The product accumulates from zero
-// and S joins it in one fp32 FMA afterwards: mma.sync's accumulation rounds toward zero, so S carried
-// in the accumulator lost a few ulps of itself every chunk, coherently (fp32 rel-L2 2.2e-5 after 66
-// chunks with gate 1.002; 1.0e-6 on the recurrent kernel).
+// and S joins it in one fp32 FMA afterwards: carried through the 12 mma.sync accumulations of a chunk
+// (whose fp32 additions are not round-to-nearest), S lost a few ulps of itself every chunk, coherently
+// (fp32 rel-L2 2.2e-5 after 66 chunks with gate 1.002, 2.3e-6 now; the recurrent kernel 1.0e-6).
 template <bool SPLIT, int N>
 __device__ __forceinline__ void s_update_strip(float* sp, int ldv, const float* kc, int ldk, const float* vc,
                                                const float* kscale, float decay, int g, int q4) {
@@ -2902,15 +2902,31 @@ def _ops_namespace(name):
     return name.replace("_core_", "_", 1)
 
 
+def _unit_sources(unit):
+    """(CUDA sources, C++ sources) of a unit."""
+    cpp = [PRELUDE_SRC, HOST_SRC, HOST_RUN_SRC] if unit == "core" else ["// the kernels are in the .cu file\n"]
+    return [PRELUDE_SRC, DEVICE_SRC] + _UNIT_CUDA[unit], cpp
+
+
+def _unit_key(unit):
+    """The hash in a unit's build name: its sources, flags, torch and arch. The core's also covers every
+    other unit's sources: the core holds the table of attached units, so a second copy of this file with
+    other kernels (a notebook cell re-run after an edit, an A/B copy) gets its own core and table instead
+    of silently running the first copy's units (and its own operator namespace)."""
+    cuda, cpp = _unit_sources(unit)
+    others = [src for u in UNITS if u != "core" for src in _UNIT_CUDA[u]] if unit == "core" else []
+    build = [" ".join(CUDA_FLAGS), torch.__version__, str(torch.version.cuda), _arch_list(),
+             os.environ.get("TORCH_CUDA_ARCH_LIST", ""), str(sorted(_LEAN))]
+    key = "\n".join(cuda + cpp + others + build)
+    return hashlib.sha1(key.encode()).hexdigest()[:12]
+
+
 def _compile(unit):
     """The unit's library, compiled here unless an earlier build with the same key exists. Returns
     (module or None, path of the .so)."""
     arch = _arch_list()
-    cuda = [PRELUDE_SRC, DEVICE_SRC] + _UNIT_CUDA[unit]
-    cpp = [PRELUDE_SRC, HOST_SRC, HOST_RUN_SRC] if unit == "core" else ["// the kernels are in the .cu file\n"]
-    key = "\n".join(cuda + cpp + [" ".join(CUDA_FLAGS), torch.__version__, str(torch.version.cuda), arch,
-                                  os.environ.get("TORCH_CUDA_ARCH_LIST", ""), str(sorted(_LEAN))])
-    name = f"gated_recurrence_{unit}_{hashlib.sha1(key.encode()).hexdigest()[:12]}"
+    cuda, cpp = _unit_sources(unit)
+    name = f"gated_recurrence_{unit}_{_unit_key(unit)}"
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(
         os.path.expanduser("~"), ".cache", "torch_extensions", "gated_recurrence")
     build_dir = os.path.join(root, name)

@@ -91,3 +91,15 @@ def test_no_process_wide_symbols(fresh_build):
         out = subprocess.run(["nm", "-C", "--defined-only", path], capture_output=True, text=True, check=True).stdout
         unique = [ln for ln in out.splitlines() if " u gr::" in ln]
         assert unique == [], f"{unit}: " + "\n".join(unique[:5])
+
+
+def test_core_key_covers_every_unit(sol, monkeypatch):
+    """The core holds the table of attached units: a copy of the file with other kernels in any unit gets its
+    own core (and operator namespace) instead of running the first copy's units; the other units' keys
+    stay their own."""
+    before = {u: sol._unit_key(u) for u in sol.UNITS}
+    assert sol._unit_paths()["core"].endswith(f"gated_recurrence_core_{before['core']}.so")
+    monkeypatch.setitem(sol._UNIT_CUDA, "chunk_bf16", sol._UNIT_CUDA["chunk_bf16"] + ["// edited\n"])
+    after = {u: sol._unit_key(u) for u in sol.UNITS}
+    assert after["core"] != before["core"] and after["chunk_bf16"] != before["chunk_bf16"]
+    assert after["chunk_tf32"] == before["chunk_tf32"] and after["reference"] == before["reference"]
