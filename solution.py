@@ -141,7 +141,7 @@ struct Problem {
   int64_t BH;
   const float* s_in; StateStrides ssi;  // initial state, or nullptr for zero
   float* s_out; StateStrides sso;       // final state, or nullptr
-  bool g32, b32;  // gate / beta in float32 beside 16-bit q, k, v (else the input dtype)
+  bool g32, b32;  // gate / beta are float32 (beside 16-bit q, k, v; with float32 inputs it folds away)
 };
 
 // Everything a launch depends on, decided once by make_plan() (host) and only executed by a unit.
@@ -811,9 +811,10 @@ __device__ __forceinline__ void row_strip(float (&acc)[N][4], const float* a, in
 // One warp's strip of S: rows 16 (at sp, pitch ldv) x N tiles of 8 columns.
 // S = decay * S + sum_s (kscale[s] k_s)^T v_s over the chunk's 32 steps (staged as zeros, with
 // kscale 0, past the end of the sequence); kc: k at this row block. The product accumulates from zero
-// and S joins it in one fp32 FMA afterwards: carried through the 12 mma.sync accumulations of a chunk
-// (whose fp32 additions are not round-to-nearest), S lost a few ulps of itself every chunk, coherently
-// (fp32 rel-L2 2.2e-5 after 66 chunks with gate 1.002, 2.3e-6 now; the recurrent kernel 1.0e-6).
+// and S joins it in one fp32 FMA afterwards: carried through a chunk's mma.sync accumulations (12 with
+// SPLIT, 4 without; their fp32 additions are not round-to-nearest), S lost a few ulps of itself every
+// chunk, coherently (fp32 rel-L2 2.2e-5 after 66 chunks with gate 1.002). With the gate tables in double
+// (write_gate_tables) as well it is 2.3e-6; the recurrent kernel 1.0e-6.
 template <bool SPLIT, int N>
 __device__ __forceinline__ void s_update_strip(float* sp, int ldv, const float* kc, int ldk, const float* vc,
                                                const float* kscale, float decay, int g, int q4) {
@@ -859,7 +860,7 @@ PARALLEL_SRC = r"""
 // The problem is tiny and latency-bound: the time goes to dependent instructions (about 6 cycles each
 // with two warps a scheduler) and to fetching code, not to arithmetic. So the block is built for few
 // instructions a warp: q of its rows, k and v of every step up to its last row, gate and beta in ONE
-// memory round trip (cp.async, in the input dtype); fp32 FMAs only (exact fp32 products for every
+// memory round trip (cp.async, q, k, v in the input dtype); fp32 FMAs only (exact fp32 products for every
 // dtype, and no mask ever meets a NaN or inf: sums skip s > t); loops not unrolled beyond what hides
 // shared-memory latency. With t0 the tile's first step, M splits as Grow[t] * W[s] for s < t0
 // (Grow[t] = prod g[t0..t], W[s] = beta_s prod g[s+1..t0-1], a suffix scan in double rounded once) and
@@ -1275,11 +1276,12 @@ __device__ __forceinline__ GateTables gate_tables_at(const float* t) {
   return {t, t + kChunk, t + 2 * kChunk, t + 3 * kChunk, t + 4 * kChunk, t + 5 * kChunk};
 }
 
-// Writes the tables at t from one warp: lane s holds step s's gate g_reg and beta b_reg. The products
-// come from warp shuffles (prefix, suffix and in-block products) in Acc = double, each value rounded
-// once: in fp32 a scan tree squares equal partial products, so a constant gate's rounding errors add up
-// coherently (31 ulps at 32 steps), and the chunk decays carry them along the whole sequence (fp32
-// rel-L2 2.1e-5 at T = 2100 with gate 1.002, in every segmentation).
+// Writes the tables at t from one warp: lane s holds step s's gate g_reg and beta b_reg. The prefix,
+// suffix and in-block products come from warp shuffles in Acc = double, each value rounded once (ltab,
+// at most 15 factors within a 16-step block, stays a float running product): in fp32 a scan tree
+// squares equal partial products, so a constant gate's rounding errors add up coherently (31 ulps at 32
+// steps), and the chunk decays carry them along the whole sequence (fp32 rel-L2 2.1e-5 at T = 2100 with
+// gate 1.002 in every segmentation, even with s_update_strip's FMA; 2.3e-6 with both).
 template <typename Acc = double>
 __device__ __forceinline__ void write_gate_tables(float* t, float g_reg, float b_reg, int lane) {
   float *rowd = t, *kscale = t + kChunk, *pin = t + 2 * kChunk, *sout = t + 3 * kChunk, *bsm = t + 4 * kChunk;
@@ -2875,6 +2877,10 @@ CUDA_FLAGS = ["-O3"]
 # Build: a unit is compiled once per (source, flags, torch, arch) into a named, hashed folder; the
 # core at import, a chunk unit when a plan first needs it (or at build()).
 # ---------------------------------------------------------------------------------------------
+# TORCH_CUDA_ARCH_LIST as the user set it (a build without a device sets it for torch; the key must not see that)
+_ARCH_ENV = os.environ.get("TORCH_CUDA_ARCH_LIST", "")
+
+
 def _arch_list():
     """Build for the visible device (its own arch); without one, for TORCH_CUDA_ARCH_LIST or Hopper."""
     if torch.cuda.is_available():
@@ -2916,7 +2922,7 @@ def _unit_key(unit):
     cuda, cpp = _unit_sources(unit)
     others = [src for u in UNITS if u != "core" for src in _UNIT_CUDA[u]] if unit == "core" else []
     build = [" ".join(CUDA_FLAGS), torch.__version__, str(torch.version.cuda), _arch_list(),
-             os.environ.get("TORCH_CUDA_ARCH_LIST", ""), str(sorted(_LEAN))]
+             _ARCH_ENV, str(sorted(_LEAN))]
     key = "\n".join(cuda + cpp + others + build)
     return hashlib.sha1(key.encode()).hexdigest()[:12]
 
@@ -3071,7 +3077,7 @@ def _forward_ex_fake(q, k, v, gate, beta, initial_state, want_final, kernel, con
 
 
 def gated_recurrence(q, k, v, gate, beta, initial_state=None, output_final_state=False, numerics="accurate"):
-    """y (B, T, H, D_v) of the gated recurrence, in the inputs' dtype. See the module docstring.
+    """y (B, T, H, D_v) of the gated recurrence, in q's dtype. See the module docstring.
 
     initial_state: optional (B, H, D_k, D_v) float32 state S_0 (default zero). With
     output_final_state=True the result is (y, S_T), S_T a new float32 (B, H, D_k, D_v) tensor.
@@ -3103,7 +3109,9 @@ _DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
 
 def plan(B, T, H, Dk, Dv, dtype="float32", numerics="accurate"):
     """The launch the dispatch picks for contiguous inputs of this shape and dtype (a torch dtype or
-    its name), as text: kernel, source constant, unit, configuration, grid and shared memory."""
+    its name), as text: kernel, source constant, unit, configuration, grid and shared memory. Gate and
+    beta in that dtype: float32 gates beside 16-bit inputs take the parallel kernel's run-time
+    instantiation where this says "compiled"."""
     return _plan_on(B, T, H, Dk, Dv, dtype, numerics=numerics)
 
 

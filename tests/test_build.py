@@ -98,7 +98,6 @@ def test_core_key_covers_every_unit(sol, monkeypatch):
     own core (and operator namespace) instead of running the first copy's units; the other units' keys
     stay their own."""
     before = {u: sol._unit_key(u) for u in sol.UNITS}
-    assert sol._unit_paths()["core"].endswith(f"gated_recurrence_core_{before['core']}.so")
     monkeypatch.setitem(sol._UNIT_CUDA, "chunk_bf16", sol._UNIT_CUDA["chunk_bf16"] + ["// edited\n"])
     after = {u: sol._unit_key(u) for u in sol.UNITS}
     assert after["core"] != before["core"] and after["chunk_bf16"] != before["chunk_bf16"]

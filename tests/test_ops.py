@@ -28,13 +28,22 @@ def test_namespace_is_the_core_build_name(sol):
     assert "Tensor? initial_state, bool want_final, str kernel, int[] config" in str(ops_of(sol).forward_ex.default._schema)
 
 
-def test_a_second_load_of_the_file_keeps_working(sol):
+def test_a_second_load_of_the_file_keeps_working(sol, monkeypatch):
     """eval.py loads solution.py beside an imported copy, and a notebook re-runs an unchanged cell: the
     same namespace, its fake implementations registered again without an error."""
+    real = torch.library.register_fake
+
+    def as_in_torch_2_11(op, *args, allow_override=False, **kwargs):  # newer torch allows a second fake by default
+        assert allow_override or not str(op).startswith(sol._OPS_NS), "a second load registers its fakes again"
+        return real(op, *args, allow_override=allow_override, **kwargs)
+
+    monkeypatch.setattr(torch.library, "register_fake", as_in_torch_2_11)
     spec = importlib.util.spec_from_file_location("solution_second_load", sol.__file__)
     again = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(again)
     assert again._OPS_NS == sol._OPS_NS
+    sol._register_fake(f"{sol._OPS_NS}::forward")(sol._forward_fake)  # the session's fakes: this module's again
+    sol._register_fake(f"{sol._OPS_NS}::forward_ex")(sol._forward_ex_fake)
     with torch._subclasses.fake_tensor.FakeTensorMode():
         q = torch.empty(2, 5, 3, 4)
         y = ops_of(sol).forward(q, q, torch.empty(2, 5, 3, 6), torch.empty(2, 5, 3), torch.empty(2, 5, 3), False)
