@@ -248,7 +248,7 @@ struct GateSeq {
     return f32 ? static_cast<const float*>(p)[i] : to_float(static_cast<const scalar_t*>(p)[i]);
   }
   // f(pointer in the stored dtype): one branch around a loop of loads, which then stay in flight together
-  // (a branch a load, as operator[] has, serialized warp 0's gate loads: +0.8 us at the spec shape)
+  // (a branch a load, as operator[] has, serialized warp 0's gate loads; BENCHMARKS.md, ninth session)
   template <typename F>
   __device__ __forceinline__ void visit(F&& f) const {
     if (f32) f(static_cast<const float*>(p));
@@ -2296,7 +2296,7 @@ bool check_input(const at::Tensor& t, const char* name, int64_t dims, const char
 
 // Dtypes and shapes first, devices last, so that every shape error is also reachable on a CPU.
 bool check_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
-                  const at::Tensor& beta) {
+                  const at::Tensor& beta, bool reference) {
   if (!check_input(q, "q", 4, "(B, T, H, D_k)") || !check_input(k, "k", 4, "(B, T, H, D_k)") ||
       !check_input(v, "v", 4, "(B, T, H, D_v)") || !check_input(gate, "gate", 3, "(B, T, H)") ||
       !check_input(beta, "beta", 3, "(B, T, H)"))
@@ -2306,12 +2306,18 @@ bool check_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     GR_REQUIRE("TypeError", o.first->scalar_type() == q.scalar_type(), o.second, " has dtype ",
                dtype_str(o.first->scalar_type()), " but q has ", dtype_str(q.scalar_type()),
                "; q, k and v must share one dtype");
-  // gates may stay float32 beside 16-bit q, k, v, as models keep them (arithmetic is fp32 anyway)
+  // gates may stay float32 beside 16-bit q, k, v, as models keep them (arithmetic is fp32 anyway); numerics
+  // "reference" reproduces the loop run in ONE dtype (with float32 gates the loop would promote its state,
+  // and its result, to float32: "accurate" is the faithful answer there)
   const std::pair<const at::Tensor*, const char*> gates[] = {{&gate, "gate"}, {&beta, "beta"}};
-  for (const auto& o : gates)
-    GR_REQUIRE("TypeError", o.first->scalar_type() == q.scalar_type() || o.first->scalar_type() == at::kFloat,
-               o.second, " has dtype ", dtype_str(o.first->scalar_type()), " but q has ", dtype_str(q.scalar_type()),
-               "; gate and beta must have q's dtype or float32");
+  for (const auto& o : gates) {
+    const auto st = o.first->scalar_type();
+    GR_REQUIRE("TypeError", st == q.scalar_type() || st == at::kFloat, o.second, " has dtype ", dtype_str(st),
+               " but q has ", dtype_str(q.scalar_type()), "; gate and beta must have q's dtype or float32");
+    GR_REQUIRE("ValueError", !reference || st == q.scalar_type(), o.second, " is ", dtype_str(st), " but q is ",
+               dtype_str(q.scalar_type()),
+               ": numerics='reference' rounds like the loop in one dtype; use numerics='accurate' for float32 gates");
+  }
   const auto bth = q.sizes().slice(0, 3);
   GR_REQUIRE("ValueError", k.sizes() == q.sizes(), "k must have the shape of q ", shape_str(q.sizes()), ", got ",
              shape_str(k.sizes()));
@@ -2326,18 +2332,6 @@ bool check_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   GR_REQUIRE("ValueError", v.size(3) >= 1 && v.size(3) <= kMaxDim, "v: D_v must be in 1..", kMaxDim, ", got ",
              v.size(3));
   GR_REQUIRE("ValueError", q.size(1) <= INT32_MAX, "q: T must be below 2^31, got ", q.size(1));
-  return true;
-}
-
-// numerics "reference" reproduces the loop run in ONE dtype; with float32 gates that loop would promote
-// its state to float32 (and return float32), which "accurate" is the faithful answer to.
-bool check_reference_dtypes(const at::Tensor& q, const at::Tensor& gate, const at::Tensor& beta, bool reference) {
-  if (!reference) return true;
-  const std::pair<const at::Tensor*, const char*> gates[] = {{&gate, "gate"}, {&beta, "beta"}};
-  for (const auto& o : gates)
-    GR_REQUIRE("ValueError", o.first->scalar_type() == q.scalar_type(), o.second, " is ",
-               dtype_str(o.first->scalar_type()), " but q is ", dtype_str(q.scalar_type()),
-               ": numerics='reference' rounds like the loop in one dtype; use numerics='accurate' for float32 gates");
   return true;
 }
 
@@ -2702,8 +2696,8 @@ const std::vector<int64_t> kNoConfig;
 // The hot path: checks, the plan, one output allocation, the plan's launches.
 at::Tensor run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
                const at::Tensor& beta, bool reference) {
-  if (!check_shapes(q, k, v, gate, beta) || !check_reference_dtypes(q, gate, beta, reference) ||
-      !check_no_grad(q, k, v, gate, beta, nullptr) || !check_devices(q, k, v, gate, beta))
+  if (!check_shapes(q, k, v, gate, beta, reference) || !check_no_grad(q, k, v, gate, beta, nullptr) ||
+      !check_devices(q, k, v, gate, beta))
     return at::Tensor();
   const c10::cuda::CUDAGuard guard(q.device());
   Plan pl;
@@ -2720,7 +2714,7 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
 bool run_ex(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
             const at::Tensor& beta, const c10::optional<at::Tensor>& initial_state, bool want_final,
             const std::string& kernel, const std::vector<int64_t>& config, bool reference, std::vector<at::Tensor>& out) {
-  if (!check_shapes(q, k, v, gate, beta) || !check_reference_dtypes(q, gate, beta, reference)) return false;
+  if (!check_shapes(q, k, v, gate, beta, reference)) return false;
   c10::cuda::OptionalCUDAGuard guard;  // q's device before anything reads device limits
   if (q.is_cuda()) guard.set_device(q.device());
   const at::Tensor* s_in = initial_state.has_value() && initial_state->defined() ? &*initial_state : nullptr;
