@@ -35,13 +35,19 @@ everything the launch depends on; plan(B, T, H, D_k, D_v, dtype) prints that rec
     chunk_bf16    CHUNK_BF16_SRC       bfloat16, as chunk_tf32      the same schedule on bf16 mma.sync m16n8k16; the
                   unit chunk_bf16                                   fp32 operands (masked product, state, scaled keys)
                   (built on first use)                              split into bf16 hi + lo terms.
+    chunk_sm90    CHUNK_SM90_SRC +     bfloat16 chunks on compute   chunks of 64 on Hopper wgmma: two warpgroups keep
+                  WGMMA_SRC            capability 9.0 with D_k 64   the state in their accumulators for a whole
+                  unit chunk_sm90      or 128, D_v 128 and aligned  segment; each product one asynchronous group, the
+                  (first use; sm_90a   rows (the rest: chunk_bf16)  fp32 operands (state, masked product, scaled v)
+                  code only)                                        as bf16 hi + lo terms; cp.async staging.
     segment_scan  SEGMENT_SCAN_SRC     chunk plans with segments>1  sequence parallelism when B*H blocks cannot fill
-                  in both chunk units  (B*H too small for the GPU)  the GPU: the chunk kernel computes each segment's
+                  in every chunk unit  (B*H too small for the GPU)  the GPU: the chunk kernel computes each segment's
                                                                     own state, this kernel chains them, then every
                                                                     segment's outputs run at once.
 
-Both chunk kernels run one skeleton (CHUNK_SRC, run_chunks): block setup, segment bounds, the barrier
-schedule and the state update; each family supplies its staging and matrix products. Decays are direct
+The two mma.sync chunk kernels run one skeleton (CHUNK_SRC, run_chunks): block setup, segment bounds, the
+barrier schedule and the state update; each family supplies its staging and matrix products. chunk_sm90
+has its own schedule (the state lives in registers) on the same segments (execute_chunks). Decays are direct
 products of gates (never logs or quotients), so gates of 0, < 0 and > 1 are exact everywhere.
 D_k padded to 64 or 128 with 16-byte aligned rows runs a chunk instantiation with D_k compiled in.
 
@@ -102,9 +108,9 @@ from torch.utils.cpp_extension import load_inline  # noqa: E402
 __all__ = ["ModelNew", "gated_recurrence", "plan", "build", "built_units", "KERNELS", "UNITS"]
 
 # Every kernel a plan can name (tests check it against the __global__ kernels and plan()).
-KERNELS = ("recurrent", "parallel", "chunk_tf32", "chunk_bf16", "segment_scan")
+KERNELS = ("recurrent", "parallel", "chunk_tf32", "chunk_bf16", "chunk_sm90", "segment_scan")
 # Build units: core (host code, recurrent, parallel) at import; each chunk family and the reference rounding on first use.
-UNITS = ("core", "chunk_tf32", "chunk_bf16", "reference")
+UNITS = ("core", "chunk_tf32", "chunk_bf16", "reference", "chunk_sm90")
 
 # ---------------------------------------------------------------------------------------------
 # CUDA and C++ sources, one constant per kernel family. A unit is PRELUDE + DEVICE + its families
@@ -125,8 +131,8 @@ enum : int {
   kParallelRows = 8               // steps a row tile of the parallel kernel (even)
 };
 enum class DType : int { f32 = 0, f16 = 1, bf16 = 2 };
-enum class Kernel : int { recurrent = 0, parallel = 1, chunk_tf32 = 2, chunk_bf16 = 3 };
-enum class Unit : int { core = 0, chunk_tf32 = 1, chunk_bf16 = 2, reference = 3 };  // the build unit of a launch
+enum class Kernel : int { recurrent = 0, parallel = 1, chunk_tf32 = 2, chunk_bf16 = 3, chunk_sm90 = 4 };
+enum class Unit : int { core = 0, chunk_tf32 = 1, chunk_bf16 = 2, reference = 3, chunk_sm90 = 4 };  // a launch's build unit
 
 struct Strides4 { int64_t b, t, h, d; };
 struct Strides3 { int64_t b, t, h; };
@@ -189,6 +195,18 @@ inline size_t chunk_bf16_smem(int NV, int DKP) {
   return sizeof(float) * (size_t)(32 * (NV + 8) + 2 * 21 * 32) +
          2 * (2 * 32 * 40 + 2 * (size_t)DKP * (NV + 8) + 2 * (2 * 32 * (dkq + 8) + 32 * (size_t)(NV + 8)));
 }
+// chunk_sm90 (bytes, one block of two warpgroups a (b, h, segment); D_v = 128): two stages of q, k (64 x DK)
+// and v (64 x 128) bf16 tiles; the masked product P' hi and lo (64 x 64 bf16); y staged as 64 rows of
+// 64 bf16 + 16 bytes a warpgroup; two sets of gate tables (kSm90Tab floats); fp32 Y^T for chunks whose
+// v holds a NaN or inf.
+enum : int { kSm90Tab = 464 + 64 * 16 };
+template <int DK>
+struct Sm90Layout {
+  static constexpr int kQ = 64 * DK * 2, kV = 64 * 128 * 2, kStage = 2 * kQ + kV;
+  static constexpr int kPh = 2 * kStage, kPl = kPh + 8192, kY = kPl + 8192, kYPitch = 144;
+  static constexpr int kTabs = kY + 2 * 64 * kYPitch, kYf = kTabs + 2 * kSm90Tab * 4, kBytes = kYf + 2 * 64 * 64 * 4;
+};
+inline size_t chunk_sm90_smem(int DK) { return DK == 64 ? Sm90Layout<64>::kBytes : Sm90Layout<128>::kBytes; }
 
 // (R, G) pairs of the recurrent kernel: G = 1 with any R, else R in {6, 8} (plan_recurrent's rule).
 #define GR_RG_PAIRS(X) X(1, 1) X(2, 1) X(4, 1) X(6, 1) X(8, 1) X(6, 2) X(8, 2) X(6, 4) X(8, 4) \
@@ -359,6 +377,23 @@ __device__ __forceinline__ void cp_async_wait() {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
+}
+
+// (x0, x1) as bf16x2 hi and lo, x0 in the low half (16 significant bits together). GUARD: lo is 0 where
+// x - hi is NaN (x infinite or NaN, which hi already carries), so an infinite operand gives inf, not
+// inf - inf; without it (chunk_sm90's state) an infinite x gives NaN, as non-finite. A template: a unit
+// that never splits compiles no copy.
+template <bool GUARD = true>
+__device__ __forceinline__ void split_bf16x2(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+  float d0 = x0 - __low2float(h), d1 = x1 - __high2float(h);
+  if constexpr (GUARD) {
+    d0 = d0 == d0 ? d0 : 0.f;
+    d1 = d1 == d1 ? d1 : 0.f;
+  }
+  const __nv_bfloat162 l = __floats2bfloat162_rn(d0, d1);
+  hi = reinterpret_cast<const uint32_t&>(h);
+  lo = reinterpret_cast<const uint32_t&>(l);
 }
 
 // Programmatic dependent launch (sm_90+): a kernel launched with pdl may start while the previous
@@ -1271,7 +1306,9 @@ namespace {
 // One chunk's gate tables, consecutive arrays of C = 32 floats (ltab 16 C): rowd[t] = prod g[0..t],
 // kscale[s] = beta_s prod g[s+1..31], the in-block prefix (pin) and suffix (sout) products of 16-step
 // blocks, beta (bsm), and ltab[t][s % 16] = prod g[s+1..t] within a block.
+// Templates below (<int = 0>): a unit that runs its own chunk schedule (chunk_sm90) compiles no copy.
 struct GateTables { const float *rowd, *kscale, *pin, *sout, *bsm, *ltab; };
+template <int = 0>
 __device__ __forceinline__ GateTables gate_tables_at(const float* t) {
   return {t, t + kChunk, t + 2 * kChunk, t + 3 * kChunk, t + 4 * kChunk, t + 5 * kChunk};
 }
@@ -1317,6 +1354,7 @@ __device__ __forceinline__ void write_gate_tables(float* t, float g_reg, float b
 
 // Entry (t, s) of the masked, decayed, beta-weighted product from its q . k accumulator d: zero above
 // the diagonal (selected, not multiplied: a NaN in q . k must not leak into a masked entry).
+template <int = 0>
 __device__ __forceinline__ float masked_entry(float d, int t, int s, const GateTables& gt) {
   if (s > t) return 0.f;
   return d * (((t >> 4) == (s >> 4) ? gt.ltab[t * 16 + (s & 15)] : gt.pin[t] * gt.sout[s]) * gt.bsm[s]);
@@ -1453,6 +1491,7 @@ __device__ __forceinline__ void write_y(scalar_t* y, const ChunkParams& p, const
 }
 
 // Strips per row block of S in the S update: as many as the warps allow (a power of two <= NT8).
+template <int = 0>
 __host__ __device__ constexpr int s_splits(int MI, int NT8, int warps) {
   int ssplit = 1;
   while (ssplit * 2 <= NT8 && MI * ssplit * 2 <= warps) ssplit *= 2;
@@ -1805,18 +1844,6 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 #endif
-}
-
-// (x0, x1) as bf16x2 hi and lo, x0 in the low half. lo is 0 where x - hi is NaN (x infinite or NaN,
-// which hi already carries): an infinite operand then gives inf, not inf - inf.
-__device__ __forceinline__ void split_bf16x2(float x0, float x1, uint32_t& hi, uint32_t& lo) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
-  float d0 = x0 - __low2float(h), d1 = x1 - __high2float(h);
-  d0 = d0 == d0 ? d0 : 0.f;
-  d1 = d1 == d1 ? d1 : 0.f;
-  const __nv_bfloat162 l = __floats2bfloat162_rn(d0, d1);
-  hi = reinterpret_cast<const uint32_t&>(h);
-  lo = reinterpret_cast<const uint32_t&>(l);
 }
 
 // Eight raw bf16 values, all finite (exponent bits not all ones).
@@ -2188,6 +2215,500 @@ extern "C" int gr_execute_chunk_bf16(const gr::Plan* pl, const gr::Problem* pr, 
 }
 """
 
+
+def _wgmma(n, rs, tb, zero):
+    """One bf16 wgmma m64n{n}k16 with fp32 accumulators d[n / 2], as an inline function for WGMMA_SRC: SS (A
+    and B shared-memory descriptors) or RS (A as four registers); tb: B is MN-major (transposed). zero:
+    d = A B with d output only (the compiler keeps no earlier value of it alive), else d += A B, or
+    d = A B where scale_d is 0."""
+    regs = n // 2
+    outs = ",".join(f"%{i}" for i in range(regs))
+    if rs:
+        a, b, sc = f"{{%{regs},%{regs + 1},%{regs + 2},%{regs + 3}}}", f"%{regs + 4}", f"%{regs + 5}"
+        ins, tail, sig = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), ', f"p, 1, 1, {tb}", \
+            "const uint32_t (&a)[4], uint64_t db"
+    else:
+        a, b, sc = f"%{regs}", f"%{regs + 1}", f"%{regs + 2}"
+        ins, tail, sig = '"l"(da), "l"(db), ', f"p, 1, 1, 0, {tb}", "uint64_t da, uint64_t db"
+    ins += '"r"(0)' if zero else '"r"(scale_d)'
+    outs_c = ", ".join(f'"{"=" if zero else "+"}f"(d[{i}])' for i in range(regs))
+    body = (f'asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, {sc}, 0;\\n'
+            f'wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{outs}}}, {a}, {b}, {tail};\\n}}\\n"'
+            f' : {outs_c} : {ins});')
+    name = f"wgmma_{'rs' if rs else 'ss'}{n}{'_t' if tb else ''}{'_z' if zero else ''}"
+    return (f"__device__ __forceinline__ void {name}(float (&d)[{regs}], {sig}{'' if zero else ', int scale_d'}) {{\n"
+            f"#ifdef GR_WGMMA\n  {body}\n#endif\n}}\n")
+
+
+# chunk_sm90's wgmma instructions (n, RS, B MN-major, zero), generated: each spells out its accumulators.
+WGMMA_FORMS = ((32, False, 0, True), (32, False, 0, False), (64, True, 0, True), (64, True, 0, False),
+               (64, True, 1, True), (64, True, 1, False))
+WGMMA_SRC = ("\n// ===================================== wgmma: chunk_sm90's instructions, generated ===========\n"
+             "#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n#define GR_WGMMA 1\n#endif\nnamespace gr {\nnamespace {\n" +
+             "".join(_wgmma(*f) for f in WGMMA_FORMS) + "}  // namespace\n}  // namespace gr\n")
+
+CHUNK_SM90_SRC = r"""
+// ===================================== chunk_sm90: bfloat16 chunks of 64 on Hopper wgmma =======
+// CHUNK_SRC's chunkwise form with chunks of 64 steps for bfloat16 inputs, D_k 64 or 128, D_v 128 (rows
+// 16-byte aligned), built for sm_90a only (its own unit). One block of two warpgroups per (b, h,
+// segment); warpgroup w keeps rows 64w .. 64w + 63 of S^T (D_v x D_k, fp32) in wgmma accumulators for the
+// whole segment, so the state never goes through shared memory. Per chunk, each product one async group:
+//   P   = Q K^T          SS; each warpgroup 32 of the 64 key columns; masked, decayed and beta-scaled in
+//                        registers, then written as bf16 hi + lo (P') for both warpgroups
+//   O1  = S^T Q^T        RS: the accumulators split into bf16 hi + lo A fragments (2 products)
+//   Y^T = O1 diag(G) + V^T P'^T     RS: V^T fragments by ldmatrix.trans, P' hi and lo
+//   U   = (V^T diag(w)) K          RS: V^T w split into hi + lo; K read MN-major from the same tile
+//   S^T = gamma S^T + U  one fp32 FMA a element (an accumulator is not summed round-to-nearest)
+// Each fp32 operand is two bf16 terms against exact bf16 inputs, as in chunk_bf16: y's error is its own
+// bf16 rounding. q, k, v are staged by cp.async into the no-swizzle core-matrix layout (element (r, c)
+// of a 64-row tile at byte (c / 8) 1024 + 16 r + 2 (c % 8)), double-buffered; warp 0 forms the next
+// chunk's gate tables in double while its warpgroup's state update runs. A chunk whose v holds a NaN or
+// inf adds P' V in FMAs over s <= t instead (a masked zero never meets it). Segments: CHUNK_SRC's phases.
+namespace gr {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+
+
+__device__ __forceinline__ void wg_fence() {
+#ifdef GR_WGMMA
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wg_commit() {
+#ifdef GR_WGMMA
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+#ifdef GR_WGMMA
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+// Thread-written shared memory that wgmma (the async proxy) reads next.
+__device__ __forceinline__ void fence_async_smem() {
+#ifdef GR_WGMMA
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+// Keeps the compiler from moving reads or writes of accumulators across a wgmma wait or issue.
+template <int N>
+__device__ __forceinline__ void acc_fence(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+__device__ __forceinline__ void wg_barrier(int wg) {  // the 128 threads of one warpgroup
+  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+}
+
+// A no-swizzle shared-memory matrix descriptor: start address, LBO (core matrices adjacent in K), SBO
+// (adjacent in M / N), bytes.
+// The address goes through an opaque move: descriptors are rebuilt where they are used (a few integer
+// operations) instead of being hoisted out of the chunk loop into two registers each.
+__device__ __forceinline__ uint64_t sm_desc(const void* p, uint32_t lbo, uint32_t sbo) {
+  uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+#ifndef EXP_NO_LAUNDER
+  asm volatile("mov.b32 %0, %0;\n" : "+r"(a));
+#endif
+  return (uint64_t)((a & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
+}
+__device__ __forceinline__ uint64_t desc_at(uint64_t d, uint32_t bytes) { return d + (bytes >> 4); }
+
+// Byte offset of element (r, c) of a 64-row tile in the core-matrix layout: column group c / 8 is 1 KB.
+__device__ __forceinline__ uint32_t cm_off(int r, int c) { return (uint32_t)((c >> 3) * 1024 + r * 16 + (c & 7) * 2); }
+
+// A 64 x COLS bf16 tile (rows 16-byte aligned, unit column stride) into the core-matrix layout by
+// cp.async, rows >= rows_valid zero. Thread (warp w, lane l) copies column group c0 of rows r0 + RSTEP j:
+// each 8-lane phase writes one 128-byte core matrix, and a row's four pieces are one 64-byte segment.
+template <int COLS>
+struct Pieces {
+  static constexpr int N = COLS / 32, RSTEP = 64 / N;  // pieces a thread, rows between them
+  int r0, c0;
+  __device__ __forceinline__ Pieces() {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    r0 = 8 * (w / N) + (lane & 7);
+    c0 = ((w % N) * 4 + (lane >> 3)) * 8;
+  }
+};
+template <int COLS>
+__device__ __forceinline__ void stage_tile(unsigned char* dst, const bf16* src, int64_t st, int rows_valid) {
+  const Pieces<COLS> pc;
+  const bf16* s0 = src + (int64_t)pc.r0 * st + pc.c0;
+  unsigned char* d0 = dst + cm_off(pc.r0, pc.c0);
+#pragma unroll
+  for (int j = 0; j < Pieces<COLS>::N; ++j) {
+    const bool ok = pc.r0 + Pieces<COLS>::RSTEP * j < rows_valid;
+    cp_async<16>(d0 + 16 * Pieces<COLS>::RSTEP * j, ok ? s0 + (int64_t)Pieces<COLS>::RSTEP * j * st : src, ok);
+  }
+}
+// After the wait: whether this thread's pieces hold a NaN or inf (exponent bits all ones in a half).
+template <int COLS>
+__device__ __forceinline__ bool tile_bad(const unsigned char* t) {
+  const Pieces<COLS> pc;
+  const unsigned char* d0 = t + cm_off(pc.r0, pc.c0);
+  uint32_t bad = 0;
+#pragma unroll
+  for (int j = 0; j < Pieces<COLS>::N; ++j) {
+    const uint4 x = *reinterpret_cast<const uint4*>(d0 + 16 * Pieces<COLS>::RSTEP * j);
+    bad |= __vcmpeq2(x.x & 0x7f807f80u, 0x7f807f80u) | __vcmpeq2(x.y & 0x7f807f80u, 0x7f807f80u) |
+           __vcmpeq2(x.z & 0x7f807f80u, 0x7f807f80u) | __vcmpeq2(x.w & 0x7f807f80u, 0x7f807f80u);
+  }
+  return bad != 0;
+}
+
+// Gate tables of a 64-step chunk (floats): G[t] = prod g[0..t], W[s] = beta_s prod g[s+1..63], GAMMA =
+// prod g[0..63]; for the masked product D[t][s] beta_s (D[t][s] = prod g[s+1..t]) in 16-step blocks:
+// LTABB[t][s % 16] = D[t][s] beta_s inside a block, else ROWF[t][bs] SOUTB[s] with ROWF[t][bs] = prod
+// g[16 bs + 16 .. t] (the whole blocks between and t's own prefix) and SOUTB[s] = beta_s prod g[s+1 ..
+// 16 bs + 15]. No quotient anywhere (gates 0, < 0, > 1 exact); each value is formed in double and
+// rounded once, so an entry carries at most two roundings whatever the gates.
+enum : int { kG = 0, kW = 64, kSoutb = 128, kRowf = 192, kGamma = 448, kLtab = 464 };  // kSm90Tab floats in all
+
+// One warp; lane l holds steps 2l, 2l+1 (g0, g1, b0, b1).
+__device__ __forceinline__ void write_tables64(float* tb, float g0, float g1, float b0, float b1, int lane) {
+  const unsigned full = 0xffffffffu;
+  const double a0 = g0, a1 = g1, pr = a0 * a1;
+  double pre = pr, suf = pr, bpre = pr, bsuf = pr;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const double x = __shfl_up_sync(full, pre, off), z = __shfl_down_sync(full, suf, off);
+    if (lane >= off) pre *= x;
+    if (lane + off < 32) suf *= z;
+    if (off < 8) {
+      const double x2 = __shfl_up_sync(full, bpre, off), z2 = __shfl_down_sync(full, bsuf, off);
+      if ((lane & 7) >= off) bpre *= x2;
+      if ((lane & 7) + off < 8) bsuf *= z2;
+    }
+  }
+  double pre_ex = __shfl_up_sync(full, pre, 1), suf_ex = __shfl_down_sync(full, suf, 1);
+  double bpre_ex = __shfl_up_sync(full, bpre, 1), bsuf_ex = __shfl_down_sync(full, bsuf, 1);
+  if (lane == 0) pre_ex = 1.0;
+  if (lane == 31) suf_ex = 1.0;
+  if ((lane & 7) == 0) bpre_ex = 1.0;
+  if ((lane & 7) == 7) bsuf_ex = 1.0;
+  const int s = 2 * lane, bt = lane >> 3;
+  tb[kG + s] = (float)(pre_ex * a0);
+  tb[kG + s + 1] = (float)pre;
+  tb[kW + s] = (float)(b0 * (a1 * suf_ex));
+  tb[kW + s + 1] = (float)(b1 * suf_ex);
+  tb[kSoutb + s] = (float)(b0 * (a1 * bsuf_ex));
+  tb[kSoutb + s + 1] = (float)(b1 * bsuf_ex);
+  // Block products B_j (the in-block prefix at a block's last lane); ROWF[t][bs] for bs < bt.
+  const double B1 = __shfl_sync(full, bpre, 15), B2 = __shfl_sync(full, bpre, 23);
+  const double pin0 = bpre_ex * a0, pin1 = bpre;
+#pragma unroll
+  for (int bs = 0; bs < 4; ++bs) {
+    double m = 1.0;  // the whole blocks strictly between bs and bt
+    if (bt == bs + 2) m = bs == 0 ? B1 : B2;
+    if (bt == 3 && bs == 0) m = B1 * B2;
+    tb[kRowf + s * 4 + bs] = (float)(pin0 * m);
+    tb[kRowf + (s + 1) * 4 + bs] = (float)(pin1 * m);
+  }
+  const double all = __shfl_sync(full, pre, 31);
+  if (lane == 0) tb[kGamma] = (float)all;
+  // LTABB: lane l owns columns s = 2l, 2l + 1 of block l / 8; running products over the block's rows.
+  const int sl0 = 2 * (lane & 7), sl1 = sl0 + 1;
+  double run0 = 1.0, run1 = 1.0;
+#pragma unroll
+  for (int r = 0; r < 16; ++r) {
+    const float e0 = __shfl_sync(full, g0, 8 * bt + (r >> 1)), e1 = __shfl_sync(full, g1, 8 * bt + (r >> 1));
+    const double gt = (r & 1) ? e1 : e0;
+    if (r > sl0) run0 *= gt;
+    if (r > sl1) run1 *= gt;
+    tb[kLtab + (16 * bt + r) * 16 + sl0] = r >= sl0 ? (float)(run0 * b0) : 0.f;
+    tb[kLtab + (16 * bt + r) * 16 + sl1] = r >= sl1 ? (float)(run1 * b1) : 0.f;
+  }
+}
+
+// P' entries (t, s), (t, s + 1) from their q . k accumulators, key block bs of the row block bt: zero
+// above the diagonal (selected, not multiplied: a NaN in q . k must not leak into a masked entry).
+// bs and bt are warp-uniform, so the three cases are branches without divergence.
+__device__ __forceinline__ void masked_pair(float& d0, float& d1, int t, int s, int bt, int bs, const float* tb) {
+  if (bs < bt) {
+    const float r = tb[kRowf + t * 4 + bs];
+    d0 = d0 * r * tb[kSoutb + s];
+    d1 = d1 * r * tb[kSoutb + s + 1];
+  } else if (bs == bt) {
+    const float2 l = *reinterpret_cast<const float2*>(tb + kLtab + t * 16 + (s & 15));
+    d0 = s <= t ? d0 * l.x : 0.f;
+    d1 = s + 1 <= t ? d1 * l.y : 0.f;
+  } else {
+    d0 = 0.f;
+    d1 = 0.f;
+  }
+}
+
+// K as the state update's B operand, MN-major (no swizzle): LBO (K direction, 8 steps) = 128 bytes, SBO (N
+// direction, 8 columns of D_k) = 1 KB, as dev/chunk_sm90.py's probe settled (the other reading is wrong).
+__device__ __forceinline__ uint64_t mn_desc(const void* p) { return sm_desc(p, 128, 1024); }
+
+template <int DK>
+__global__ void __launch_bounds__(kMaxThreads, 1) chunk_sm90_kernel(const ChunkParams p) {
+#if defined(__CUDA_ARCH__) && !defined(GR_WGMMA)
+  __trap();  // built for sm_90a only (_UNIT_GENCODE); make_plan picks it on compute capability 9.0 only
+#endif
+  extern __shared__ __align__(1024) unsigned char sm[];
+  using L = Sm90Layout<DK>;
+  griddep_wait<>();
+  griddep_launch<>();
+  const ChunkBlock<bf16> cb(p, 128);
+  const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid >> 5, 0), lane = tid & 31;
+  const int wg = warp >> 2, wl = warp & 3, g = lane >> 2, qd = lane & 3;
+  const int dvw = 64 * wg + 16 * wl;  // this warp's first row of S^T (a state column)
+  constexpr int NKB = DK / 16;        // k-steps over D_k
+  float* tabs = reinterpret_cast<float*>(sm + L::kTabs);
+
+  // The state: S[i] = S^T[dvw + g + 8 ((i >> 1) & 1)][8 (i >> 2) + 2 qd + (i & 1)] (m64n{DK} accumulator).
+  float S[DK / 2];
+  {
+    const float* s0 = nullptr;
+    StateStrides ss{0, 0, 0, 0};
+    if (p.mode == 0 && cb.seg == 0) { s0 = p.s_in; ss = p.ssi; }
+    else if (p.mode == 0) { s0 = cb.segment_state(p, cb.seg - 1); ss = {0, 0, p.Dv, 1}; }
+#pragma unroll
+    for (int i = 0; i < DK / 2; ++i) {
+      const int dv = dvw + g + 8 * ((i >> 1) & 1), dk = 8 * (i >> 2) + 2 * qd + (i & 1);
+      S[i] = s0 != nullptr ? s0[cb.b * ss.b + cb.h * ss.h + dk * ss.i + dv * ss.j] : 0.f;
+    }
+  }
+  const bool outputs = p.mode == 0;
+  const bool keep_state = p.mode != 0 || (cb.seg == p.nseg - 1 && p.s_out != nullptr);
+  const int sb = cb.seg * p.seg_chunks * kChunk, se = min(sb + p.seg_chunks * kChunk, p.T);
+  const int nch = (se - sb + 63) / 64;
+
+  auto stage = [&](int c) {
+    const int t0 = sb + 64 * c, tc = min(64, se - t0);
+    unsigned char* st = sm + (c & 1) * L::kStage;
+    if (outputs) stage_tile<DK>(st, cb.q + (int64_t)t0 * p.sq.t, p.sq.t, tc);
+    stage_tile<DK>(st + L::kQ, cb.k + (int64_t)t0 * p.sk.t, p.sk.t, tc);
+    stage_tile<128>(st + 2 * L::kQ, cb.v + (int64_t)t0 * p.sv.t, p.sv.t, tc);
+    cp_async_commit();
+  };
+  float ng0 = 1.f, ng1 = 1.f, nb0 = 0.f, nb1 = 0.f;  // warp 0: the next chunk's gates and betas
+  auto load_gates = [&](int c) {
+    const int t0 = sb + 64 * c, tc = min(64, se - t0), s = 2 * lane;
+    ng0 = 1.f; ng1 = 1.f; nb0 = 0.f; nb1 = 0.f;
+    if (s < tc) { ng0 = cb.gate[(int64_t)(t0 + s) * p.sg.t]; nb0 = cb.beta[(int64_t)(t0 + s) * p.sb.t]; }
+    if (s + 1 < tc) { ng1 = cb.gate[(int64_t)(t0 + s + 1) * p.sg.t]; nb1 = cb.beta[(int64_t)(t0 + s + 1) * p.sb.t]; }
+  };
+  stage(0);
+  if (warp == 0) {
+    load_gates(0);
+    write_tables64(tabs, ng0, ng1, nb0, nb1, lane);
+  }
+  float seg_decay = 1.f;
+
+  for (int c = 0; c < nch; ++c) {
+    const int t0 = sb + 64 * c, tc = min(64, se - t0);
+    const unsigned char* st = sm + (c & 1) * L::kStage;
+    const unsigned char *Qt = st, *Kt = st + L::kQ, *Vt = st + 2 * L::kQ;
+    const float* tb = tabs + (c & 1) * kSm90Tab;
+    cp_async_wait<0>();
+    const bool mybad = outputs && tile_bad<128>(Vt);
+    fence_async_smem();
+    const bool vbad = __syncthreads_or(mybad);  // B1: chunk c staged, its tables written
+    if (c + 1 < nch) {
+      stage(c + 1);
+      if (warp == 0) load_gates(c + 1);
+    }
+    const float gamma = tb[kGamma];
+    seg_decay *= gamma;
+
+    float Y[32];  // Y^T[dvw + g + 8 ((i >> 1) & 1)][t = 8 (i >> 2) + 2 qd + (i & 1)]
+    if (outputs) {
+      // P for key columns 32 wg .. 32 wg + 31 and O1 = S^T Q^T, both in flight at once.
+      float P[16];
+      uint32_t ah[NKB][4], al[NKB][4];
+#pragma unroll
+      for (int kb = 0; kb < NKB; ++kb)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) split_bf16x2<false>(S[8 * kb + 2 * r], S[8 * kb + 2 * r + 1], ah[kb][r], al[kb][r]);
+      acc_fence(Y);
+      wg_fence();  // after the A fragments are written, before any wgmma reads them
+      const uint64_t dq = sm_desc(Qt, 1024, 128), dk = sm_desc(Kt + 512 * wg, 1024, 128);
+#pragma unroll
+      wgmma_ss32_z(P, dq, dk);
+#pragma unroll
+      for (int kb = 1; kb < NKB; ++kb) wgmma_ss32(P, desc_at(dq, 2048 * kb), desc_at(dk, 2048 * kb), 1);
+      wg_commit();
+#pragma unroll
+      for (int kb = 0; kb < NKB; ++kb) {
+        if (kb == 0) wgmma_rs64_z(Y, ah[0], dq);
+        else wgmma_rs64(Y, ah[kb], desc_at(dq, 2048 * kb), 1);
+        wgmma_rs64(Y, al[kb], desc_at(dq, 2048 * kb), 1);
+      }
+      wg_commit();
+      wg_wait<1>();
+      acc_fence(P);
+      // P' = masked P, as hi and lo bf16 at [t][s] (core-matrix layout), for both warpgroups.
+      {
+#pragma unroll
+        for (int i = 0; i < 16; i += 2) {
+          const int tt = 16 * wl + g + 8 * ((i >> 1) & 1), s = 32 * wg + 8 * (i >> 2) + 2 * qd;
+          float d0 = P[i], d1 = P[i + 1];
+          masked_pair(d0, d1, tt, s, wl, 2 * wg + (i >> 3), tb);
+          uint32_t hi, lo;
+          split_bf16x2(d0, d1, hi, lo);
+          *reinterpret_cast<uint32_t*>(sm + L::kPh + cm_off(tt, s)) = hi;
+          *reinterpret_cast<uint32_t*>(sm + L::kPl + cm_off(tt, s)) = lo;
+        }
+      }
+      fence_async_smem();
+      wg_wait<0>();
+      acc_fence(Y);
+      __syncthreads();  // B2: P' complete
+#pragma unroll
+      for (int i = 0; i < 32; ++i) Y[i] *= tb[kG + 8 * (i >> 2) + 2 * qd + (i & 1)];
+    }
+    // V^T fragments of this warp's 16 rows: kb over the 64 steps.
+    uint32_t vf[4][4];
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) {
+      const int m = lane >> 3, s = 16 * kb + 8 * (m >> 1) + (lane & 7), dv = dvw + 8 * (m & 1);
+      ldm4<true>(vf[kb], Vt + cm_off(s, dv));
+    }
+    const bool update = c + 1 < nch || keep_state;
+    uint32_t uh[4][4], ul[4][4];
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int s = 16 * kb + 8 * (r >> 1) + 2 * qd;
+        const uint32_t x = vf[kb][r];
+        split_bf16x2(__uint_as_float(x << 16) * tb[kW + s], __uint_as_float(x & 0xffff0000u) * tb[kW + s + 1],
+               uh[kb][r], ul[kb][r]);
+      }
+    if (outputs) {
+      // Issued whatever v holds (a wgmma wait under a branch the compiler cannot prove uniform
+      // serializes every wgmma): with a NaN or inf in v its A fragments are zeros, and FMAs add P' V
+      // once the products are done.
+#pragma unroll
+      for (int kb = 0; kb < 4; ++kb)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) vf[kb][r] = vbad ? 0u : vf[kb][r];
+      acc_fence(Y);
+      wg_fence();
+      const uint64_t dph = sm_desc(sm + L::kPh, 1024, 128), dpl = sm_desc(sm + L::kPl, 1024, 128);
+#pragma unroll
+      for (int kb = 0; kb < 4; ++kb) {
+        wgmma_rs64(Y, vf[kb], desc_at(dph, 2048 * kb), 1);
+        wgmma_rs64(Y, vf[kb], desc_at(dpl, 2048 * kb), 1);
+      }
+      wg_commit();
+    }
+    // y once P' V is done (while U's first half runs): staged as [t][dv] bf16, then 16 bytes a store.
+    auto emit_y = [&]() {
+        if (vbad) {  // P' V over s <= t only, in FMAs (a masked zero never meets a NaN or inf v), through
+                     // shared memory: rolled loops keep the registers of the common path untouched.
+          float* yf = reinterpret_cast<float*>(sm + L::kYf) + wg * 64 * 64;
+#pragma unroll
+          for (int i = 0; i < 32; ++i) yf[(8 * (i >> 2) + 2 * qd + (i & 1)) * 64 + 16 * wl + g + 8 * ((i >> 1) & 1)] = Y[i];
+          wg_barrier(wg);
+#pragma unroll 1
+          for (int e = tid & 127; e < 64 * 64; e += 128) {
+            const int t = e >> 6, dv = 64 * wg + (e & 63);
+            float acc = yf[e];
+#pragma unroll 1
+            for (int s = 0; s <= t; ++s) {
+              const float pv = __bfloat162float(*reinterpret_cast<const bf16*>(sm + L::kPh + cm_off(t, s))) +
+                               __bfloat162float(*reinterpret_cast<const bf16*>(sm + L::kPl + cm_off(t, s)));
+              acc = fmaf(pv, __bfloat162float(*reinterpret_cast<const bf16*>(Vt + cm_off(s, dv))), acc);
+            }
+            yf[e] = acc;
+          }
+          wg_barrier(wg);
+#pragma unroll
+          for (int i = 0; i < 32; ++i) Y[i] = yf[(8 * (i >> 2) + 2 * qd + (i & 1)) * 64 + 16 * wl + g + 8 * ((i >> 1) & 1)];
+        }
+        // y rows t0 .. t0 + tc - 1, this warpgroup's 64 columns: staged as [t][dv] bf16, then 16 bytes a store.
+        unsigned char* ys = sm + L::kY + wg * 64 * L::kYPitch;
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+          const int dv = 16 * wl + g + 8 * ((i >> 1) & 1), t = 8 * (i >> 2) + 2 * qd + (i & 1);
+          *reinterpret_cast<bf16*>(ys + t * L::kYPitch + dv * 2) = __float2bfloat16_rn(Y[i]);
+        }
+        wg_barrier(wg);
+        const int lt = tid & 127;
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const int e = lt + 128 * u, t = e >> 3, piece = e & 7;
+          if (t < tc)
+            *reinterpret_cast<uint4*>(cb.y + (int64_t)(t0 + t) * p.sy.t + 64 * wg + 8 * piece) =
+                *reinterpret_cast<const uint4*>(ys + t * L::kYPitch + 16 * piece);
+        }
+    };
+    // U = (V^T diag(w)) K in halves of 64 state rows (D_k), then S^T = gamma S^T + U.
+    if (update) {
+#pragma unroll
+      for (int h = 0; h < DK / 64; ++h) {
+        float U[32];
+        wg_fence();
+        const uint64_t dkm = mn_desc(Kt + 8192 * h);
+#pragma unroll
+        for (int kb = 0; kb < 4; ++kb) {
+          if (kb == 0) wgmma_rs64_t_z(U, uh[0], dkm);
+          else wgmma_rs64_t(U, uh[kb], desc_at(dkm, 256 * kb), 1);
+          wgmma_rs64_t(U, ul[kb], desc_at(dkm, 256 * kb), 1);
+        }
+        wg_commit();
+        if (h == DK / 64 - 1 && warp == 0 && c + 1 < nch)
+          write_tables64(tabs + ((c + 1) & 1) * kSm90Tab, ng0, ng1, nb0, nb1, lane);
+        wg_wait<0>();  // (a wait<1> here, to overlap y with U, makes ptxas serialize every wgmma)
+        acc_fence(U);
+#pragma unroll
+        for (int i = 0; i < 32; ++i) S[32 * h + i] = fmaf(gamma, S[32 * h + i], U[i]);
+        if (h == 0 && outputs) {  // P' V is done too
+          acc_fence(Y);
+          emit_y();
+        }
+      }
+    } else if (outputs) {  // the segment's last chunk, its state not needed
+      wg_wait<0>();
+      acc_fence(Y);
+      emit_y();
+    }
+  }
+  // The final state, or (state phase) the segment's own state contribution and gate product.
+  float* dst = nullptr;
+  StateStrides ds{0, 0, 0, 0};
+  if (p.mode == 0 && cb.seg == p.nseg - 1 && p.s_out != nullptr) { dst = p.s_out; ds = p.sso; }
+  else if (p.mode != 0) {
+    dst = cb.segment_state(p, cb.seg);
+    ds = {0, 0, p.Dv, 1};
+    if (tid == 0) p.seg_decays[cb.bh * (p.nseg - 1) + cb.seg] = seg_decay;
+  }
+  if (dst != nullptr) {
+#pragma unroll
+    for (int i = 0; i < DK / 2; ++i) {
+      const int dv = dvw + g + 8 * ((i >> 1) & 1), dk = 8 * (i >> 2) + 2 * qd + (i & 1);
+      dst[cb.b * ds.b + cb.h * ds.h + dk * ds.i + dv * ds.j] = S[i];
+    }
+  }
+}
+
+struct ChunkSM90Kernels {};
+
+// execute_chunks' launches for this family: its own instantiations (D_k 64 or 128).
+template <>
+cudaError_t launch_chunk_kernel<ChunkSM90Kernels>(const Plan& pl, const ChunkParams& p, int64_t blocks, bool pdl,
+                                                  cudaStream_t s) {
+  static bool done64[64] = {}, done128[64] = {};
+  const auto kernel = pl.DK == 64 ? chunk_sm90_kernel<64> : chunk_sm90_kernel<128>;
+  const cudaError_t err = allow_smem(kernel, pl.DK == 64 ? done64 : done128);
+  return err != cudaSuccess ? err : launch_ex(kernel, dim3((unsigned)blocks), pl.smem, s, pdl, p);
+}
+
+}  // namespace
+}  // namespace gr
+
+extern "C" int gr_execute_chunk_sm90(const gr::Plan* pl, const gr::Problem* pr, float* work, cudaStream_t s,
+                                     const char** failed) {
+  return (int)gr::execute_chunks<gr::ChunkSM90Kernels>(*pl, *pr, work, s, failed);
+}
+"""
+
 HOST_SRC = r"""
 // ===================================== host: argument checks, the plan, the launch ==========
 // Only the headers it needs (torch/extension.h would triple the host compile time).
@@ -2213,10 +2734,10 @@ namespace gr {
 constexpr int kMaxDim = 256;
 constexpr size_t kRecurrentSmem = 48 * 1024;  // the recurrent kernel stays under the static limit
 constexpr int64_t kChunkedMinT = 256;         // use_chunked(): from the crossover sweep (BENCHMARKS.md)
-const char* const kKernelNames[] = {"recurrent", "parallel", "chunk_tf32", "chunk_bf16"};
-const char* const kSourceNames[] = {"RECURRENT_SRC", "PARALLEL_SRC", "CHUNK_TF32_SRC", "CHUNK_BF16_SRC"};
-const char* const kUnitNames[] = {"core", "chunk_tf32", "chunk_bf16", "reference"};
-constexpr Unit kUnitOf[] = {Unit::core, Unit::core, Unit::chunk_tf32, Unit::chunk_bf16};
+const char* const kKernelNames[] = {"recurrent", "parallel", "chunk_tf32", "chunk_bf16", "chunk_sm90"};
+const char* const kSourceNames[] = {"RECURRENT_SRC", "PARALLEL_SRC", "CHUNK_TF32_SRC", "CHUNK_BF16_SRC", "CHUNK_SM90_SRC"};
+const char* const kUnitNames[] = {"core", "chunk_tf32", "chunk_bf16", "reference", "chunk_sm90"};
+constexpr Unit kUnitOf[] = {Unit::core, Unit::core, Unit::chunk_tf32, Unit::chunk_bf16, Unit::chunk_sm90};
 // The unit that runs a plan: its kernel's, except the recurrent kernel's rounding mode (its own unit).
 inline int unit_of(const Plan& pl) { return pl.round_ref ? (int)Unit::reference : (int)kUnitOf[(int)pl.kernel]; }
 constexpr int64_t kParallelMaxT = 256;  // warp 0's lanes hold at most 8 gates each (PARALLEL_SRC)
@@ -2510,6 +3031,49 @@ bool plan_chunked(const Shape& s, const Layout& lay, const DeviceLimits& lim, co
   return true;
 }
 
+// chunk_sm90 (wgmma, sm_90a code: compute capability 9.0 exactly) serves bfloat16 with D_k 64 or 128,
+// D_v 128 and every row 16-byte aligned with unit column stride (its cp.async staging), where its
+// shared memory fits; plan_sm90 says which condition fails.
+bool use_sm90(const Shape& s, DType dt, const Layout& lay, const DeviceLimits& lim) {
+  return lim.arch == 90 && dt == DType::bf16 && (s.Dk == 64 || s.Dk == 128) && s.Dv == 128 && lay.q && lay.k &&
+         lay.v && lay.y && chunk_sm90_smem((int)s.Dk) <= lim.smem;
+}
+
+// chunk_sm90: chunks of 64 steps, one block of two warpgroups per (b, h, segment), and as many segments
+// per (b, h) as fill every SM once (one block an SM: its registers and shared memory). Segments are whole
+// 64-step chunks (seg_chunks counts 32-step chunks, as segment_scan's other users do: it is even here).
+// Or config = (segments,).
+bool plan_sm90(const Shape& s, const Layout& lay, const DeviceLimits& lim, const std::vector<int64_t>& config,
+               Plan& pl) {
+  const bool planned = config.empty();
+  GR_REQUIRE("ValueError", planned || config.size() == 1, "config must be (segments,) for chunk_sm90, got ",
+             config.size(), " values");
+  GR_REQUIRE("ValueError", planned || config[0] >= 1, "segments must be at least 1, got ", config[0]);
+  GR_REQUIRE("ValueError", lim.arch == 90, "chunk_sm90 needs wgmma (compute capability 9.0); this device is ",
+             lim.arch / 10, ".", lim.arch % 10);
+  GR_REQUIRE("ValueError", (s.Dk == 64 || s.Dk == 128) && s.Dv == 128, "chunk_sm90 serves D_k 64 or 128 with D_v "
+             "128, got D_k=", s.Dk, " and D_v=", s.Dv);
+  GR_REQUIRE("ValueError", lay.q && lay.k && lay.v && lay.y, "chunk_sm90 needs q, k, v and y rows 16-byte aligned "
+             "with unit column stride");
+  pl.NV = 128;
+  pl.DK = pl.DKP = (int)s.Dk;
+  pl.vtiles = 1;
+  pl.vec_qk = pl.vec_v = pl.vec_y = true;
+  pl.smem = chunk_sm90_smem(pl.DK);
+  GR_REQUIRE("ValueError", pl.smem <= lim.smem, "chunk_sm90 with D_k=", s.Dk, " needs ", pl.smem,
+             " bytes of shared memory a block, over this device's ", lim.smem);
+  const int64_t heads = s.B * s.H, chunks = std::max<int64_t>(1, ceil_div(s.T, 64));
+  const int64_t want = planned ? std::max<int64_t>(1, lim.sms / std::max<int64_t>(heads, 1)) : config[0];
+  const int64_t per = ceil_div(chunks, std::min(want, chunks));
+  pl.seg_chunks = (int)(2 * per);
+  pl.nseg = (int)ceil_div(chunks, per);  // no empty segments
+  pl.pdl = pl.nseg > 1 && GR_PDL && lim.pdl;
+  pl.blocks = heads * pl.nseg;
+  GR_REQUIRE("ValueError", pl.blocks <= INT32_MAX, "B * H = ", heads, " is too large for one launch");
+  pl.work_floats = pl.nseg > 1 ? heads * (pl.nseg - 1) * (s.Dk * s.Dv + 1) : 0;
+  return true;
+}
+
 // Parallel: row tiles of kParallelRows steps; column tiles of at most 64, balanced, multiples of 8
 // (halved while the staging does not fit the device's shared memory); the P V sums split over as many
 // lanes as keep every thread busy. Or config = (NV,).
@@ -2553,16 +3117,19 @@ bool plan_parallel(const Shape& s, const Layout& lay, const DeviceLimits& lim, c
 }
 
 // The one place a launch is decided. kernel: "" (planned), "recurrent", "parallel", "chunked" (the
-// planned chunk kernel for the dtype), "chunk_tf32" or "chunk_bf16"; config: empty (planned) or the
+// planned chunk kernel for the dtype), "chunk_tf32", "chunk_bf16" or "chunk_sm90"; config: empty (planned) or the
 // kernel's own. Planned: the chunk kernels for long sequences (use_chunked), else parallel where it
-// wins (use_parallel) and its staging fits the device's shared memory, else recurrent.
+// wins (use_parallel) and its staging fits the device's shared memory, else recurrent. bfloat16 chunks
+// run chunk_sm90 where use_sm90 allows (Hopper), else chunk_bf16.
 // reference: numerics "reference" (the PyTorch loop's rounding, one step at a time), which only the
 // recurrent kernel has.
 bool make_plan(const Shape& s, DType dt, const Layout& lay, const DeviceLimits& lim, const std::string& kernel,
                const std::vector<int64_t>& config, bool reference, Plan& pl) {
   pl = Plan{};
   pl.dtype = dt;
-  const Kernel chunked = dt == DType::bf16 ? Kernel::chunk_bf16 : Kernel::chunk_tf32;
+  const Kernel chunked = dt != DType::bf16          ? Kernel::chunk_tf32
+                        : use_sm90(s, dt, lay, lim) ? Kernel::chunk_sm90
+                                                    : Kernel::chunk_bf16;
   if (reference) {
     GR_REQUIRE("ValueError", kernel.empty() || kernel == "recurrent", "numerics='reference' runs the recurrent "
                "kernel only (it rounds one step at a time), got kernel '", kernel, "'");
@@ -2580,9 +3147,12 @@ bool make_plan(const Shape& s, DType dt, const Layout& lay, const DeviceLimits& 
   } else if (kernel == "chunk_tf32") {
     GR_REQUIRE("TypeError", dt != DType::bf16, "chunk_tf32 takes float32 or float16 inputs, got bfloat16");
     pl.kernel = Kernel::chunk_tf32;
+  } else if (kernel == "chunk_sm90") {
+    GR_REQUIRE("TypeError", dt == DType::bf16, "chunk_sm90 takes bfloat16 inputs, got ", dtype_str(dt));
+    pl.kernel = Kernel::chunk_sm90;
   } else {
     GR_REQUIRE("ValueError", kernel == "chunk_bf16", "kernel must be one of recurrent, parallel, chunked, "
-               "chunk_tf32, chunk_bf16 or None, got '", kernel, "'");
+               "chunk_tf32, chunk_bf16, chunk_sm90 or None, got '", kernel, "'");
     GR_REQUIRE("TypeError", dt == DType::bf16, "chunk_bf16 takes bfloat16 inputs, got ", dtype_str(dt));
     pl.kernel = Kernel::chunk_bf16;
   }
@@ -2590,7 +3160,9 @@ bool make_plan(const Shape& s, DType dt, const Layout& lay, const DeviceLimits& 
              kKernelNames[(int)pl.kernel], " needs mma.sync of compute capability 8.0 or newer; this device is ",
              lim.arch / 10, ".", lim.arch % 10);
   if (pl.kernel != Kernel::recurrent) {
-    if (pl.kernel == Kernel::parallel ? plan_parallel(s, lay, lim, config, pl) : plan_chunked(s, lay, lim, config, pl))
+    if (pl.kernel == Kernel::parallel     ? plan_parallel(s, lay, lim, config, pl)
+        : pl.kernel == Kernel::chunk_sm90 ? plan_sm90(s, lay, lim, config, pl)
+                                          : plan_chunked(s, lay, lim, config, pl))
       return true;
     if (!kernel.empty()) return false;  // an explicit request: its error stands
     g_error.clear();  // the planned kernel does not fit this device: the recurrent kernel serves
@@ -2617,6 +3189,10 @@ std::string describe(const Plan& pl) {
   else if (pl.kernel == Kernel::parallel)
     s += cat("row_tiles=", pl.rtiles, " NV=", pl.NV, " D_k=", pl.DKP, pl.DK > 0 ? " compiled" : " run-time",
              " split=", 1 << pl.sp_log, pl.vec ? " loads=16B" : " loads=scalar", pl.pdl ? " pdl=on" : " pdl=off");
+  else if (pl.kernel == Kernel::chunk_sm90)
+    s += cat("C=64 D_k=", pl.DK, " compiled D_v=128 segments=", pl.nseg,
+             pl.nseg > 1 ? cat(" + segment_scan", pl.pdl ? " pdl=on" : " pdl=off") : "", " loads=16B",
+             pl.work_floats > 0 ? cat(" workspace=", pl.work_floats * 4, "B") : "");
   else
     s += cat("C=", kChunk, " NV=", pl.NV, " D_k=", pl.DK > 0 ? cat(pl.DK, " compiled") : cat(pl.DKP, " run-time"),
              " segments=", pl.nseg, pl.nseg > 1 ? cat(" + segment_scan", pl.pdl ? " pdl=on" : " pdl=off") : "",
@@ -2667,7 +3243,7 @@ Problem problem_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
 // Each unit's entry point, by Unit: the core's own; a chunk unit's once Python has built it and called
 // attach() with its address.
 namespace {
-ExecuteFn g_execute[4] = {gr_execute_core, nullptr, nullptr, nullptr};
+ExecuteFn g_execute[5] = {gr_execute_core, nullptr, nullptr, nullptr, nullptr};
 }  // namespace
 
 // A plan whose unit is not loaded yet: Python builds it, attaches it and calls again.
@@ -2846,7 +3422,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("last_error", [] { return gr::g_error; });
   // A chunk unit's entry point (its address from ctypes) for Unit index `unit`.
   m.def("attach", [](int64_t unit, int64_t address) {
-    if (unit >= 1 && unit <= 3) gr::g_execute[unit] = reinterpret_cast<gr::ExecuteFn>(address);
+    if (unit >= 1 && unit <= 4) gr::g_execute[unit] = reinterpret_cast<gr::ExecuteFn>(address);
   });
 }
 """
@@ -2855,7 +3431,7 @@ SOURCES = {"prelude": PRELUDE_SRC, "device": DEVICE_SRC, "recurrent": RECURRENT_
            "parallel": PARALLEL_SRC,
            "chunk": CHUNK_SRC,
            "segment_scan": SEGMENT_SCAN_SRC, "tf32_mma": TF32_MMA_SRC, "chunk_tf32": CHUNK_TF32_SRC, "chunk_bf16": CHUNK_BF16_SRC,
-           "host": HOST_SRC, "host_run": HOST_RUN_SRC}
+           "wgmma": WGMMA_SRC, "chunk_sm90": CHUNK_SM90_SRC, "host": HOST_SRC, "host_run": HOST_RUN_SRC}
 
 # Each unit's CUDA sources (PRELUDE and DEVICE first) and C entry point; core adds the host file.
 _UNIT_CUDA = {
@@ -2863,7 +3439,10 @@ _UNIT_CUDA = {
     "chunk_tf32": [CHUNK_SRC, SEGMENT_SCAN_SRC, TF32_MMA_SRC, CHUNK_TF32_SRC],
     "chunk_bf16": [CHUNK_SRC, SEGMENT_SCAN_SRC, CHUNK_BF16_SRC],
     "reference": [RECURRENT_SRC, REFERENCE_SRC],
+    "chunk_sm90": [CHUNK_SRC, SEGMENT_SCAN_SRC, WGMMA_SRC, CHUNK_SM90_SRC],
 }
+# Units built for one target whatever the device or TORCH_CUDA_ARCH_LIST (wgmma is sm_90a-only code).
+_UNIT_GENCODE = {"chunk_sm90": ["-gencode=arch=compute_90a,code=sm_90a"]}
 CUDA_FLAGS = ["-O3"]
 
 
@@ -2915,8 +3494,8 @@ def _unit_key(unit):
     of silently running the first copy's units (and its own operator namespace)."""
     cuda, cpp = _unit_sources(unit)
     others = [src for u in UNITS if u != "core" for src in _UNIT_CUDA[u]] if unit == "core" else []
-    build = [" ".join(CUDA_FLAGS), torch.__version__, str(torch.version.cuda), _arch_list(),
-             _ARCH_ENV, str(sorted(_LEAN))]
+    build = [" ".join(CUDA_FLAGS + _UNIT_GENCODE.get(unit, [])), torch.__version__, str(torch.version.cuda),
+             _arch_list(), _ARCH_ENV, str(sorted(_LEAN))]
     key = "\n".join(cuda + cpp + others + build)
     return hashlib.sha1(key.encode()).hexdigest()[:12]
 
@@ -2936,7 +3515,8 @@ def _compile(unit):
             raise RuntimeError("solution.py needs the CUDA toolkit to compile its kernels and found none (bin/nvcc "
                                "with include/cuda_runtime_api.h): set CUDA_HOME to its folder, e.g. /usr/local/cuda")
         os.makedirs(build_dir, exist_ok=True)
-        targets = ", ".join("sm_" + a.replace(".", "") for a in re.split(r"[;\s]+", arch) if a)
+        targets = ", ".join("sm_" + a.replace(".", "") for a in re.split(r"[;\s]+", arch) if a) \
+            if unit not in _UNIT_GENCODE else ", ".join(re.findall(r",code=(\w+)", " ".join(_UNIT_GENCODE[unit])))
         print(f"solution.py: compiling unit {unit} for {targets} "
               f"({'at import' if unit == 'core' else 'first use'}; once, cached in {build_dir})",
               file=sys.stderr, flush=True)
@@ -2945,7 +3525,8 @@ def _compile(unit):
         # the core's operator namespace: its hashed name (not part of the key, which it is derived from)
         ops_ns = ["-DGR_OPS_NS=" + _ops_namespace(name)] if unit == "core" else []
         load_inline(name=name, cpp_sources=cpp, cuda_sources=cuda, extra_cflags=["-O3"] + ops_ns,
-                    extra_cuda_cflags=CUDA_FLAGS + _split_compile_flags(), build_directory=build_dir,
+                    extra_cuda_cflags=CUDA_FLAGS + _UNIT_GENCODE.get(unit, []) + _split_compile_flags(),
+                    build_directory=build_dir,
                     is_python_module=unit == "core", verbose=os.environ.get("GATED_RECURRENCE_VERBOSE_BUILD") == "1",
                     **_LEAN)
     if unit != "core":

@@ -79,12 +79,21 @@ PARALLEL_TILES = (16, 24, 32, 64)  # compiled tiles of the parallel kernel (GR_P
 ELEM_SIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
+def chunk_kernel(shape, dtype):
+    """The planned chunk kernel on an H200 for contiguous inputs: chunk_sm90 for bfloat16 with D_k 64 or
+    128 and D_v 128, else CHUNK_KERNEL's."""
+    dtype = getattr(torch, str(dtype).replace("torch.", ""))
+    if dtype == torch.bfloat16 and shape[3] in (64, 128) and shape[4] == 128:
+        return "chunk_sm90"
+    return CHUNK_KERNEL[dtype]
+
+
 def planned_kernel(shape, dtype):
     """The kernel BOUNDARY says the plan of `shape` names (dtype: a torch dtype or its name)."""
     name = str(dtype).replace("torch.", "")
     path, *exceptions = dict(BOUNDARY)[shape].split("|")
     path = dict(e.split(":") for e in exceptions).get(name, path)
-    return CHUNK_KERNEL[getattr(torch, name)] if path == "chunk" else path
+    return chunk_kernel(shape, name) if path == "chunk" else path
 
 
 def parallel_smem(nv, dk, T, dtype="float32"):

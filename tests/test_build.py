@@ -68,8 +68,8 @@ def test_build_of_one_unit_builds_that_unit(fresh_build):
 def test_build_builds_every_unit_once(fresh_build):
     steps, proc = fresh_build
     built, units, _ = steps["build"]
-    assert sorted(built) == sorted(units) == ["chunk_bf16", "chunk_tf32", "core", "reference"]
-    for unit in ("chunk_tf32", "chunk_bf16", "reference"):
+    assert sorted(built) == sorted(units) == ["chunk_bf16", "chunk_sm90", "chunk_tf32", "core", "reference"]
+    for unit in ("chunk_tf32", "chunk_bf16", "reference", "chunk_sm90"):
         assert proc.stderr.count(f"compiling unit {unit}") == 1, proc.stderr[-4000:]
 
 
@@ -86,11 +86,19 @@ def test_no_process_wide_symbols(fresh_build):
         pytest.skip("nm (binutils) not installed")
     steps, _ = fresh_build
     paths = steps["build"][2]
-    assert sorted(paths) == ["chunk_bf16", "chunk_tf32", "core", "reference"]
+    assert sorted(paths) == ["chunk_bf16", "chunk_sm90", "chunk_tf32", "core", "reference"]
     for unit, path in paths.items():
         out = subprocess.run(["nm", "-C", "--defined-only", path], capture_output=True, text=True, check=True).stdout
         unique = [ln for ln in out.splitlines() if " u gr::" in ln]
         assert unique == [], f"{unit}: " + "\n".join(unique[:5])
+
+
+def test_sm90_unit_is_built_for_sm90a_only(sol, fresh_build):
+    """chunk_sm90's wgmma is sm_90a code: its unit gets that one target whatever TORCH_CUDA_ARCH_LIST says,
+    and the key records it."""
+    _, proc = fresh_build
+    assert "compiling unit chunk_sm90 for sm_90a " in proc.stderr, proc.stderr[-4000:]
+    assert "-gencode=arch=compute_90a,code=sm_90a" in sol._UNIT_GENCODE["chunk_sm90"]
 
 
 def test_core_key_covers_every_unit(sol, monkeypatch):
@@ -101,4 +109,4 @@ def test_core_key_covers_every_unit(sol, monkeypatch):
     monkeypatch.setitem(sol._UNIT_CUDA, "chunk_bf16", sol._UNIT_CUDA["chunk_bf16"] + ["// edited\n"])
     after = {u: sol._unit_key(u) for u in sol.UNITS}
     assert after["core"] != before["core"] and after["chunk_bf16"] != before["chunk_bf16"]
-    assert after["chunk_tf32"] == before["chunk_tf32"] and after["reference"] == before["reference"]
+    assert all(after[u] == before[u] for u in ("chunk_tf32", "reference", "chunk_sm90"))
