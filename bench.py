@@ -3,8 +3,14 @@
     python bench.py --out DIR [--shapes S0,S1,...] [--sweep] [--configs] [--compile] [--eager-max-s 1.0]
                     [--benchmarks BENCHMARKS.md] [--from-json DIR/bench.json]
 
---sweep adds the T sweep (B=1, H=8, D=128, fp32, T = 256 .. 65536) and DIR/bench.png, time
-against T on log-log axes for ours, fla and eager.
+--sweep adds the T sweeps (B=1, H=8, D=128, fp32 and bf16, T = 256 .. 65536) and DIR/bench.png, time
+against T on log-log axes for ours, fla, eager and the floor, both dtypes.
+
+Floors, measured in the same run (bench.json's "rates"): memory = the bytes of q, k, v, gate, beta read
+and y written over the bandwidth of a 1 GiB device copy; compute = the chunked form's multiply-adds
+(chunks of 64: 2 C (D_k + D_v) + 4 D_k D_v flops a token and head) times the terms the accuracy bar needs
+(bf16: hi + lo, 2; fp32: 3xTF32, 3; fp16: one TF32 product) over the measured rate of a large bf16 or
+TF32 torch.matmul. The table shows both and ours over the larger.
 
 Per-call time: CUDA events around one call, synchronize after it, 256 MB L2 flush before it,
 3 warm-ups, median of --trials calls (KernelBench's method). Writes DIR/bench.json and
@@ -39,8 +45,42 @@ SHAPES = {  # name: (B, T, H, D, dtype)
     "S3": (1, 8192, 8, 128, torch.float32),
     "S2-bf16": (8, 2048, 16, 128, torch.bfloat16),
     "S3-bf16": (1, 8192, 8, 128, torch.bfloat16),
+    "S4": (16, 4096, 32, 128, torch.float32),
+    "S4-bf16": (16, 4096, 32, 128, torch.bfloat16),
 }
-SWEEP = {f"T{T}": (1, T, 8, 128, torch.float32) for T in (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)}
+SWEEP_T = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+SWEEP = {**{f"T{T}": (1, T, 8, 128, torch.float32) for T in SWEEP_T},
+         **{f"T{T}-bf16": (1, T, 8, 128, torch.bfloat16) for T in SWEEP_T}}
+FLOOR_CHUNK = 64  # the chunk of the compute floor's count
+SPLIT = {"float32": 3, "bfloat16": 2, "float16": 1}  # product terms the accuracy bar needs
+
+
+def measure_rates():
+    """The floors' rates on this device, now: a 1 GiB device copy (TB/s, bytes read plus written) and a
+    8192^3 torch.matmul in bf16 and in TF32 (TFLOPS)."""
+    x = torch.empty(2 ** 28, device="cuda")
+    y = torch.empty_like(x)
+    t = kernelbench_time(lambda: y.copy_(x), [], trials=10, flush=False)["median"] * 1e-3
+    rates = {"copy_TBps": 2 * x.numel() * 4 / t / 1e12}
+    del x, y
+    n = 8192
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    for name, dtype, allow in (("bf16_TFLOPS", torch.bfloat16, tf32), ("tf32_TFLOPS", torch.float32, True)):
+        a, b = torch.randn(n, n, device="cuda", dtype=dtype), torch.randn(n, n, device="cuda", dtype=dtype)
+        torch.backends.cuda.matmul.allow_tf32 = allow
+        t = kernelbench_time(lambda: a @ b, [], trials=10, flush=False)["median"] * 1e-3
+        rates[name] = 2 * n ** 3 / t / 1e12
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    return rates
+
+
+def floors_ms(B, T, H, D, dtype, rates):
+    """(memory floor, compute floor) in ms for a (B, T, H, D) call in dtype (its name), at rates."""
+    es = 4 if dtype == "float32" else 2
+    bytes_ = B * T * H * (4 * D + 2) * es  # q, k, v, y and gate, beta
+    flops = B * T * H * (2 * FLOOR_CHUNK * 2 * D + 4 * D * D) * SPLIT[dtype]
+    rate = rates["bf16_TFLOPS"] if dtype == "bfloat16" else rates["tf32_TFLOPS"]
+    return bytes_ / (rates["copy_TBps"] * 1e12) * 1e3, flops / (rate * 1e12) * 1e3
 
 
 def fla_peers():
@@ -163,11 +203,16 @@ def markdown(rows):
     # chunk_v2: a column of older stored runs (bf16 rows: the TF32 kernel chunk_bf16 replaced)
     cols = ["ours"] + (["chunk_v2"] if any("chunk_v2_ms" in r for r in rows) else []) + \
         ["eager", "compile", "fla_chunk", "fla_fused_recurrent"]
-    out = ["| shape | dtype | plan | " + " | ".join(cols) + " | ours err | fla_chunk err |",
-           "|---|---|---|" + "---|" * len(cols) + "---|---|"]
+    floors = any("mem_floor_ms" in r for r in rows)  # runs before the tenth session have none
+    fcols = ["memory floor", "compute floor", "ours / floor"] if floors else []
+    out = ["| shape | dtype | plan | " + " | ".join(cols + fcols) + " | ours err | fla_chunk err |",
+           "|---|---|---|" + "---|" * len(cols + fcols) + "---|---|"]
     for r in rows:
         shape = f"{r['shape']} ({r['B']},{r['T']},{r['H']},{r['D']})"
         cells = [fmt_ms(r.get(c + "_ms")) for c in cols]
+        if floors:
+            cells += [fmt_ms(r.get("mem_floor_ms")), fmt_ms(r.get("compute_floor_ms")),
+                      f"{r['ours_ms'] / max(r['mem_floor_ms'], r['compute_floor_ms']):.1f}x" if "mem_floor_ms" in r else "-"]
         errs = [f"{r[k]:.1e}" if k in r else "-" for k in ("ours_err", "fla_chunk_err")]
         out.append(f"| {shape} | {r['dtype']} | {r['plan']} | " + " | ".join(cells) + " | " + " | ".join(errs) + " |")
     return "\n".join(out)
@@ -197,19 +242,22 @@ def plot(rows, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rows = [r for r in rows if r["shape"].startswith("T")]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for key, label in [("ours_ms", "ours (solution.py)"), ("ours_v1_ms", "ours, chunk_v1 (earlier run)"),
-                       ("fla_chunk_ms", "fla chunk_simple_gla"),
-                       ("fla_fused_recurrent_ms", "fla fused_recurrent_simple_gla"), ("eager_ms", "PyTorch eager")]:
-        pts = [(r["T"], r[key]) for r in rows if key in r]
-        if pts:
-            ax.plot(*zip(*pts), marker="o", label=label)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for dtype, style in (("float32", "-"), ("bfloat16", "--")):
+        for key, label in [("ours_ms", "ours (solution.py)"), ("ours_v1_ms", "ours, chunk_v1 (earlier run)"),
+                           ("fla_chunk_ms", "fla chunk_simple_gla"),
+                           ("fla_fused_recurrent_ms", "fla fused_recurrent_simple_gla"), ("eager_ms", "PyTorch eager"),
+                           ("floor_ms", "floor (the larger of memory and compute)")]:
+            pts = [(r["T"], r[key] if key != "floor_ms" else max(r["mem_floor_ms"], r["compute_floor_ms"]))
+                   for r in rows if r.get("dtype", "float32") == dtype and (key in r or (key == "floor_ms" and "mem_floor_ms" in r))]
+            if pts:
+                ax.plot(*zip(*pts), style, marker="o" if key != "floor_ms" else None, label=f"{label}, {dtype}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("T (B=1, H=8, D_k=D_v=128, fp32)")
+    ax.set_xlabel("T (B=1, H=8, D_k=D_v=128; solid fp32, dashed bf16)")
     ax.set_ylabel("ms per call (KernelBench median, L2 flushed)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -251,8 +299,12 @@ def measure(args):
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d"), "command": " ".join(["bench.py"] + sys.argv[1:]), "rows": []}
     names = [n for n in args.shapes.split(",") if n] + (list(SWEEP) if args.sweep else [])
+    result["rates"] = measure_rates()
+    print(json.dumps(result["rates"]), flush=True)
     for name in names:
         row = bench_shape(name, {**SHAPES, **SWEEP}[name], args, sol, peers)
+        row["mem_floor_ms"], row["compute_floor_ms"] = floors_ms(row["B"], row["T"], row["H"], row["D"], row["dtype"],
+                                                                 result["rates"])
         print(json.dumps(row), flush=True)
         result["rows"].append(row)
     if "S0" in names:

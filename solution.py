@@ -2525,10 +2525,8 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_sm90_kernel(const ChunkP
       for (int kb = 0; kb < NKB; ++kb)
 #pragma unroll
         for (int r = 0; r < 4; ++r) split_bf16x2<false>(S[8 * kb + 2 * r], S[8 * kb + 2 * r + 1], ah[kb][r], al[kb][r]);
-      acc_fence(Y);
       wg_fence();  // after the A fragments are written, before any wgmma reads them
       const uint64_t dq = sm_desc(Qt, 1024, 128), dk = sm_desc(Kt + 512 * wg, 1024, 128);
-#pragma unroll
       wgmma_ss32_z(P, dq, dk);
 #pragma unroll
       for (int kb = 1; kb < NKB; ++kb) wgmma_ss32(P, desc_at(dq, 2048 * kb), desc_at(dk, 2048 * kb), 1);

@@ -1,7 +1,7 @@
 """Small calls for compute-sanitizer (memcheck / racecheck): every kernel and dtype, padded rows and
 columns, several chunks and segments, initial and final states, strided and aligned layouts.
 
-    compute-sanitizer --tool memcheck python tools/sanitize_smoke.py
+    compute-sanitizer --tool memcheck python tools/sanitize_smoke.py [--sm90-only]
 """
 import os
 import sys
@@ -11,6 +11,21 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import reference  # noqa: E402
 import solution  # noqa: E402
+
+# chunk_sm90 (compute capability 9.0): both D_k, ragged and whole chunks, segments, states, a NaN in v
+# (the FMA path), float32 gates
+if torch.cuda.get_device_capability() == (9, 0):
+    for B, T, H, Dk, cfg in [(1, 150, 2, 128, (1,)), (2, 70, 1, 64, (2,)), (1, 300, 1, 128, (3,)), (1, 33, 1, 64, ())]:
+        xs = reference.make_inputs(B, T, H, Dk, 128, dtype=torch.bfloat16, device="cuda")
+        solution._gated_recurrence_with(*xs, kernel="chunk_sm90", config=cfg, initial_state=torch.randn(B, H, Dk, 128, device="cuda"),
+                                        output_final_state=True)
+        xs[2][0, T // 2, 0, 3] = float("nan")
+        solution._gated_recurrence_with(*xs, kernel="chunk_sm90", config=cfg)
+        solution.gated_recurrence(*xs[:3], xs[3].float(), xs[4].float())
+if "--sm90-only" in sys.argv:
+    torch.cuda.synchronize()
+    print("sanitize smoke (chunk_sm90 only): done")
+    sys.exit(0)
 
 for dtype in (torch.float32, torch.float16, torch.bfloat16):
     for B, T, H, Dk, Dv in [(2, 37, 3, 24, 24), (1, 20, 2, 33, 100), (1, 9, 1, 256, 8), (1, 50, 1, 7, 5)]:
