@@ -6,7 +6,7 @@ import shutil
 import bench
 from conftest import ROOT
 
-STORED = os.path.join(ROOT, "docs", "bench-2026-12-01-s8.json")
+STORED = os.path.join(ROOT, "docs", "bench-2026-12-01-s10.json")
 
 
 def test_generated_section_is_replaced_and_the_rest_kept(tmp_path):
