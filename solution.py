@@ -1319,23 +1319,31 @@ __device__ __forceinline__ GateTables gate_tables_at(const float* t) {
 // squares equal partial products, so a constant gate's rounding errors add up coherently (31 ulps at 32
 // steps), and the chunk decays carry them along the whole sequence (fp32 rel-L2 2.1e-5 at T = 2100 with
 // gate 1.002 in every segmentation, even with s_update_strip's FMA; 2.3e-6 with both).
+// Inclusive prefix (pre) and suffix (suf) products over a warp's 32 lanes and within segments of SEG lanes
+// (bpre, bsuf), by shuffles (Hillis-Steele), in the caller's type. chunk_sm90's tables use it too.
+template <int SEG, typename Acc>
+__device__ __forceinline__ void warp_scans(Acc& pre, Acc& suf, Acc& bpre, Acc& bsuf, int lane) {
+  const unsigned full = 0xffffffffu;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const Acc x = __shfl_up_sync(full, pre, off), z = __shfl_down_sync(full, suf, off);
+    if (lane >= off) pre *= x;
+    if (lane + off < 32) suf *= z;
+    if (off < SEG) {
+      const Acc x2 = __shfl_up_sync(full, bpre, off), z2 = __shfl_down_sync(full, bsuf, off);
+      if ((lane & (SEG - 1)) >= off) bpre *= x2;
+      if ((lane & (SEG - 1)) + off < SEG) bsuf *= z2;
+    }
+  }
+}
+
 template <typename Acc = double>
 __device__ __forceinline__ void write_gate_tables(float* t, float g_reg, float b_reg, int lane) {
   float *rowd = t, *kscale = t + kChunk, *pin = t + 2 * kChunk, *sout = t + 3 * kChunk, *bsm = t + 4 * kChunk;
   float* ltab = t + 5 * kChunk;
   const unsigned full = 0xffffffffu;
   Acc pre = g_reg, suf = g_reg, bpre = g_reg, bsuf = g_reg;
-#pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-    const Acc x = __shfl_up_sync(full, pre, off), z = __shfl_down_sync(full, suf, off);
-    if (lane >= off) pre *= x;
-    if (lane + off < 32) suf *= z;
-    if (off < 16) {
-      const Acc x2 = __shfl_up_sync(full, bpre, off), z2 = __shfl_down_sync(full, bsuf, off);
-      if ((lane & 15) >= off) bpre *= x2;
-      if ((lane & 15) + off < 16) bsuf *= z2;
-    }
-  }
+  warp_scans<16>(pre, suf, bpre, bsuf, lane);
   const Acc suf_ex = __shfl_down_sync(full, suf, 1), bsuf_ex = __shfl_down_sync(full, bsuf, 1);
   rowd[lane] = (float)pre;
   kscale[lane] = (float)(b_reg * (lane == 31 ? Acc(1) : suf_ex));
@@ -2370,18 +2378,8 @@ enum : int { kG = 0, kW = 64, kSoutb = 128, kRowf = 192, kGamma = 448, kLtab = 4
 __device__ __forceinline__ void write_tables64(float* tb, float g0, float g1, float b0, float b1, int lane) {
   const unsigned full = 0xffffffffu;
   const double a0 = g0, a1 = g1, pr = a0 * a1;
-  double pre = pr, suf = pr, bpre = pr, bsuf = pr;
-#pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-    const double x = __shfl_up_sync(full, pre, off), z = __shfl_down_sync(full, suf, off);
-    if (lane >= off) pre *= x;
-    if (lane + off < 32) suf *= z;
-    if (off < 8) {
-      const double x2 = __shfl_up_sync(full, bpre, off), z2 = __shfl_down_sync(full, bsuf, off);
-      if ((lane & 7) >= off) bpre *= x2;
-      if ((lane & 7) + off < 8) bsuf *= z2;
-    }
-  }
+  double pre = pr, suf = pr, bpre = pr, bsuf = pr;  // over step pairs: 8 lanes are a 16-step block
+  warp_scans<8>(pre, suf, bpre, bsuf, lane);
   double pre_ex = __shfl_up_sync(full, pre, 1), suf_ex = __shfl_down_sync(full, suf, 1);
   double bpre_ex = __shfl_up_sync(full, bpre, 1), bsuf_ex = __shfl_down_sync(full, bsuf, 1);
   if (lane == 0) pre_ex = 1.0;

@@ -17,7 +17,6 @@ loop, chunk_bf16 and fla.
     python3 dev/chunk_sm90.py [--trials 20] [--no-timing]     (writes $OUT/dev_chunk_sm90.json with OUT set)
 """
 import argparse
-import json
 import os
 import sys
 
@@ -30,6 +29,7 @@ import naive  # noqa: E402
 import reference  # noqa: E402
 import solution  # noqa: E402
 from timing import kernelbench_time, rel_l2  # noqa: E402
+from tools.common import save  # noqa: E402
 
 
 # The probe kernel; it builds on solution's CHUNK_SM90_SRC helpers (descriptors, the core-matrix layout,
@@ -256,17 +256,13 @@ def main():
     ap.add_argument("--no-timing", action="store_true")
     ap.add_argument("--no-probes", action="store_true")
     args = ap.parse_args()
-    result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
-    if not args.no_probes:
-        result["probes"] = probes()
-    result["checks"] = check()
-    bad = sum(not r["ok"] for r in result["checks"])
-    print(f"self-check: {bad} bad of {len(result['checks'])}", flush=True)
-    if not args.no_timing:
-        result["timing"] = bench(args.trials)
+    result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+              "probes": [] if args.no_probes else probes(), "checks": check()}
+    bad = [r["case"] for r in result["checks"] if not r["ok"]]
+    print(f"self-check: {len(bad)} bad of {len(result['checks'])} {bad}", flush=True)
+    result["timing"] = [] if args.no_timing else bench(args.trials)
     if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "dev_chunk_sm90.json"), "w") as f:
-            json.dump(result, f, indent=1, default=str)
+        save("dev_chunk_sm90.json", result)
     sys.exit(1 if bad else 0)
 
 
