@@ -10,7 +10,9 @@ Floors, measured in the same run (bench.json's "rates"): memory = the bytes of q
 and y written over the bandwidth of a 1 GiB device copy; compute = the chunked form's multiply-adds
 (chunks of 64: 2 C (D_k + D_v) + 4 D_k D_v flops a token and head) times the terms the accuracy bar needs
 (bf16: hi + lo, 2; fp32: 3xTF32, 3; fp16: one TF32 product) over the measured rate of a large bf16 or
-TF32 torch.matmul. The table shows both and ours over the larger.
+TF32 torch.matmul. The table shows both and ours over the larger. The count is issue 14's definition (every
+product with the full split and the whole C x C block), and torch's TF32 rate is below our own wgmma
+probe's (dev/wgmma_probe.py): a reference level for the chunked form, not a strict lower bound.
 
 Per-call time: CUDA events around one call, synchronize after it, 256 MB L2 flush before it,
 3 warm-ups, median of --trials calls (KernelBench's method). Writes DIR/bench.json and

@@ -2317,9 +2317,7 @@ __device__ __forceinline__ void wg_barrier(int wg) {  // the 128 threads of one 
 // operations) instead of being hoisted out of the chunk loop into two registers each.
 __device__ __forceinline__ uint64_t sm_desc(const void* p, uint32_t lbo, uint32_t sbo) {
   uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-#ifndef EXP_NO_LAUNDER
   asm volatile("mov.b32 %0, %0;\n" : "+r"(a));
-#endif
   return (uint64_t)((a & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
 }
 __device__ __forceinline__ uint64_t desc_at(uint64_t d, uint32_t bytes) { return d + (bytes >> 4); }
@@ -2594,7 +2592,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_sm90_kernel(const ChunkP
       }
       wg_commit();
     }
-    // y once P' V is done (while U's first half runs): staged as [t][dv] bf16, then 16 bytes a store.
+    // y once P' V is done (after U's first half): staged as [t][dv] bf16, then 16 bytes a store.
     auto emit_y = [&]() {
         if (vbad) {  // P' V over s <= t only, in FMAs (a masked zero never meets a NaN or inf v), through
                      // shared memory: rolled loops keep the registers of the common path untouched.
@@ -3152,7 +3150,8 @@ bool make_plan(const Shape& s, DType dt, const Layout& lay, const DeviceLimits& 
     GR_REQUIRE("TypeError", dt == DType::bf16, "chunk_bf16 takes bfloat16 inputs, got ", dtype_str(dt));
     pl.kernel = Kernel::chunk_bf16;
   }
-  GR_REQUIRE("ValueError", lim.arch >= 80 || pl.kernel == Kernel::recurrent || pl.kernel == Kernel::parallel,
+  GR_REQUIRE("ValueError", lim.arch >= 80 || pl.kernel == Kernel::recurrent || pl.kernel == Kernel::parallel ||
+                               pl.kernel == Kernel::chunk_sm90,  // plan_sm90 names its own (9.0)
              kKernelNames[(int)pl.kernel], " needs mma.sync of compute capability 8.0 or newer; this device is ",
              lim.arch / 10, ".", lim.arch % 10);
   if (pl.kernel != Kernel::recurrent) {
@@ -3541,9 +3540,17 @@ _OPS_NS = _ops_namespace(os.path.basename(_core_path)[:-3])
 _ops = getattr(torch.ops, _OPS_NS)
 
 
+def _default_units():
+    """What build() compiles without arguments: every unit, but chunk_sm90 (sm_90a code) only where it can
+    run (a compute capability 9.0 device) or where no device says (a build or CI machine)."""
+    hopper = not torch.cuda.is_available() or torch.cuda.get_device_capability() == (9, 0)
+    return tuple(u for u in UNITS if u != "chunk_sm90" or hopper)
+
+
 def build(*units):
-    """Compiles and loads the named units (all of UNITS by default) now instead of at first use."""
-    for unit in units or UNITS:
+    """Compiles and loads the named units (by default every unit this machine can run: _default_units)
+    now instead of at first use."""
+    for unit in units or _default_units():
         if unit not in UNITS:
             raise ValueError(f"unit must be one of {UNITS}, got {unit!r}")
         if unit not in _units:

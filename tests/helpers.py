@@ -9,7 +9,7 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 DTYPE_IDS = ["fp32", "fp16", "bf16"]
 TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}  # rel-L2 of y against float64
 # rel-L2 of the final state: fp32-level for fp32 inputs; fp16 inputs take one TF32 product on
-# chunk_tf32, bf16 inputs the two-term bf16 split on chunk_bf16.
+# chunk_tf32, bf16 inputs the two-term bf16 split on chunk_bf16 and chunk_sm90.
 STATE_TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-4}
 
 # (B, T, H, D_k, D_v): T = 1, ragged T, D = 1, 7, 33, 100, 256, D_k != D_v both ways.
@@ -80,10 +80,12 @@ ELEM_SIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 def chunk_kernel(shape, dtype):
-    """The planned chunk kernel on an H200 for contiguous inputs: chunk_sm90 for bfloat16 with D_k 64 or
-    128 and D_v 128, else CHUNK_KERNEL's."""
+    """The planned chunk kernel for contiguous inputs: chunk_sm90 for bfloat16 with D_k 64 or 128 and D_v
+    128 on compute capability 9.0 (or without a device: plan() then answers for an H200), else
+    CHUNK_KERNEL's."""
     dtype = getattr(torch, str(dtype).replace("torch.", ""))
-    if dtype == torch.bfloat16 and shape[3] in (64, 128) and shape[4] == 128:
+    hopper = not torch.cuda.is_available() or torch.cuda.get_device_capability() == (9, 0)
+    if hopper and dtype == torch.bfloat16 and shape[3] in (64, 128) and shape[4] == 128:
         return "chunk_sm90"
     return CHUNK_KERNEL[dtype]
 

@@ -129,7 +129,8 @@ def test_parallel_plan(sol, shape, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPE_NAMES)
 def test_chunk_kernel_by_dtype(sol, dtype):
-    """bf16 inputs on chunk_bf16, fp32 and fp16 on chunk_tf32; a torch dtype or its name."""
+    """bf16 inputs on chunk_sm90 (Hopper, D = 128) or chunk_bf16, fp32 and fp16 on chunk_tf32; a torch
+    dtype or its name."""
     for name in (dtype, getattr(torch, dtype)):
         assert sol.plan(8, 2048, 16, 128, 128, name).split()[0] == planned_kernel((8, 2048, 16, 128, 128), name)
         assert sol.plan(*SPEC, name).split()[0] == planned_kernel(SPEC, name)
