@@ -37,9 +37,9 @@ everything the launch depends on; plan(B, T, H, D_k, D_v, dtype) prints that rec
                   (built on first use)                              split into bf16 hi + lo terms.
     chunk_sm90    CHUNK_SM90_SRC +     bfloat16 chunks on compute   chunks of 64 on Hopper wgmma: two warpgroups keep
                   WGMMA_SRC            capability 9.0 with D_k 64   the state in their accumulators for a whole
-                  unit chunk_sm90      or 128, D_v 128 and aligned  segment; each product one asynchronous group, the
-                  (first use; sm_90a   rows (the rest: chunk_bf16)  fp32 operands (state, masked product, scaled v)
-                  code only)                                        as bf16 hi + lo terms; cp.async staging.
+                  unit chunk_sm90      or 128, D_v 128, aligned     segment; each product one asynchronous group, the
+                  (first use; sm_90a   rows and B*H*T >= 8192 (the  fp32 operands (state, masked product, scaled v)
+                  code only)           rest: chunk_bf16)            as bf16 hi + lo terms; cp.async staging.
     segment_scan  SEGMENT_SCAN_SRC     chunk plans with segments>1  sequence parallelism when B*H blocks cannot fill
                   in every chunk unit  (B*H too small for the GPU)  the GPU: the chunk kernel computes each segment's
                                                                     own state, this kernel chains them, then every
@@ -3027,10 +3027,13 @@ bool plan_chunked(const Shape& s, const Layout& lay, const DeviceLimits& lim, co
 
 // chunk_sm90 (wgmma, sm_90a code: compute capability 9.0 exactly) serves bfloat16 with D_k 64 or 128,
 // D_v 128 and every row 16-byte aligned with unit column stride (its cp.async staging), where its
-// shared memory fits; plan_sm90 says which condition fails.
+// shared memory fits (plan_sm90 says which condition fails); planned from B*H*T = 8192 on: below, with
+// one-chunk segments, chunk_bf16 was faster (0.82-0.93x at B*H*T <= 2048; 1.04-1.22x from 8192 on,
+// docs/ab-sm90-2026-12-01-s10.json).
+constexpr int64_t kSm90MinWork = 8192;
 bool use_sm90(const Shape& s, DType dt, const Layout& lay, const DeviceLimits& lim) {
   return lim.arch == 90 && dt == DType::bf16 && (s.Dk == 64 || s.Dk == 128) && s.Dv == 128 && lay.q && lay.k &&
-         lay.v && lay.y && chunk_sm90_smem((int)s.Dk) <= lim.smem;
+         lay.v && lay.y && chunk_sm90_smem((int)s.Dk) <= lim.smem && s.B * s.H * s.T >= kSm90MinWork;
 }
 
 // chunk_sm90: chunks of 64 steps, one block of two warpgroups per (b, h, segment), and as many segments

@@ -80,12 +80,13 @@ ELEM_SIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 def chunk_kernel(shape, dtype):
-    """The planned chunk kernel for contiguous inputs: chunk_sm90 for bfloat16 with D_k 64 or 128 and D_v
-    128 on compute capability 9.0 (or without a device: plan() then answers for an H200), else
-    CHUNK_KERNEL's."""
+    """The planned chunk kernel for contiguous inputs: chunk_sm90 for bfloat16 with D_k 64 or 128, D_v 128
+    and B*H*T >= 8192 on compute capability 9.0 (or without a device: plan() then answers for an H200),
+    else CHUNK_KERNEL's."""
     dtype = getattr(torch, str(dtype).replace("torch.", ""))
     hopper = not torch.cuda.is_available() or torch.cuda.get_device_capability() == (9, 0)
-    if hopper and dtype == torch.bfloat16 and shape[3] in (64, 128) and shape[4] == 128:
+    big = shape[0] * shape[1] * shape[2] >= 8192
+    if hopper and big and dtype == torch.bfloat16 and shape[3] in (64, 128) and shape[4] == 128:
         return "chunk_sm90"
     return CHUNK_KERNEL[dtype]
 
