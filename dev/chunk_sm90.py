@@ -7,7 +7,10 @@ loop, chunk_bf16 and fla.
    [k][n] read MN-major under both readings of LBO / SBO; RS with A fragments from ldmatrix.trans of a
    [k][m] tile; RS with A packed from a previous accumulator. Tenth session, device run 1: LBO = 128 (K
    direction), SBO = 1024 (MN direction) for MN-major is right (6.6e-8), the other reading wrong (1.3);
-   every other layout 6.5e-8 to 6.8e-8 (bf16 inputs exact, fp32 accumulation).
+   every other layout 6.5e-8 to 6.8e-8 (bf16 inputs exact, fp32 accumulation). Added after that run and
+   not yet run: a TMA load of one tile, a {8, 1, 64, 1} box per column group of a (B, T, H, D) map (each
+   lands as one 1 KB column group of the core-matrix layout, rows past T zero-filled), compared byte for
+   byte with the layout built by torch: the staging route of the kernel's next version.
 2. Self-check of chunk_sm90 through solution._gated_recurrence_with(kernel="chunk_sm90", config=(segments,)):
    shapes with D_k 64 / 128, segments, gate classes, NaN and inf, states, float32 gates, each against
    1.1x the exact answer's own bf16 rounding.
@@ -35,6 +38,8 @@ from tools.common import save  # noqa: E402
 # The probe kernel; it builds on solution's CHUNK_SM90_SRC helpers (descriptors, the core-matrix layout,
 # fences) and its generated wgmma instructions, plus the two SS forms the kernel itself does not use.
 PROBE_SRC = r"""
+#include <cuda.h>          // CUtensorMap and its enums (types only: the encoder comes from the runtime)
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled_v12000
 namespace gr {
 namespace {
 __device__ __forceinline__ uint32_t pack2(float x0, float x1) {
@@ -95,7 +100,53 @@ __global__ void probe_kernel(int mode, const bf16* A, const bf16* B, const bf16*
   for (int i = 0; i < 32; ++i) D[(16 * wl + g + 8 * ((i >> 1) & 1)) * 64 + 8 * (i >> 2) + 2 * qd + (i & 1)] = d[i];
 }
 
+// ---- TMA probe (not yet run on the device): one 64-row tile of a (B, T, H, D) bf16 tensor, one box of
+// {8 columns, 1 head, 64 steps, 1 batch} a column group, each landing as one 1 KB column group of the
+// core-matrix layout chunk_sm90 reads (rows past T zero-filled by the map). One thread arms an mbarrier
+// with the byte count and issues the copies; every thread waits on the barrier's phase 0, then the tile
+// goes back to global memory raw.
+__global__ void tma_probe_kernel(const __grid_constant__ CUtensorMap map, int t0, int h, int b, int ncg,
+                                 unsigned char* out) {
+  extern __shared__ __align__(1024) unsigned char sm[];
+  __shared__ __align__(8) uint64_t bar;
+  const uint32_t bar_a = (uint32_t)__cvta_generic_to_shared(&bar), dst = (uint32_t)__cvta_generic_to_shared(sm);
+  if (threadIdx.x == 0) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar_a) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar_a), "r"(ncg * 1024) : "memory");
+    for (int cg = 0; cg < ncg; ++cg)
+      asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
+                   ::"r"(dst + cg * 1024), "l"(&map), "r"(8 * cg), "r"(h), "r"(t0), "r"(b), "r"(bar_a) : "memory");
+  }
+  uint32_t done = 0;
+  while (!done)
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done) : "r"(bar_a) : "memory");
+  for (int e = threadIdx.x; e < ncg * 1024; e += blockDim.x) out[e] = sm[e];
+}
+
 }  // namespace
+
+int sm90_tma_probe(const void* x, int B, int T, int H, int D, int t0, int h, int b, void* out, cudaStream_t s) {
+  PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  cudaDriverEntryPointQueryResult found;
+  if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", reinterpret_cast<void**>(&encode), 12000,
+                                       cudaEnableDefault, &found) != cudaSuccess || encode == nullptr)
+    return -1;
+  alignas(64) CUtensorMap map;
+  const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)H, (cuuint64_t)T, (cuuint64_t)B};
+  const cuuint64_t strides[3] = {(cuuint64_t)D * 2, (cuuint64_t)H * D * 2, (cuuint64_t)T * H * D * 2};  // bytes, dims 1..3
+  const cuuint32_t box[4] = {8, 1, 64, 1}, step[4] = {1, 1, 1, 1};
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(x), dims, strides, box, step,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) return 1000 + (int)r;
+  tma_probe_kernel<<<1, 128, (D / 8) * 1024, s>>>(map, t0, h, b, D / 8, static_cast<unsigned char*>(out));
+  return (int)cudaGetLastError();
+}
 
 int sm90_probe(int mode, const void* A, const void* B, const void* B2, float* D, int lbo, int sbo, cudaStream_t s) {
   probe_kernel<<<1, 128, 24576, s>>>(mode, static_cast<const bf16*>(A), static_cast<const bf16*>(B),
@@ -111,7 +162,14 @@ HOST_SRC = r"""
 
 namespace gr {
 int sm90_probe(int mode, const void* A, const void* B, const void* B2, float* D, int lbo, int sbo, cudaStream_t s);
+int sm90_tma_probe(const void* x, int B, int T, int H, int D, int t0, int h, int b, void* out, cudaStream_t s);
 }  // namespace gr
+
+void tma_probe(const at::Tensor& x, int64_t t0, int64_t h, int64_t b, const at::Tensor& out) {
+  const int err = gr::sm90_tma_probe(x.data_ptr(), (int)x.size(0), (int)x.size(1), (int)x.size(2), (int)x.size(3),
+                                     (int)t0, (int)h, (int)b, out.data_ptr(), c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == 0, "tma probe failed: code ", err);
+}
 
 void probe(int64_t mode, const at::Tensor& A, const at::Tensor& B, const at::Tensor& B2, const at::Tensor& D,
            int64_t lbo, int64_t sbo) {
@@ -135,7 +193,7 @@ def build():
         cuda = [solution.PRELUDE_SRC, _QUIET[0], solution.DEVICE_SRC, solution.CHUNK_SRC, solution.SEGMENT_SCAN_SRC,
                 solution.WGMMA_SRC, solution.CHUNK_SM90_SRC, _QUIET[1], extra, PROBE_SRC]
         _module = load_inline(name="dev_chunk_sm90", cpp_sources=[solution.PRELUDE_SRC, HOST_SRC], cuda_sources=cuda,
-                              functions=["probe"], extra_cflags=["-O3"],
+                              functions=["probe", "tma_probe"], extra_cflags=["-O3"],
                               extra_cuda_cflags=solution.CUDA_FLAGS + solution._UNIT_GENCODE["chunk_sm90"] +
                               solution._split_compile_flags(),
                               verbose=os.environ.get("DEV_VERBOSE_BUILD") == "1", **solution._LEAN)
@@ -160,6 +218,25 @@ def probes():
         rows.append({"mode": mode, "lbo": lbo, "sbo": sbo, "rel_err": err})
         print(f"probe mode {mode} LBO={lbo} SBO={sbo}: rel err {err:.2e}", flush=True)
     return rows
+
+
+def tma_probe():
+    """One TMA load of a 64-row tile (T = 70, the chunk at t0 = 64: 6 rows in range, 58 zero-filled) against
+    the core-matrix layout built by torch. Returns a row (ok, and the first differing byte if any)."""
+    B, T, H, D, t0, h, b = 2, 70, 3, 128, 64, 1, 1
+    x = torch.randn(B, T, H, D, device="cuda").bfloat16()
+    out = torch.zeros(D // 8 * 1024, dtype=torch.uint8, device="cuda")
+    build().tma_probe(x, t0, h, b, out)
+    torch.cuda.synchronize()
+    rows = torch.zeros(64, D, dtype=torch.bfloat16, device="cuda")
+    rows[:T - t0] = x[b, t0:, h]
+    want = rows.view(64, D // 8, 8).transpose(0, 1).contiguous().view(torch.uint8).flatten()  # [cg][row][8]
+    diff = (out != want).nonzero()
+    row = {"probe": "tma per column group", "ok": diff.numel() == 0,
+           "first_diff_byte": int(diff[0]) if diff.numel() else None}
+    print(f"probe TMA, a box per column group: {'same bytes' if row['ok'] else 'DIFFERENT at ' + str(row['first_diff_byte'])}",
+          flush=True)
+    return row
 
 
 def sm90(*xs, segments=None, **states):
@@ -257,7 +334,7 @@ def main():
     ap.add_argument("--no-probes", action="store_true")
     args = ap.parse_args()
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-              "probes": [] if args.no_probes else probes(), "checks": check()}
+              "probes": [] if args.no_probes else probes() + [tma_probe()], "checks": check()}
     bad = [r["case"] for r in result["checks"] if not r["ok"]]
     print(f"self-check: {len(bad)} bad of {len(result['checks'])} {bad}", flush=True)
     result["timing"] = [] if args.no_timing else bench(args.trials)
