@@ -2277,8 +2277,6 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-
-
 __device__ __forceinline__ void wg_fence() {
 #ifdef GR_WGMMA
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -2368,8 +2366,8 @@ __device__ __forceinline__ bool tile_bad(const unsigned char* t) {
 // prod g[0..63]; for the masked product D[t][s] beta_s (D[t][s] = prod g[s+1..t]) in 16-step blocks:
 // LTABB[t][s % 16] = D[t][s] beta_s inside a block, else ROWF[t][bs] SOUTB[s] with ROWF[t][bs] = prod
 // g[16 bs + 16 .. t] (the whole blocks between and t's own prefix) and SOUTB[s] = beta_s prod g[s+1 ..
-// 16 bs + 15]. No quotient anywhere (gates 0, < 0, > 1 exact); each value is formed in double and
-// rounded once, so an entry carries at most two roundings whatever the gates.
+// 16 bs + 15]. No quotient anywhere (gates 0, < 0, > 1 exact); each table value is formed in double and
+// rounded once, so a masked entry's decay is at most two rounded factors whatever the gates.
 enum : int { kG = 0, kW = 64, kSoutb = 128, kRowf = 192, kGamma = 448, kLtab = 464 };  // kSm90Tab floats in all
 
 // One warp; lane l holds steps 2l, 2l+1 (g0, g1, b0, b1).
