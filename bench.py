@@ -245,15 +245,15 @@ def plot(rows, path):
     import matplotlib.pyplot as plt
     rows = [r for r in rows if r["shape"].startswith("T")]
     fig, ax = plt.subplots(figsize=(8, 5))
-    for dtype, style in (("float32", "-"), ("bfloat16", "--")):
-        for key, label in [("ours_ms", "ours (solution.py)"), ("ours_v1_ms", "ours, chunk_v1 (earlier run)"),
-                           ("fla_chunk_ms", "fla chunk_simple_gla"),
-                           ("fla_fused_recurrent_ms", "fla fused_recurrent_simple_gla"), ("eager_ms", "PyTorch eager"),
-                           ("floor_ms", "floor (the larger of memory and compute)")]:
+    series = [("ours_ms", "ours (solution.py)", "C0"), ("ours_v1_ms", "ours, chunk_v1 (earlier run)", "C5"),
+              ("fla_chunk_ms", "fla chunk_simple_gla", "C1"), ("fla_fused_recurrent_ms", "fla fused_recurrent_simple_gla", "C2"),
+              ("eager_ms", "PyTorch eager", "C3"), ("floor_ms", "floor (the larger of memory and compute)", "k")]
+    for dtype, style in (("float32", "-"), ("bfloat16", "--")):  # one colour a series, one line style a dtype
+        for key, label, color in series:
             pts = [(r["T"], r[key] if key != "floor_ms" else max(r["mem_floor_ms"], r["compute_floor_ms"]))
                    for r in rows if r.get("dtype", "float32") == dtype and (key in r or (key == "floor_ms" and "mem_floor_ms" in r))]
             if pts:
-                ax.plot(*zip(*pts), style, marker="o" if key != "floor_ms" else None, label=f"{label}, {dtype}")
+                ax.plot(*zip(*pts), style, color=color, marker="o" if key != "floor_ms" else None, label=f"{label}, {dtype}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("T (B=1, H=8, D_k=D_v=128; solid fp32, dashed bf16)")
