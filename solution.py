@@ -2368,7 +2368,8 @@ __device__ __forceinline__ bool tile_bad(const unsigned char* t) {
 // g[16 bs + 16 .. t] (the whole blocks between and t's own prefix) and SOUTB[s] = beta_s prod g[s+1 ..
 // 16 bs + 15]. No quotient anywhere (gates 0, < 0, > 1 exact); each table value is formed in double and
 // rounded once, so a masked entry's decay is at most two rounded factors whatever the gates.
-enum : int { kG = 0, kW = 64, kSoutb = 128, kRowf = 192, kGamma = 448, kLtab = 464 };  // kSm90Tab floats in all
+enum : int { kG = 0, kW = 64, kSoutb = 128, kRowf = 192, kGamma = 448, kLtab = 464 };
+static_assert(kLtab + 64 * 16 == kSm90Tab, "PRELUDE's kSm90Tab is these tables' size");
 
 // One warp; lane l holds steps 2l, 2l+1 (g0, g1, b0, b1).
 __device__ __forceinline__ void write_tables64(float* tb, float g0, float g1, float b0, float b1, int lane) {
@@ -2987,6 +2988,21 @@ bool plan_recurrent(const Shape& s, const Layout& lay, const DeviceLimits& lim, 
   return true;
 }
 
+// Segments of a chunk plan: each (b, h) sequence of chunks of `steps` (32 or 64) in `want` segments (at
+// most; none empty; seg_chunks counts 32-step chunks, as segment_scan and CHUNK_SRC read it), then pdl, the
+// grid (pl.vtiles blocks a segment) and the workspace of segment states and decays.
+bool plan_segments(const Shape& s, const DeviceLimits& lim, int64_t want, int steps, Plan& pl) {
+  const int64_t chunks = std::max<int64_t>(1, ceil_div(s.T, steps));
+  const int64_t per = ceil_div(chunks, std::min(want, chunks));
+  pl.seg_chunks = (int)(per * (steps / kChunk));
+  pl.nseg = (int)ceil_div(chunks, per);
+  pl.pdl = pl.nseg > 1 && GR_PDL && lim.pdl;
+  pl.blocks = s.B * s.H * pl.nseg * pl.vtiles;
+  GR_REQUIRE("ValueError", pl.blocks <= INT32_MAX, "B * H = ", s.B * s.H, " is too large for one launch");
+  pl.work_floats = pl.nseg > 1 ? s.B * s.H * (pl.nseg - 1) * (s.Dk * s.Dv + 1) : 0;
+  return true;
+}
+
 // Chunk kernels: chunks of 32 steps, column tiles of 32 for narrow states (else 64, or 32 where 64
 // does not fit the device's shared memory), and as many segments per (b, h) as fit the output phase
 // into every SM slot once (sequence parallelism when B * H is small). Rounded down: one block over the
@@ -3012,15 +3028,9 @@ bool plan_chunked(const Shape& s, const Layout& lay, const DeviceLimits& lim, co
   pl.vec_y = lay.y;
   pl.DK = pl.NV == 64 && pl.vec_qk && pl.vec_v && pl.vec_y && (pl.DKP == 64 || pl.DKP == 128) ? pl.DKP : 0;
   pl.vtiles = (int)ceil_div(s.Dv, pl.NV);
-  const int64_t tiles = s.B * s.H * pl.vtiles, chunks = std::max<int64_t>(1, ceil_div(s.T, kChunk));
-  const int64_t want = planned ? std::max<int64_t>(1, lim.sms * 2 / std::max<int64_t>(tiles, 1)) : config[1];
-  pl.seg_chunks = (int)ceil_div(chunks, std::min(want, chunks));
-  pl.nseg = (int)ceil_div(chunks, pl.seg_chunks);  // no empty segments
-  pl.pdl = pl.nseg > 1 && GR_PDL && lim.pdl;
-  pl.blocks = s.B * s.H * pl.nseg * pl.vtiles;
-  GR_REQUIRE("ValueError", pl.blocks <= INT32_MAX, "B * H = ", s.B * s.H, " is too large for one launch");
-  pl.work_floats = pl.nseg > 1 ? s.B * s.H * (pl.nseg - 1) * (s.Dk * s.Dv + 1) : 0;
-  return true;
+  const int64_t tiles = s.B * s.H * pl.vtiles;
+  return plan_segments(s, lim, planned ? std::max<int64_t>(1, lim.sms * 2 / std::max<int64_t>(tiles, 1)) : config[1],
+                       kChunk, pl);
 }
 
 // chunk_sm90 (wgmma, sm_90a code: compute capability 9.0 exactly) serves bfloat16 with D_k 64 or 128,
@@ -3029,9 +3039,16 @@ bool plan_chunked(const Shape& s, const Layout& lay, const DeviceLimits& lim, co
 // one-chunk segments, chunk_bf16 was faster (0.82-0.93x at B*H*T <= 2048; 1.04-1.22x from 8192 on,
 // docs/ab-sm90-2026-12-01-s10.json).
 constexpr int64_t kSm90MinWork = 8192;
+// Why chunk_sm90 cannot serve this call on this device, or nullptr: the one list of its limits.
+const char* sm90_unfit(const Shape& s, const Layout& lay, const DeviceLimits& lim) {
+  if (lim.arch != 90) return "needs wgmma (compute capability 9.0)";
+  if (!((s.Dk == 64 || s.Dk == 128) && s.Dv == 128)) return "serves D_k 64 or 128 with D_v 128";
+  if (!(lay.q && lay.k && lay.v && lay.y)) return "needs q, k, v and y rows 16-byte aligned with unit column stride";
+  if (chunk_sm90_smem((int)s.Dk) > lim.smem) return "needs more shared memory a block than this device has";
+  return nullptr;
+}
 bool use_sm90(const Shape& s, DType dt, const Layout& lay, const DeviceLimits& lim) {
-  return lim.arch == 90 && dt == DType::bf16 && (s.Dk == 64 || s.Dk == 128) && s.Dv == 128 && lay.q && lay.k &&
-         lay.v && lay.y && chunk_sm90_smem((int)s.Dk) <= lim.smem && s.B * s.H * s.T >= kSm90MinWork;
+  return dt == DType::bf16 && s.B * s.H * s.T >= kSm90MinWork && sm90_unfit(s, lay, lim) == nullptr;
 }
 
 // chunk_sm90: chunks of 64 steps, one block of two warpgroups per (b, h, segment), and as many segments
@@ -3044,29 +3061,17 @@ bool plan_sm90(const Shape& s, const Layout& lay, const DeviceLimits& lim, const
   GR_REQUIRE("ValueError", planned || config.size() == 1, "config must be (segments,) for chunk_sm90, got ",
              config.size(), " values");
   GR_REQUIRE("ValueError", planned || config[0] >= 1, "segments must be at least 1, got ", config[0]);
-  GR_REQUIRE("ValueError", lim.arch == 90, "chunk_sm90 needs wgmma (compute capability 9.0); this device is ",
-             lim.arch / 10, ".", lim.arch % 10);
-  GR_REQUIRE("ValueError", (s.Dk == 64 || s.Dk == 128) && s.Dv == 128, "chunk_sm90 serves D_k 64 or 128 with D_v "
-             "128, got D_k=", s.Dk, " and D_v=", s.Dv);
-  GR_REQUIRE("ValueError", lay.q && lay.k && lay.v && lay.y, "chunk_sm90 needs q, k, v and y rows 16-byte aligned "
-             "with unit column stride");
+  const char* why = sm90_unfit(s, lay, lim);
+  GR_REQUIRE("ValueError", why == nullptr, "chunk_sm90 ", why ? why : "", "; got D_k=", s.Dk, ", D_v=", s.Dv,
+             ", compute capability ", lim.arch / 10, ".", lim.arch % 10, ", ", chunk_sm90_smem((int)s.Dk), " of ",
+             lim.smem, " bytes of shared memory a block");
   pl.NV = 128;
   pl.DK = pl.DKP = (int)s.Dk;
   pl.vtiles = 1;
   pl.vec_qk = pl.vec_v = pl.vec_y = true;
   pl.smem = chunk_sm90_smem(pl.DK);
-  GR_REQUIRE("ValueError", pl.smem <= lim.smem, "chunk_sm90 with D_k=", s.Dk, " needs ", pl.smem,
-             " bytes of shared memory a block, over this device's ", lim.smem);
-  const int64_t heads = s.B * s.H, chunks = std::max<int64_t>(1, ceil_div(s.T, 64));
-  const int64_t want = planned ? std::max<int64_t>(1, lim.sms / std::max<int64_t>(heads, 1)) : config[0];
-  const int64_t per = ceil_div(chunks, std::min(want, chunks));
-  pl.seg_chunks = (int)(2 * per);
-  pl.nseg = (int)ceil_div(chunks, per);  // no empty segments
-  pl.pdl = pl.nseg > 1 && GR_PDL && lim.pdl;
-  pl.blocks = heads * pl.nseg;
-  GR_REQUIRE("ValueError", pl.blocks <= INT32_MAX, "B * H = ", heads, " is too large for one launch");
-  pl.work_floats = pl.nseg > 1 ? heads * (pl.nseg - 1) * (s.Dk * s.Dv + 1) : 0;
-  return true;
+  const int64_t heads = s.B * s.H;
+  return plan_segments(s, lim, planned ? std::max<int64_t>(1, lim.sms / std::max<int64_t>(heads, 1)) : config[0], 64, pl);
 }
 
 // Parallel: row tiles of kParallelRows steps; column tiles of at most 64, balanced, multiples of 8
