@@ -195,16 +195,16 @@ inline size_t chunk_bf16_smem(int NV, int DKP) {
   return sizeof(float) * (size_t)(32 * (NV + 8) + 2 * 21 * 32) +
          2 * (2 * 32 * 40 + 2 * (size_t)DKP * (NV + 8) + 2 * (2 * 32 * (dkq + 8) + 32 * (size_t)(NV + 8)));
 }
-// chunk_sm90 (bytes, one block of two warpgroups a (b, h, segment); D_v = 128): two stages of q, k (64 x DK)
-// and v (64 x 128) bf16 tiles; the masked product P' hi and lo (64 x 64 bf16); y staged as 64 rows of
-// 64 bf16 + 16 bytes a warpgroup; two sets of gate tables (kSm90Tab floats); fp32 Y^T for chunks whose
-// v holds a NaN or inf.
+// chunk_sm90 (bytes; one block of an aux and two consumer warpgroups a (b, h, segment); D_v = 128): three
+// stages of q, k (64 x DK) and v (64 x 128) bf16 tiles; two slots of what the aux warpgroup forms for the
+// consumers (P' hi and lo, 64 x 64 bf16, and the gate tables, kSm90Tab floats); y staged as 64 rows of 64
+// bf16 + 16 bytes a consumer warpgroup.
 enum : int { kSm90Tab = 464 + 64 * 16 };
 template <int DK>
 struct Sm90Layout {
-  static constexpr int kQ = 64 * DK * 2, kV = 64 * 128 * 2, kStage = 2 * kQ + kV;
-  static constexpr int kPh = 2 * kStage, kPl = kPh + 8192, kY = kPl + 8192, kYPitch = 144;
-  static constexpr int kTabs = kY + 2 * 64 * kYPitch, kYf = kTabs + 2 * kSm90Tab * 4, kBytes = kYf + 2 * 64 * 64 * 4;
+  static constexpr int kQ = 64 * DK * 2, kV = 64 * 128 * 2, kStage = 2 * kQ + kV, kStages = 3;
+  static constexpr int kPh = 0, kPl = 8192, kTb = 16384, kDer = kTb + (kSm90Tab * 4 + 127) / 128 * 128;
+  static constexpr int kDer0 = kStages * kStage, kY = kDer0 + 2 * kDer, kYPitch = 144, kBytes = kY + 2 * 64 * kYPitch;
 };
 inline size_t chunk_sm90_smem(int DK) { return DK == 64 ? Sm90Layout<64>::kBytes : Sm90Layout<128>::kBytes; }
 
@@ -413,22 +413,27 @@ __device__ __forceinline__ void griddep_launch() {
 #endif
 }
 
-// Every launch: kernel<<<grid, kMaxThreads, smem, stream>>>(args), as a programmatic dependent
-// launch when pdl is set; returns the launch's error.
+// Every launch: kernel<<<grid, threads, smem, stream>>>(args), as a programmatic dependent launch when
+// pdl is set; returns the launch's error. launch_ex: kMaxThreads threads, every kernel's but chunk_sm90's.
 template <typename... Args>
-cudaError_t launch_ex(void (*kernel)(Args...), dim3 grid, size_t smem, cudaStream_t stream, bool pdl,
-                      const Args&... args) {
+cudaError_t launch_threads(void (*kernel)(Args...), dim3 grid, unsigned threads, size_t smem, cudaStream_t stream,
+                           bool pdl, const Args&... args) {
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
-  cfg.blockDim = dim3(kMaxThreads);
+  cfg.blockDim = dim3(threads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
   return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+template <typename... Args>
+cudaError_t launch_ex(void (*kernel)(Args...), dim3 grid, size_t smem, cudaStream_t stream, bool pdl,
+                      const Args&... args) {
+  return launch_threads(kernel, grid, kMaxThreads, smem, stream, pdl, args...);
 }
 
 // One attribute call per kernel and device for kernels that need more than 48 KB of shared memory.
@@ -2249,7 +2254,7 @@ def _wgmma(n, rs, tb, zero):
 
 
 # chunk_sm90's wgmma instructions (n, RS, B MN-major, zero), generated: each spells out its accumulators.
-WGMMA_FORMS = ((32, False, 0, True), (32, False, 0, False), (64, True, 0, True), (64, True, 0, False),
+WGMMA_FORMS = ((64, False, 0, True), (64, False, 0, False), (64, True, 0, True), (64, True, 0, False),
                (64, True, 1, True), (64, True, 1, False))
 WGMMA_SRC = ("\n// ===================================== wgmma: chunk_sm90's instructions, generated ===========\n"
              "#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n#define GR_WGMMA 1\n#endif\nnamespace gr {\nnamespace {\n" +
@@ -2324,41 +2329,30 @@ __device__ __forceinline__ uint64_t desc_at(uint64_t d, uint32_t bytes) { return
 __device__ __forceinline__ uint32_t cm_off(int r, int c) { return (uint32_t)((c >> 3) * 1024 + r * 16 + (c & 7) * 2); }
 
 // A 64 x COLS bf16 tile (rows 16-byte aligned, unit column stride) into the core-matrix layout by
-// cp.async, rows >= rows_valid zero. Thread (warp w, lane l) copies column group c0 of rows r0 + RSTEP j:
-// each 8-lane phase writes one 128-byte core matrix, and a row's four pieces are one 64-byte segment.
+// cp.async from the aux warpgroup (warp wl of 4), rows >= rows_valid zero. A warp copies 8 rows x 4
+// column groups at a time: each 8-lane phase writes one 128-byte core matrix, a row's four pieces are
+// one 64-byte segment.
 template <int COLS>
-struct Pieces {
-  static constexpr int N = COLS / 32, RSTEP = 64 / N;  // pieces a thread, rows between them
-  int r0, c0;
-  __device__ __forceinline__ Pieces() {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    r0 = 8 * (w / N) + (lane & 7);
-    c0 = ((w % N) * 4 + (lane >> 3)) * 8;
-  }
-};
-template <int COLS>
-__device__ __forceinline__ void stage_tile(unsigned char* dst, const bf16* src, int64_t st, int rows_valid) {
-  const Pieces<COLS> pc;
-  const bf16* s0 = src + (int64_t)pc.r0 * st + pc.c0;
-  unsigned char* d0 = dst + cm_off(pc.r0, pc.c0);
+__device__ __forceinline__ void stage_tile(unsigned char* dst, const bf16* src, int64_t st, int rows_valid, int wl,
+                                           int lane) {
+  constexpr int NCB = COLS / 32, RSTEP = 32 / NCB;  // blocks of four column groups; rows between pieces
+  const int r0 = 8 * (wl / NCB) + (lane & 7), c = 32 * (wl % NCB) + 8 * (lane >> 3);
+  const bf16* s = src + (int64_t)r0 * st + c;  // a running pointer: no per-piece 64-bit offsets to keep
+  unsigned char* d = dst + cm_off(r0, c);
 #pragma unroll
-  for (int j = 0; j < Pieces<COLS>::N; ++j) {
-    const bool ok = pc.r0 + Pieces<COLS>::RSTEP * j < rows_valid;
-    cp_async<16>(d0 + 16 * Pieces<COLS>::RSTEP * j, ok ? s0 + (int64_t)Pieces<COLS>::RSTEP * j * st : src, ok);
+  for (int j = 0; j < 2 * NCB; ++j) {
+    const bool ok = r0 + RSTEP * j < rows_valid;
+    cp_async<16>(d + 16 * RSTEP * j, ok ? s : src, ok);
+    s += (int64_t)RSTEP * st;
   }
 }
-// After the wait: whether this thread's pieces hold a NaN or inf (exponent bits all ones in a half).
-template <int COLS>
-__device__ __forceinline__ bool tile_bad(const unsigned char* t) {
-  const Pieces<COLS> pc;
-  const unsigned char* d0 = t + cm_off(pc.r0, pc.c0);
+// Whether a thread's V^T fragments hold a NaN or inf (exponent bits all ones in a half).
+__device__ __forceinline__ bool frags_bad(const uint32_t (&f)[4][4]) {
   uint32_t bad = 0;
 #pragma unroll
-  for (int j = 0; j < Pieces<COLS>::N; ++j) {
-    const uint4 x = *reinterpret_cast<const uint4*>(d0 + 16 * Pieces<COLS>::RSTEP * j);
-    bad |= __vcmpeq2(x.x & 0x7f807f80u, 0x7f807f80u) | __vcmpeq2(x.y & 0x7f807f80u, 0x7f807f80u) |
-           __vcmpeq2(x.z & 0x7f807f80u, 0x7f807f80u) | __vcmpeq2(x.w & 0x7f807f80u, 0x7f807f80u);
-  }
+  for (int kb = 0; kb < 4; ++kb)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) bad |= __vcmpeq2(f[kb][r] & 0x7f807f80u, 0x7f807f80u);
   return bad != 0;
 }
 
@@ -2439,8 +2433,31 @@ __device__ __forceinline__ void masked_pair(float& d0, float& d1, int t, int s, 
 // direction, 8 columns of D_k) = 1 KB, as dev/chunk_sm90.py's probe settled (the other reading is wrong).
 __device__ __forceinline__ uint64_t mn_desc(const void* p) { return sm_desc(p, 128, 1024); }
 
+// Registers a thread after the split (setmaxnreg; the launch gives 168 each, 384 x 168 in all): the aux
+// warpgroup needs P (32) and its masks, a consumer S (D_k / 2), its hi and lo fragments and Y.
+enum : int { kSm90Threads = 384, kAuxRegs = 72, kConsumerRegs = 216 };
+static_assert(kAuxRegs * 128 + kConsumerRegs * 256 <= 168 * kSm90Threads, "the split fits the launch's registers");
+// Named barriers (0 is __syncthreads, 1 + wg a warpgroup's own): FULL + 2 cw + c % 2 is consumer
+// warpgroup cw waiting for the aux warpgroup's chunk c; DONE + 2 cw + c % 2 the aux warpgroup waiting
+// for consumer warpgroup cw to finish chunk c. 256 threads each: aux and one consumer warpgroup.
+enum : int { kBarFull = 4, kBarDone = 8 };
+__device__ __forceinline__ void bar_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
+__device__ __forceinline__ void bar_wait(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
+template <int N>
+__device__ __forceinline__ void maxnreg_inc() {
+#ifdef GR_WGMMA
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+template <int N>
+__device__ __forceinline__ void maxnreg_dec() {
+#ifdef GR_WGMMA
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+
 template <int DK>
-__global__ void __launch_bounds__(kMaxThreads, 1) chunk_sm90_kernel(const ChunkParams p) {
+__global__ void __launch_bounds__(kSm90Threads, 1) chunk_sm90_kernel(const ChunkParams p) {
 #if defined(__CUDA_ARCH__) && !defined(GR_WGMMA)
   __trap();  // built for sm_90a only (_UNIT_GENCODE); make_plan picks it on compute capability 9.0 only
 #endif
@@ -2451,10 +2468,96 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_sm90_kernel(const ChunkP
   const ChunkBlock<bf16> cb(p, 128);
   const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid >> 5, 0), lane = tid & 31;
   const int wg = warp >> 2, wl = warp & 3, g = lane >> 2, qd = lane & 3;
-  const int dvw = 64 * wg + 16 * wl;  // this warp's first row of S^T (a state column)
-  constexpr int NKB = DK / 16;        // k-steps over D_k
-  float* tabs = reinterpret_cast<float*>(sm + L::kTabs);
+  constexpr int NKB = DK / 16;  // k-steps over D_k
+  const bool outputs = p.mode == 0;
+  const bool keep_state = p.mode != 0 || (cb.seg == p.nseg - 1 && p.s_out != nullptr);
+  const int sb = cb.seg * p.seg_chunks * kChunk, se = min(sb + p.seg_chunks * kChunk, p.T);
+  const int nch = (se - sb + 63) / 64;
+  auto raw = [&](int c) { return sm + (c % L::kStages) * L::kStage; };
+  auto derived = [&](int c) { return sm + L::kDer0 + (c & 1) * L::kDer; };
 
+  if (wg == 0) {
+    // The aux warpgroup: stages chunk c + 1 while it forms chunk c's gate tables and masked product P'
+    // (consumers work on chunk c - 1 meanwhile).
+    maxnreg_dec<kAuxRegs>();
+    auto stage = [&](int c) {
+      if (c < nch) {
+        const int t0 = sb + 64 * c, tc = min(64, se - t0);
+        unsigned char* st = raw(c);
+        if (outputs) stage_tile<DK>(st, cb.q + (int64_t)t0 * p.sq.t, p.sq.t, tc, wl, lane);
+        stage_tile<DK>(st + L::kQ, cb.k + (int64_t)t0 * p.sk.t, p.sk.t, tc, wl, lane);
+        stage_tile<128>(st + 2 * L::kQ, cb.v + (int64_t)t0 * p.sv.t, p.sv.t, tc, wl, lane);
+      }
+      cp_async_commit();  // empty past the segment: one group a chunk keeps the wait counts fixed
+    };
+    float ng0 = 1.f, ng1 = 1.f, nb0 = 0.f, nb1 = 0.f;  // warp 0: the next chunk's gates and betas
+    auto load_gates = [&](int c) {
+      const int t0 = sb + 64 * c, tc = min(64, se - t0), s = 2 * lane;
+      ng0 = 1.f; ng1 = 1.f; nb0 = 0.f; nb1 = 0.f;
+      if (s < tc) { ng0 = cb.gate[(int64_t)(t0 + s) * p.sg.t]; nb0 = cb.beta[(int64_t)(t0 + s) * p.sb.t]; }
+      if (s + 1 < tc) { ng1 = cb.gate[(int64_t)(t0 + s + 1) * p.sg.t]; nb1 = cb.beta[(int64_t)(t0 + s + 1) * p.sb.t]; }
+    };
+    stage(0);
+    stage(1);
+    stage(2);
+    if (warp == 0) load_gates(0);
+    for (int c = 0; c < nch; ++c) {
+      if (c >= 2) {  // both consumers done with chunk c - 2: its derived slot and raw stage are free
+        bar_wait(kBarDone + (c & 1));
+        bar_wait(kBarDone + 2 + (c & 1));
+        stage(c + 1);
+      }
+      if (c == 0) cp_async_wait<2>();
+      else cp_async_wait<1>();
+      fence_async_smem();
+      wg_barrier(0);  // chunk c staged (every aux thread's copies)
+      const unsigned char* st = raw(c);
+      unsigned char* der = derived(c);
+      float* tb = reinterpret_cast<float*>(der + L::kTb);
+      if (warp == 0) {  // (before P is issued: its accumulators are not live across the tables)
+        write_tables64(tb, ng0, ng1, nb0, nb1, lane);
+        if (c + 1 < nch) load_gates(c + 1);
+      }
+      float P[32];  // P[t = 16 wl + g + 8 ((i >> 1) & 1)][s = 8 (i >> 2) + 2 qd + (i & 1)]
+      if (outputs) {
+        wg_fence();
+        const uint64_t dq = sm_desc(st, 1024, 128), dk = sm_desc(st + L::kQ, 1024, 128);
+        wgmma_ss64_z(P, dq, dk);
+#pragma unroll
+        for (int kb = 1; kb < NKB; ++kb) wgmma_ss64(P, desc_at(dq, 2048 * kb), desc_at(dk, 2048 * kb), 1);
+        wg_commit();
+      }
+      wg_barrier(0);  // the tables written
+      if (outputs) {
+        wg_wait<0>();
+        acc_fence(P);
+        // P' = masked P, as hi and lo bf16 at [t][s] (core-matrix layout).
+#pragma unroll
+        for (int i = 0; i < 32; i += 2) {
+          const int t = 16 * wl + g + 8 * ((i >> 1) & 1), s = 8 * (i >> 2) + 2 * qd;
+          float d0 = P[i], d1 = P[i + 1];
+          masked_pair(d0, d1, t, s, wl, i >> 3, tb);
+          uint32_t hi, lo;
+          split_bf16x2(d0, d1, hi, lo);
+          *reinterpret_cast<uint32_t*>(der + L::kPh + cm_off(t, s)) = hi;
+          *reinterpret_cast<uint32_t*>(der + L::kPl + cm_off(t, s)) = lo;
+        }
+        fence_async_smem();
+      }
+      __threadfence_block();
+      bar_arrive(kBarFull + (c & 1));
+      bar_arrive(kBarFull + 2 + (c & 1));
+    }
+    for (int c = max(nch - 2, 0); c < nch; ++c) {  // every arrival of the consumers met
+      bar_wait(kBarDone + (c & 1));
+      bar_wait(kBarDone + 2 + (c & 1));
+    }
+    return;
+  }
+
+  // Consumer warpgroup cw: rows 64 cw .. 64 cw + 63 of S^T.
+  maxnreg_inc<kConsumerRegs>();
+  const int cw = wg - 1, dvw = 64 * cw + 16 * wl;  // this warp's first row of S^T (a state column)
   // The state: S[i] = S^T[dvw + g + 8 ((i >> 1) & 1)][8 (i >> 2) + 2 qd + (i & 1)] (m64n{DK} accumulator).
   float S[DK / 2];
   {
@@ -2468,176 +2571,122 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_sm90_kernel(const ChunkP
       S[i] = s0 != nullptr ? s0[cb.b * ss.b + cb.h * ss.h + dk * ss.i + dv * ss.j] : 0.f;
     }
   }
-  const bool outputs = p.mode == 0;
-  const bool keep_state = p.mode != 0 || (cb.seg == p.nseg - 1 && p.s_out != nullptr);
-  const int sb = cb.seg * p.seg_chunks * kChunk, se = min(sb + p.seg_chunks * kChunk, p.T);
-  const int nch = (se - sb + 63) / 64;
-
-  auto stage = [&](int c) {
-    const int t0 = sb + 64 * c, tc = min(64, se - t0);
-    unsigned char* st = sm + (c & 1) * L::kStage;
-    if (outputs) stage_tile<DK>(st, cb.q + (int64_t)t0 * p.sq.t, p.sq.t, tc);
-    stage_tile<DK>(st + L::kQ, cb.k + (int64_t)t0 * p.sk.t, p.sk.t, tc);
-    stage_tile<128>(st + 2 * L::kQ, cb.v + (int64_t)t0 * p.sv.t, p.sv.t, tc);
-    cp_async_commit();
-  };
-  float ng0 = 1.f, ng1 = 1.f, nb0 = 0.f, nb1 = 0.f;  // warp 0: the next chunk's gates and betas
-  auto load_gates = [&](int c) {
-    const int t0 = sb + 64 * c, tc = min(64, se - t0), s = 2 * lane;
-    ng0 = 1.f; ng1 = 1.f; nb0 = 0.f; nb1 = 0.f;
-    if (s < tc) { ng0 = cb.gate[(int64_t)(t0 + s) * p.sg.t]; nb0 = cb.beta[(int64_t)(t0 + s) * p.sb.t]; }
-    if (s + 1 < tc) { ng1 = cb.gate[(int64_t)(t0 + s + 1) * p.sg.t]; nb1 = cb.beta[(int64_t)(t0 + s + 1) * p.sb.t]; }
-  };
-  stage(0);
-  if (warp == 0) {
-    load_gates(0);
-    write_tables64(tabs, ng0, ng1, nb0, nb1, lane);
-  }
   float seg_decay = 1.f;
-
   for (int c = 0; c < nch; ++c) {
     const int t0 = sb + 64 * c, tc = min(64, se - t0);
-    const unsigned char* st = sm + (c & 1) * L::kStage;
+    bar_wait(kBarFull + 2 * cw + (c & 1));
+    const unsigned char* st = raw(c);
     const unsigned char *Qt = st, *Kt = st + L::kQ, *Vt = st + 2 * L::kQ;
-    const float* tb = tabs + (c & 1) * kSm90Tab;
-    cp_async_wait<0>();
-    const bool mybad = outputs && tile_bad<128>(Vt);
-    fence_async_smem();
-    const bool vbad = __syncthreads_or(mybad);  // B1: chunk c staged, its tables written
-    if (c + 1 < nch) {
-      stage(c + 1);
-      if (warp == 0) load_gates(c + 1);
-    }
+    const unsigned char* der = derived(c);
+    const float* tb = reinterpret_cast<const float*>(der + L::kTb);
     const float gamma = tb[kGamma];
     seg_decay *= gamma;
-
     float Y[32];  // Y^T[dvw + g + 8 ((i >> 1) & 1)][t = 8 (i >> 2) + 2 qd + (i & 1)]
-    if (outputs) {
-      // P for key columns 32 wg .. 32 wg + 31 and O1 = S^T Q^T, both in flight at once.
-      float P[16];
-      uint32_t ah[NKB][4], al[NKB][4];
-#pragma unroll
-      for (int kb = 0; kb < NKB; ++kb)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) split_bf16x2<false>(S[8 * kb + 2 * r], S[8 * kb + 2 * r + 1], ah[kb][r], al[kb][r]);
-      wg_fence();  // after the A fragments are written, before any wgmma reads them
-      const uint64_t dq = sm_desc(Qt, 1024, 128), dk = sm_desc(Kt + 512 * wg, 1024, 128);
-      wgmma_ss32_z(P, dq, dk);
-#pragma unroll
-      for (int kb = 1; kb < NKB; ++kb) wgmma_ss32(P, desc_at(dq, 2048 * kb), desc_at(dk, 2048 * kb), 1);
-      wg_commit();
+    if (outputs) {  // O1 = S^T Q^T, then Y^T = O1 diag(G)
+      // S's hi and lo fragments a k-step at a time, one group each, at most four in flight: their
+      // registers are reused once a group is done (all of them beside S do not fit).
+      const uint64_t dq = sm_desc(Qt, 1024, 128);
 #pragma unroll
       for (int kb = 0; kb < NKB; ++kb) {
-        if (kb == 0) wgmma_rs64_z(Y, ah[0], dq);
-        else wgmma_rs64(Y, ah[kb], desc_at(dq, 2048 * kb), 1);
-        wgmma_rs64(Y, al[kb], desc_at(dq, 2048 * kb), 1);
-      }
-      wg_commit();
-      wg_wait<1>();
-      acc_fence(P);
-      // P' = masked P, as hi and lo bf16 at [t][s] (core-matrix layout), for both warpgroups.
-      {
+        if (kb >= 4) wg_wait<3>();
+        uint32_t ah[4], al[4];
 #pragma unroll
-        for (int i = 0; i < 16; i += 2) {
-          const int tt = 16 * wl + g + 8 * ((i >> 1) & 1), s = 32 * wg + 8 * (i >> 2) + 2 * qd;
-          float d0 = P[i], d1 = P[i + 1];
-          masked_pair(d0, d1, tt, s, wl, 2 * wg + (i >> 3), tb);
-          uint32_t hi, lo;
-          split_bf16x2(d0, d1, hi, lo);
-          *reinterpret_cast<uint32_t*>(sm + L::kPh + cm_off(tt, s)) = hi;
-          *reinterpret_cast<uint32_t*>(sm + L::kPl + cm_off(tt, s)) = lo;
-        }
+        for (int r = 0; r < 4; ++r) split_bf16x2<false>(S[8 * kb + 2 * r], S[8 * kb + 2 * r + 1], ah[r], al[r]);
+        wg_fence();  // after the A fragments are written, before any wgmma reads them
+        if (kb == 0) wgmma_rs64_z(Y, ah, dq);
+        else wgmma_rs64(Y, ah, desc_at(dq, 2048 * kb), 1);
+        wgmma_rs64(Y, al, desc_at(dq, 2048 * kb), 1);
+        wg_commit();
       }
-      fence_async_smem();
       wg_wait<0>();
       acc_fence(Y);
-      __syncthreads();  // B2: P' complete
 #pragma unroll
       for (int i = 0; i < 32; ++i) Y[i] *= tb[kG + 8 * (i >> 2) + 2 * qd + (i & 1)];
     }
-    // V^T fragments of this warp's 16 rows: kb over the 64 steps.
+    // V^T fragments of this warp's 16 rows, kb over the 64 steps (loaded after O1: not live beside it).
     uint32_t vf[4][4];
 #pragma unroll
     for (int kb = 0; kb < 4; ++kb) {
       const int m = lane >> 3, s = 16 * kb + 8 * (m >> 1) + (lane & 7), dv = dvw + 8 * (m & 1);
       ldm4<true>(vf[kb], Vt + cm_off(s, dv));
     }
-    const bool update = c + 1 < nch || keep_state;
-    uint32_t uh[4][4], ul[4][4];
-#pragma unroll
-    for (int kb = 0; kb < 4; ++kb)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int s = 16 * kb + 8 * (r >> 1) + 2 * qd;
-        const uint32_t x = vf[kb][r];
-        split_bf16x2(__uint_as_float(x << 16) * tb[kW + s], __uint_as_float(x & 0xffff0000u) * tb[kW + s + 1],
-               uh[kb][r], ul[kb][r]);
-      }
+    bool bad = false;
     if (outputs) {
-      // Issued whatever v holds (a wgmma wait under a branch the compiler cannot prove uniform
-      // serializes every wgmma): with a NaN or inf in v its A fragments are zeros, and FMAs add P' V
-      // once the products are done.
+      bad = __any_sync(0xffffffffu, frags_bad(vf));
+      // Y^T += V^T P'^T. A NaN or inf in v: this warp's A fragments are zeros, and its rows add P' V in
+      // FMAs below instead (a masked zero must never meet it).
+      uint32_t vz[4][4];
 #pragma unroll
       for (int kb = 0; kb < 4; ++kb)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) vf[kb][r] = vbad ? 0u : vf[kb][r];
+        for (int r = 0; r < 4; ++r) vz[kb][r] = bad ? 0u : vf[kb][r];
       acc_fence(Y);
       wg_fence();
-      const uint64_t dph = sm_desc(sm + L::kPh, 1024, 128), dpl = sm_desc(sm + L::kPl, 1024, 128);
+      const uint64_t dph = sm_desc(der + L::kPh, 1024, 128), dpl = sm_desc(der + L::kPl, 1024, 128);
 #pragma unroll
       for (int kb = 0; kb < 4; ++kb) {
-        wgmma_rs64(Y, vf[kb], desc_at(dph, 2048 * kb), 1);
-        wgmma_rs64(Y, vf[kb], desc_at(dpl, 2048 * kb), 1);
+        wgmma_rs64(Y, vz[kb], desc_at(dph, 2048 * kb), 1);
+        wgmma_rs64(Y, vz[kb], desc_at(dpl, 2048 * kb), 1);
       }
       wg_commit();
     }
-    // y once P' V is done (after U's first half): staged as [t][dv] bf16, then 16 bytes a store.
-    auto emit_y = [&]() {
-        if (vbad) {  // P' V over s <= t only, in FMAs (a masked zero never meets a NaN or inf v), through
-                     // shared memory: rolled loops keep the registers of the common path untouched.
-          float* yf = reinterpret_cast<float*>(sm + L::kYf) + wg * 64 * 64;
-#pragma unroll
-          for (int i = 0; i < 32; ++i) yf[(8 * (i >> 2) + 2 * qd + (i & 1)) * 64 + 16 * wl + g + 8 * ((i >> 1) & 1)] = Y[i];
-          wg_barrier(wg);
-#pragma unroll 1
-          for (int e = tid & 127; e < 64 * 64; e += 128) {
-            const int t = e >> 6, dv = 64 * wg + (e & 63);
-            float acc = yf[e];
-#pragma unroll 1
-            for (int s = 0; s <= t; ++s) {
-              const float pv = __bfloat162float(*reinterpret_cast<const bf16*>(sm + L::kPh + cm_off(t, s))) +
-                               __bfloat162float(*reinterpret_cast<const bf16*>(sm + L::kPl + cm_off(t, s)));
-              acc = fmaf(pv, __bfloat162float(*reinterpret_cast<const bf16*>(Vt + cm_off(s, dv))), acc);
-            }
-            yf[e] = acc;
-          }
-          wg_barrier(wg);
-#pragma unroll
-          for (int i = 0; i < 32; ++i) Y[i] = yf[(8 * (i >> 2) + 2 * qd + (i & 1)) * 64 + 16 * wl + g + 8 * ((i >> 1) & 1)];
-        }
-        // y rows t0 .. t0 + tc - 1, this warpgroup's 64 columns: staged as [t][dv] bf16, then 16 bytes a store.
-        unsigned char* ys = sm + L::kY + wg * 64 * L::kYPitch;
-#pragma unroll
-        for (int i = 0; i < 32; ++i) {
-          const int dv = 16 * wl + g + 8 * ((i >> 1) & 1), t = 8 * (i >> 2) + 2 * qd + (i & 1);
-          *reinterpret_cast<bf16*>(ys + t * L::kYPitch + dv * 2) = __float2bfloat16_rn(Y[i]);
-        }
-        wg_barrier(wg);
-        const int lt = tid & 127;
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          const int e = lt + 128 * u, t = e >> 3, piece = e & 7;
-          if (t < tc)
-            *reinterpret_cast<uint4*>(cb.y + (int64_t)(t0 + t) * p.sy.t + 64 * wg + 8 * piece) =
-                *reinterpret_cast<const uint4*>(ys + t * L::kYPitch + 16 * piece);
-        }
-    };
-    // U = (V^T diag(w)) K in halves of 64 state rows (D_k), then S^T = gamma S^T + U.
+    // U's A operand, V^T diag(w) as hi + lo, while P' V runs.
+    const bool update = c + 1 < nch || keep_state;
+    uint32_t uh[4][4], ul[4][4];
     if (update) {
 #pragma unroll
+      for (int kb = 0; kb < 4; ++kb)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int s = 16 * kb + 8 * (r >> 1) + 2 * qd;
+          const uint32_t x = vf[kb][r];
+          split_bf16x2(__uint_as_float(x << 16) * tb[kW + s], __uint_as_float(x & 0xffff0000u) * tb[kW + s + 1],
+                       uh[kb][r], ul[kb][r]);
+        }
+    }
+    if (outputs) {
+      wg_wait<0>();  // P' V
+      acc_fence(Y);
+      if (bad) {  // this warp's rows: P' V over s <= t only, in FMAs (a masked zero never meets a NaN or inf)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+          const int t = 8 * (i >> 2) + 2 * qd + (i & 1), dv = dvw + g + 8 * ((i >> 1) & 1);
+          float acc = Y[i];
+#pragma unroll 1
+          for (int s = 0; s <= t; ++s) {
+            const float pv = __bfloat162float(*reinterpret_cast<const bf16*>(der + L::kPh + cm_off(t, s))) +
+                             __bfloat162float(*reinterpret_cast<const bf16*>(der + L::kPl + cm_off(t, s)));
+            acc = fmaf(pv, __bfloat162float(*reinterpret_cast<const bf16*>(Vt + cm_off(s, dv))), acc);
+          }
+          Y[i] = acc;
+        }
+      }
+      // y rows t0 .. t0 + tc - 1, this warpgroup's 64 columns: staged as [t][dv] bf16, then 16 bytes a
+      // store (the staging is free: every thread of the warpgroup passed this chunk's FULL barrier).
+      unsigned char* ys = sm + L::kY + cw * 64 * L::kYPitch;
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const int dv = 16 * wl + g + 8 * ((i >> 1) & 1), t = 8 * (i >> 2) + 2 * qd + (i & 1);
+        *reinterpret_cast<bf16*>(ys + t * L::kYPitch + dv * 2) = __float2bfloat16_rn(Y[i]);
+      }
+      wg_barrier(wg);
+      const int lt = tid & 127;
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int e = lt + 128 * u, t = e >> 3, piece = e & 7;
+        if (t < tc)
+          *reinterpret_cast<uint4*>(cb.y + (int64_t)(t0 + t) * p.sy.t + 64 * cw + 8 * piece) =
+              *reinterpret_cast<const uint4*>(ys + t * L::kYPitch + 16 * piece);
+      }
+    }
+    // U = (V^T diag(w)) K in halves of 64 state rows (D_k), both in flight (y is out: its registers are
+    // free); then S^T = gamma S^T + U.
+    if (update) {
+      float U0[32], U1[32];
+      wg_fence();
+#pragma unroll
       for (int h = 0; h < DK / 64; ++h) {
-        float U[32];
-        wg_fence();
+        float (&U)[32] = h == 0 ? U0 : U1;
         const uint64_t dkm = mn_desc(Kt + 8192 * h);
 #pragma unroll
         for (int kb = 0; kb < 4; ++kb) {
@@ -2645,23 +2694,19 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_sm90_kernel(const ChunkP
           else wgmma_rs64_t(U, uh[kb], desc_at(dkm, 256 * kb), 1);
           wgmma_rs64_t(U, ul[kb], desc_at(dkm, 256 * kb), 1);
         }
-        wg_commit();
-        if (h == DK / 64 - 1 && warp == 0 && c + 1 < nch)
-          write_tables64(tabs + ((c + 1) & 1) * kSm90Tab, ng0, ng1, nb0, nb1, lane);
-        wg_wait<0>();  // (a wait<1> here, to overlap y with U, makes ptxas serialize every wgmma)
-        acc_fence(U);
-#pragma unroll
-        for (int i = 0; i < 32; ++i) S[32 * h + i] = fmaf(gamma, S[32 * h + i], U[i]);
-        if (h == 0 && outputs) {  // P' V is done too
-          acc_fence(Y);
-          emit_y();
-        }
       }
-    } else if (outputs) {  // the segment's last chunk, its state not needed
+      wg_commit();
       wg_wait<0>();
-      acc_fence(Y);
-      emit_y();
+      acc_fence(U0);
+#pragma unroll
+      for (int i = 0; i < 32; ++i) S[i] = fmaf(gamma, S[i], U0[i]);
+      if constexpr (DK == 128) {
+        acc_fence(U1);
+#pragma unroll
+        for (int i = 0; i < 32; ++i) S[32 + i] = fmaf(gamma, S[32 + i], U1[i]);
+      }
     }
+    bar_arrive(kBarDone + 2 * cw + (c & 1));  // every read of chunk c's stage and derived slot done
   }
   // The final state, or (state phase) the segment's own state contribution and gate product.
   float* dst = nullptr;
@@ -2670,7 +2715,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_sm90_kernel(const ChunkP
   else if (p.mode != 0) {
     dst = cb.segment_state(p, cb.seg);
     ds = {0, 0, p.Dv, 1};
-    if (tid == 0) p.seg_decays[cb.bh * (p.nseg - 1) + cb.seg] = seg_decay;
+    if (tid == 128) p.seg_decays[cb.bh * (p.nseg - 1) + cb.seg] = seg_decay;
   }
   if (dst != nullptr) {
 #pragma unroll
@@ -2683,14 +2728,14 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_sm90_kernel(const ChunkP
 
 struct ChunkSM90Kernels {};
 
-// execute_chunks' launches for this family: its own instantiations (D_k 64 or 128).
+// execute_chunks' launches for this family: its own instantiations (D_k 64 or 128), three warpgroups a block.
 template <>
 cudaError_t launch_chunk_kernel<ChunkSM90Kernels>(const Plan& pl, const ChunkParams& p, int64_t blocks, bool pdl,
                                                   cudaStream_t s) {
   static bool done64[64] = {}, done128[64] = {};
   const auto kernel = pl.DK == 64 ? chunk_sm90_kernel<64> : chunk_sm90_kernel<128>;
   const cudaError_t err = allow_smem(kernel, pl.DK == 64 ? done64 : done128);
-  return err != cudaSuccess ? err : launch_ex(kernel, dim3((unsigned)blocks), pl.smem, s, pdl, p);
+  return err != cudaSuccess ? err : launch_threads(kernel, dim3((unsigned)blocks), kSm90Threads, pl.smem, s, pdl, p);
 }
 
 }  // namespace
