@@ -198,13 +198,14 @@ inline size_t chunk_bf16_smem(int NV, int DKP) {
 // chunk_sm90 (bytes; one block of an aux and two consumer warpgroups a (b, h, segment); D_v = 128): three
 // stages of q, k (64 x DK) and v (64 x 128) bf16 tiles; two slots of what the aux warpgroup forms for the
 // consumers (P' hi and lo, 64 x 64 bf16, and the gate tables, kSm90Tab floats); y staged as 64 rows of 64
-// bf16 + 16 bytes a consumer warpgroup.
+// bf16 + 16 bytes a consumer warpgroup; an mbarrier a stage.
 enum : int { kSm90Tab = 464 + 64 * 16 };
 template <int DK>
 struct Sm90Layout {
   static constexpr int kQ = 64 * DK * 2, kV = 64 * 128 * 2, kStage = 2 * kQ + kV, kStages = 3;
   static constexpr int kPh = 0, kPl = 8192, kTb = 16384, kDer = kTb + (kSm90Tab * 4 + 127) / 128 * 128;
-  static constexpr int kDer0 = kStages * kStage, kY = kDer0 + 2 * kDer, kYPitch = 144, kBytes = kY + 2 * 64 * kYPitch;
+  static constexpr int kDer0 = kStages * kStage, kY = kDer0 + 2 * kDer, kYPitch = 144, kBars = kY + 2 * 64 * kYPitch;
+  static constexpr int kBytes = kBars + 8 * kStages;
 };
 inline size_t chunk_sm90_smem(int DK) { return DK == 64 ? Sm90Layout<64>::kBytes : Sm90Layout<128>::kBytes; }
 
@@ -2277,6 +2278,7 @@ CHUNK_SM90_SRC = r"""
 // of a 64-row tile at byte (c / 8) 1024 + 16 r + 2 (c % 8)), double-buffered; warp 0 forms the next
 // chunk's gate tables in double while its warpgroup's state update runs. A chunk whose v holds a NaN or
 // inf adds P' V in FMAs over s <= t instead (a masked zero never meets it). Segments: CHUNK_SRC's phases.
+#include <cudaTypedefs.h>  // CUtensorMap, PFN_cuTensorMapEncodeTiled_v12000
 namespace gr {
 namespace {
 
@@ -2314,6 +2316,43 @@ __device__ __forceinline__ void wg_barrier(int wg) {  // the 128 threads of one 
   asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
 }
 
+// mbarriers for the TMA loads (one arrival: the aux thread that arms it with the byte count).
+__device__ __forceinline__ void mbar_init(uint64_t* bar) {
+#ifdef GR_WGMMA
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"((uint32_t)__cvta_generic_to_shared(bar)) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_expect(uint64_t* bar, uint32_t bytes) {
+#ifdef GR_WGMMA
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+               ::"r"((uint32_t)__cvta_generic_to_shared(bar)), "r"(bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+#ifdef GR_WGMMA
+  uint32_t done = 0;
+  while (!done)
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done) : "r"((uint32_t)__cvta_generic_to_shared(bar)), "r"(parity) : "memory");
+#endif
+}
+// One 64-step tile of a map (tile_map): box {8, 64, D / 8, 1, 1} at (0, t0, 0, h, b), landing as the
+// core-matrix layout; completes on bar.
+__device__ __forceinline__ void tma_tile(void* dst, const CUtensorMap* map, int t0, int h, int b, uint64_t* bar) {
+#ifdef GR_WGMMA
+  asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5, %6}], [%7];\n"
+               ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(map), "r"(0), "r"(t0), "r"(0), "r"(h), "r"(b),
+                 "r"((uint32_t)__cvta_generic_to_shared(bar)) : "memory");
+#endif
+}
+// The TMA maps of q, k and v (kernel parameters); h and b masks: 0 where that stride is 0 (a broadcast
+// dimension, one entry read at coordinate 0), else all ones.
+struct Sm90Maps {
+  CUtensorMap q, k, v;
+  int hm[3], bm[3];
+};
+
 // A no-swizzle shared-memory matrix descriptor: start address, LBO (core matrices adjacent in K), SBO
 // (adjacent in M / N), bytes.
 // The address goes through an opaque move: descriptors are rebuilt where they are used (a few integer
@@ -2328,24 +2367,6 @@ __device__ __forceinline__ uint64_t desc_at(uint64_t d, uint32_t bytes) { return
 // Byte offset of element (r, c) of a 64-row tile in the core-matrix layout: column group c / 8 is 1 KB.
 __device__ __forceinline__ uint32_t cm_off(int r, int c) { return (uint32_t)((c >> 3) * 1024 + r * 16 + (c & 7) * 2); }
 
-// A 64 x COLS bf16 tile (rows 16-byte aligned, unit column stride) into the core-matrix layout by
-// cp.async from the aux warpgroup (warp wl of 4), rows >= rows_valid zero. A warp copies 8 rows x 4
-// column groups at a time: each 8-lane phase writes one 128-byte core matrix, a row's four pieces are
-// one 64-byte segment.
-template <int COLS>
-__device__ __forceinline__ void stage_tile(unsigned char* dst, const bf16* src, int64_t st, int rows_valid, int wl,
-                                           int lane) {
-  constexpr int NCB = COLS / 32, RSTEP = 32 / NCB;  // blocks of four column groups; rows between pieces
-  const int r0 = 8 * (wl / NCB) + (lane & 7), c = 32 * (wl % NCB) + 8 * (lane >> 3);
-  const bf16* s = src + (int64_t)r0 * st + c;  // a running pointer: no per-piece 64-bit offsets to keep
-  unsigned char* d = dst + cm_off(r0, c);
-#pragma unroll
-  for (int j = 0; j < 2 * NCB; ++j) {
-    const bool ok = r0 + RSTEP * j < rows_valid;
-    cp_async<16>(d + 16 * RSTEP * j, ok ? s : src, ok);
-    s += (int64_t)RSTEP * st;
-  }
-}
 // Whether a thread's V^T fragments hold a NaN or inf (exponent bits all ones in a half).
 __device__ __forceinline__ bool frags_bad(const uint32_t (&f)[4][4]) {
   uint32_t bad = 0;
@@ -2457,7 +2478,8 @@ __device__ __forceinline__ void maxnreg_dec() {
 }
 
 template <int DK>
-__global__ void __launch_bounds__(kSm90Threads, 1) chunk_sm90_kernel(const ChunkParams p) {
+__global__ void __launch_bounds__(kSm90Threads, 1) chunk_sm90_kernel(const ChunkParams p,
+                                                                     const __grid_constant__ Sm90Maps maps) {
 #if defined(__CUDA_ARCH__) && !defined(GR_WGMMA)
   __trap();  // built for sm_90a only (_UNIT_GENCODE); make_plan picks it on compute capability 9.0 only
 #endif
@@ -2475,20 +2497,25 @@ __global__ void __launch_bounds__(kSm90Threads, 1) chunk_sm90_kernel(const Chunk
   const int nch = (se - sb + 63) / 64;
   auto raw = [&](int c) { return sm + (c % L::kStages) * L::kStage; };
   auto derived = [&](int c) { return sm + L::kDer0 + (c & 1) * L::kDer; };
+  uint64_t* bars = reinterpret_cast<uint64_t*>(sm + L::kBars);  // stage s's TMA loads complete
+  if (tid == 0)
+    for (int s = 0; s < L::kStages; ++s) mbar_init(bars + s);
+  __syncthreads();
 
   if (wg == 0) {
     // The aux warpgroup: stages chunk c + 1 while it forms chunk c's gate tables and masked product P'
     // (consumers work on chunk c - 1 meanwhile).
     maxnreg_dec<kAuxRegs>();
-    auto stage = [&](int c) {
-      if (c < nch) {
-        const int t0 = sb + 64 * c, tc = min(64, se - t0);
+    auto stage = [&](int c) {  // one thread: three TMA tiles (q only where y is formed)
+      if (tid == 0 && c < nch) {
+        const int t0 = sb + 64 * c;
         unsigned char* st = raw(c);
-        if (outputs) stage_tile<DK>(st, cb.q + (int64_t)t0 * p.sq.t, p.sq.t, tc, wl, lane);
-        stage_tile<DK>(st + L::kQ, cb.k + (int64_t)t0 * p.sk.t, p.sk.t, tc, wl, lane);
-        stage_tile<128>(st + 2 * L::kQ, cb.v + (int64_t)t0 * p.sv.t, p.sv.t, tc, wl, lane);
+        uint64_t* bar = bars + c % L::kStages;
+        mbar_expect(bar, (outputs ? 2 * L::kQ : L::kQ) + L::kV);
+        if (outputs) tma_tile(st, &maps.q, t0, cb.h & maps.hm[0], cb.b & maps.bm[0], bar);
+        tma_tile(st + L::kQ, &maps.k, t0, cb.h & maps.hm[1], cb.b & maps.bm[1], bar);
+        tma_tile(st + 2 * L::kQ, &maps.v, t0, cb.h & maps.hm[2], cb.b & maps.bm[2], bar);
       }
-      cp_async_commit();  // empty past the segment: one group a chunk keeps the wait counts fixed
     };
     float ng0 = 1.f, ng1 = 1.f, nb0 = 0.f, nb1 = 0.f;  // warp 0: the next chunk's gates and betas
     auto load_gates = [&](int c) {
@@ -2507,17 +2534,10 @@ __global__ void __launch_bounds__(kSm90Threads, 1) chunk_sm90_kernel(const Chunk
         bar_wait(kBarDone + 2 + (c & 1));
         stage(c + 1);
       }
-      if (c == 0) cp_async_wait<2>();
-      else cp_async_wait<1>();
-      fence_async_smem();
-      wg_barrier(0);  // chunk c staged (every aux thread's copies)
+      mbar_wait(bars + c % L::kStages, (c / L::kStages) & 1);  // chunk c staged
       const unsigned char* st = raw(c);
       unsigned char* der = derived(c);
       float* tb = reinterpret_cast<float*>(der + L::kTb);
-      if (warp == 0) {  // (before P is issued: its accumulators are not live across the tables)
-        write_tables64(tb, ng0, ng1, nb0, nb1, lane);
-        if (c + 1 < nch) load_gates(c + 1);
-      }
       float P[32];  // P[t = 16 wl + g + 8 ((i >> 1) & 1)][s = 8 (i >> 2) + 2 qd + (i & 1)]
       if (outputs) {
         wg_fence();
@@ -2526,6 +2546,10 @@ __global__ void __launch_bounds__(kSm90Threads, 1) chunk_sm90_kernel(const Chunk
 #pragma unroll
         for (int kb = 1; kb < NKB; ++kb) wgmma_ss64(P, desc_at(dq, 2048 * kb), desc_at(dk, 2048 * kb), 1);
         wg_commit();
+      }
+      if (warp == 0) {  // while P runs
+        write_tables64(tb, ng0, ng1, nb0, nb1, lane);
+        if (c + 1 < nch) load_gates(c + 1);
       }
       wg_barrier(0);  // the tables written
       if (outputs) {
@@ -2575,6 +2599,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1) chunk_sm90_kernel(const Chunk
   for (int c = 0; c < nch; ++c) {
     const int t0 = sb + 64 * c, tc = min(64, se - t0);
     bar_wait(kBarFull + 2 * cw + (c & 1));
+    mbar_wait(bars + c % L::kStages, (c / L::kStages) & 1);  // (passes at once: the aux thread saw it)
     const unsigned char* st = raw(c);
     const unsigned char *Qt = st, *Kt = st + L::kQ, *Vt = st + 2 * L::kQ;
     const unsigned char* der = derived(c);
@@ -2728,14 +2753,48 @@ __global__ void __launch_bounds__(kSm90Threads, 1) chunk_sm90_kernel(const Chunk
 
 struct ChunkSM90Kernels {};
 
-// execute_chunks' launches for this family: its own instantiations (D_k 64 or 128), three warpgroups a block.
+// The TMA map of a (B, T, H, D) bf16 tensor read 64 steps at a time, in five dimensions (d % 8, t, d / 8,
+// h, b) so that one box {8, 64, D / 8, 1, 1} lands as the core-matrix layout ([d / 8][t][d % 8]); rows
+// past T are zero-filled. A broadcast h or b (stride 0) is one entry, read at coordinate 0 (mask 0).
+CUresult tile_map(CUtensorMap* m, int& hmask, int& bmask, const void* base, int D, int H, int T, int64_t B,
+                  const Strides4& st) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  if (encode == nullptr) {
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", reinterpret_cast<void**>(&encode), 12000,
+                                         cudaEnableDefault, &found) != cudaSuccess || found != cudaDriverEntryPointSuccess) {
+      encode = nullptr;
+      return CUDA_ERROR_NOT_SUPPORTED;
+    }
+  }
+  hmask = st.h == 0 ? 0 : -1;
+  bmask = st.b == 0 ? 0 : -1;
+  const cuuint64_t dims[5] = {8, (cuuint64_t)T, (cuuint64_t)(D / 8), st.h == 0 ? 1 : (cuuint64_t)H,
+                              st.b == 0 ? 1 : (cuuint64_t)B};
+  const cuuint64_t strides[4] = {(cuuint64_t)st.t * 2, 16, st.h == 0 ? 16 : (cuuint64_t)st.h * 2,
+                                 st.b == 0 ? 16 : (cuuint64_t)st.b * 2};  // bytes, dimensions 1 .. 4
+  const cuuint32_t box[5] = {8, 64, (cuuint32_t)(D / 8), 1, 1}, one[5] = {1, 1, 1, 1, 1};
+  return encode(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, const_cast<void*>(base), dims, strides, box, one,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
+// execute_chunks' launches for this family: its own instantiations (D_k 64 or 128), three warpgroups a
+// block, the maps of q, k and v encoded on the host for each launch (no device work).
 template <>
 cudaError_t launch_chunk_kernel<ChunkSM90Kernels>(const Plan& pl, const ChunkParams& p, int64_t blocks, bool pdl,
                                                   cudaStream_t s) {
   static bool done64[64] = {}, done128[64] = {};
   const auto kernel = pl.DK == 64 ? chunk_sm90_kernel<64> : chunk_sm90_kernel<128>;
-  const cudaError_t err = allow_smem(kernel, pl.DK == 64 ? done64 : done128);
-  return err != cudaSuccess ? err : launch_threads(kernel, dim3((unsigned)blocks), kSm90Threads, pl.smem, s, pdl, p);
+  cudaError_t err = allow_smem(kernel, pl.DK == 64 ? done64 : done128);
+  if (err != cudaSuccess) return err;
+  alignas(64) Sm90Maps maps;
+  const int64_t B = p.BH / p.H;
+  if (tile_map(&maps.q, maps.hm[0], maps.bm[0], p.q, p.Dk, p.H, p.T, B, p.sq) != CUDA_SUCCESS ||
+      tile_map(&maps.k, maps.hm[1], maps.bm[1], p.k, p.Dk, p.H, p.T, B, p.sk) != CUDA_SUCCESS ||
+      tile_map(&maps.v, maps.hm[2], maps.bm[2], p.v, p.Dv, p.H, p.T, B, p.sv) != CUDA_SUCCESS)
+    return cudaErrorInvalidValue;
+  return launch_threads(kernel, dim3((unsigned)blocks), kSm90Threads, pl.smem, s, pdl, p, maps);
 }
 
 }  // namespace
@@ -2931,6 +2990,7 @@ struct Shape { int64_t B, T, H, Dk, Dv; };
 struct Layout {
   bool q, k, v, y;   // rows 16-byte aligned with unit column stride: vector access legal
   bool wide_gates;   // gate or beta float32 beside 16-bit q, k, v (the kernels' run-time gate loads)
+  bool steps = true; // q, k and v each move with t (a nonzero step stride: what a TMA map can describe)
 };
 
 // The current device's SM count, opt-in shared memory per block and compute capability (an H200's
@@ -3089,6 +3149,7 @@ const char* sm90_unfit(const Shape& s, const Layout& lay, const DeviceLimits& li
   if (lim.arch != 90) return "needs wgmma (compute capability 9.0)";
   if (!((s.Dk == 64 || s.Dk == 128) && s.Dv == 128)) return "serves D_k 64 or 128 with D_v 128";
   if (!(lay.q && lay.k && lay.v && lay.y)) return "needs q, k, v and y rows 16-byte aligned with unit column stride";
+  if (!lay.steps) return "needs q, k and v with a nonzero step (t) stride, as its TMA maps describe them";
   if (chunk_sm90_smem((int)s.Dk) > lim.smem) return "needs more shared memory a block than this device has";
   return nullptr;
 }
@@ -3268,7 +3329,8 @@ inline bool rows_aligned(const at::Tensor& t) {
 inline Layout layout_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
                         const at::Tensor& beta) {
   return {rows_aligned(q), rows_aligned(k), rows_aligned(v), v.size(3) % (16 / v.element_size()) == 0,
-          gate.scalar_type() != q.scalar_type() || beta.scalar_type() != q.scalar_type()};
+          gate.scalar_type() != q.scalar_type() || beta.scalar_type() != q.scalar_type(),
+          q.stride(1) != 0 && k.stride(1) != 0 && v.stride(1) != 0};
 }
 
 Problem problem_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
