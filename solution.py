@@ -2386,49 +2386,56 @@ __device__ __forceinline__ bool frags_bad(const uint32_t (&f)[4][4]) {
 enum : int { kG = 0, kW = 64, kSoutb = 128, kRowf = 192, kGamma = 448, kLtab = 464 };
 static_assert(kLtab + 64 * 16 == kSm90Tab, "PRELUDE's kSm90Tab is these tables' size");
 
-// One warp; lane l holds steps 2l, 2l+1 (g0, g1, b0, b1).
-__device__ __forceinline__ void write_tables64(float* tb, float g0, float g1, float b0, float b1, int lane) {
+// Aux warp `part` (0 .. 3) writes its share of the tables; every lane holds steps 2l, 2l+1 (g0, g1, b0,
+// b1). Warp 0: G, W, GAMMA (scans over the 64 steps); warp 1: SOUTB, ROWF (scans within 16-step blocks);
+// warps 2 and 3: LTABB of blocks 0-1 and 2-3, a column a lane.
+__device__ __forceinline__ void write_tables64(float* tb, float g0, float g1, float b0, float b1, int part, int lane) {
   const unsigned full = 0xffffffffu;
-  const double a0 = g0, a1 = g1, pr = a0 * a1;
-  double pre = pr, suf = pr, bpre = pr, bsuf = pr;  // over step pairs: 8 lanes are a 16-step block
-  warp_scans<8>(pre, suf, bpre, bsuf, lane);
-  double pre_ex = __shfl_up_sync(full, pre, 1), suf_ex = __shfl_down_sync(full, suf, 1);
-  double bpre_ex = __shfl_up_sync(full, bpre, 1), bsuf_ex = __shfl_down_sync(full, bsuf, 1);
-  if (lane == 0) pre_ex = 1.0;
-  if (lane == 31) suf_ex = 1.0;
-  if ((lane & 7) == 0) bpre_ex = 1.0;
-  if ((lane & 7) == 7) bsuf_ex = 1.0;
   const int s = 2 * lane, bt = lane >> 3;
-  tb[kG + s] = (float)(pre_ex * a0);
-  tb[kG + s + 1] = (float)pre;
-  tb[kW + s] = (float)(b0 * (a1 * suf_ex));
-  tb[kW + s + 1] = (float)(b1 * suf_ex);
-  tb[kSoutb + s] = (float)(b0 * (a1 * bsuf_ex));
-  tb[kSoutb + s + 1] = (float)(b1 * bsuf_ex);
-  // Block products B_j (the in-block prefix at a block's last lane); ROWF[t][bs] for bs < bt.
-  const double B1 = __shfl_sync(full, bpre, 15), B2 = __shfl_sync(full, bpre, 23);
-  const double pin0 = bpre_ex * a0, pin1 = bpre;
+  if (part < 2) {
+    const double a0 = g0, a1 = g1, pr = a0 * a1;
+    double pre = pr, suf = pr, bpre = pr, bsuf = pr;  // over step pairs: 8 lanes are a 16-step block
+    warp_scans<8>(pre, suf, bpre, bsuf, lane);
+    if (part == 0) {
+      double pre_ex = __shfl_up_sync(full, pre, 1), suf_ex = __shfl_down_sync(full, suf, 1);
+      if (lane == 0) pre_ex = 1.0;
+      if (lane == 31) suf_ex = 1.0;
+      tb[kG + s] = (float)(pre_ex * a0);
+      tb[kG + s + 1] = (float)pre;
+      tb[kW + s] = (float)(b0 * (a1 * suf_ex));
+      tb[kW + s + 1] = (float)(b1 * suf_ex);
+      const double all = __shfl_sync(full, pre, 31);
+      if (lane == 0) tb[kGamma] = (float)all;
+    } else {
+      double bpre_ex = __shfl_up_sync(full, bpre, 1), bsuf_ex = __shfl_down_sync(full, bsuf, 1);
+      if ((lane & 7) == 0) bpre_ex = 1.0;
+      if ((lane & 7) == 7) bsuf_ex = 1.0;
+      tb[kSoutb + s] = (float)(b0 * (a1 * bsuf_ex));
+      tb[kSoutb + s + 1] = (float)(b1 * bsuf_ex);
+      // Block products B_j (the in-block prefix at a block's last lane); ROWF[t][bs] for bs < bt.
+      const double B1 = __shfl_sync(full, bpre, 15), B2 = __shfl_sync(full, bpre, 23);
+      const double pin0 = bpre_ex * a0, pin1 = bpre;
 #pragma unroll
-  for (int bs = 0; bs < 4; ++bs) {
-    double m = 1.0;  // the whole blocks strictly between bs and bt
-    if (bt == bs + 2) m = bs == 0 ? B1 : B2;
-    if (bt == 3 && bs == 0) m = B1 * B2;
-    tb[kRowf + s * 4 + bs] = (float)(pin0 * m);
-    tb[kRowf + (s + 1) * 4 + bs] = (float)(pin1 * m);
-  }
-  const double all = __shfl_sync(full, pre, 31);
-  if (lane == 0) tb[kGamma] = (float)all;
-  // LTABB: lane l owns columns s = 2l, 2l + 1 of block l / 8; running products over the block's rows.
-  const int sl0 = 2 * (lane & 7), sl1 = sl0 + 1;
-  double run0 = 1.0, run1 = 1.0;
+      for (int bs = 0; bs < 4; ++bs) {
+        double m = 1.0;  // the whole blocks strictly between bs and bt
+        if (bt == bs + 2) m = bs == 0 ? B1 : B2;
+        if (bt == 3 && bs == 0) m = B1 * B2;
+        tb[kRowf + s * 4 + bs] = (float)(pin0 * m);
+        tb[kRowf + (s + 1) * 4 + bs] = (float)(pin1 * m);
+      }
+    }
+  } else {
+    // LTABB of block lb, column sl: running products down the block's rows.
+    const int lb = 2 * (part - 2) + (lane >> 4), sl = lane & 15, src = 8 * lb + (sl >> 1);
+    const float e0 = __shfl_sync(full, b0, src), e1 = __shfl_sync(full, b1, src);
+    const double bs = (sl & 1) ? e1 : e0;
+    double run = 1.0;
 #pragma unroll
-  for (int r = 0; r < 16; ++r) {
-    const float e0 = __shfl_sync(full, g0, 8 * bt + (r >> 1)), e1 = __shfl_sync(full, g1, 8 * bt + (r >> 1));
-    const double gt = (r & 1) ? e1 : e0;
-    if (r > sl0) run0 *= gt;
-    if (r > sl1) run1 *= gt;
-    tb[kLtab + (16 * bt + r) * 16 + sl0] = r >= sl0 ? (float)(run0 * b0) : 0.f;
-    tb[kLtab + (16 * bt + r) * 16 + sl1] = r >= sl1 ? (float)(run1 * b1) : 0.f;
+    for (int r = 0; r < 16; ++r) {
+      const double gt = __shfl_sync(full, (r & 1) ? g1 : g0, 8 * lb + (r >> 1));
+      if (r > sl) run *= gt;
+      tb[kLtab + (16 * lb + r) * 16 + sl] = r >= sl ? (float)(run * bs) : 0.f;
+    }
   }
 }
 
@@ -2517,7 +2524,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1) chunk_sm90_kernel(const Chunk
         tma_tile(st + 2 * L::kQ, &maps.v, t0, cb.h & maps.hm[2], cb.b & maps.bm[2], bar);
       }
     };
-    float ng0 = 1.f, ng1 = 1.f, nb0 = 0.f, nb1 = 0.f;  // warp 0: the next chunk's gates and betas
+    float ng0 = 1.f, ng1 = 1.f, nb0 = 0.f, nb1 = 0.f;  // the next chunk's gates and betas (every aux warp)
     auto load_gates = [&](int c) {
       const int t0 = sb + 64 * c, tc = min(64, se - t0), s = 2 * lane;
       ng0 = 1.f; ng1 = 1.f; nb0 = 0.f; nb1 = 0.f;
@@ -2527,7 +2534,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1) chunk_sm90_kernel(const Chunk
     stage(0);
     stage(1);
     stage(2);
-    if (warp == 0) load_gates(0);
+    load_gates(0);
     for (int c = 0; c < nch; ++c) {
       if (c >= 2) {  // both consumers done with chunk c - 2: its derived slot and raw stage are free
         bar_wait(kBarDone + (c & 1));
@@ -2547,10 +2554,8 @@ __global__ void __launch_bounds__(kSm90Threads, 1) chunk_sm90_kernel(const Chunk
         for (int kb = 1; kb < NKB; ++kb) wgmma_ss64(P, desc_at(dq, 2048 * kb), desc_at(dk, 2048 * kb), 1);
         wg_commit();
       }
-      if (warp == 0) {  // while P runs
-        write_tables64(tb, ng0, ng1, nb0, nb1, lane);
-        if (c + 1 < nch) load_gates(c + 1);
-      }
+      write_tables64(tb, ng0, ng1, nb0, nb1, wl, lane);  // while P runs
+      if (c + 1 < nch) load_gates(c + 1);
       wg_barrier(0);  // the tables written
       if (outputs) {
         wg_wait<0>();
