@@ -197,14 +197,14 @@ inline size_t chunk_bf16_smem(int NV, int DKP) {
 }
 // chunk_sm90 (bytes; one block of an aux and two consumer warpgroups a (b, h, segment); D_v = 128): three
 // stages of q, k (64 x DK) and v (64 x 128) bf16 tiles; two slots of what the aux warpgroup forms for the
-// consumers (P' hi and lo, 64 x 64 bf16, and the gate tables, kSm90Tab floats); y staged as 64 rows of 64
-// bf16 + 16 bytes a consumer warpgroup; an mbarrier a stage.
+// consumers (P' hi and lo, 64 x 64 bf16, and the gate tables, kSm90Tab floats); y staged for its TMA store,
+// 64 x 64 bf16 a consumer warpgroup, twice; an mbarrier a stage.
 enum : int { kSm90Tab = 464 + 64 * 16 };
 template <int DK>
 struct Sm90Layout {
   static constexpr int kQ = 64 * DK * 2, kV = 64 * 128 * 2, kStage = 2 * kQ + kV, kStages = 3;
   static constexpr int kPh = 0, kPl = 8192, kTb = 16384, kDer = kTb + (kSm90Tab * 4 + 127) / 128 * 128;
-  static constexpr int kDer0 = kStages * kStage, kY = kDer0 + 2 * kDer, kYPitch = 144, kBars = kY + 2 * 64 * kYPitch;
+  static constexpr int kDer0 = kStages * kStage, kY = kDer0 + 2 * kDer, kBars = kY + 2 * 2 * 64 * 64 * 2;
   static constexpr int kBytes = kBars + 8 * kStages;
 };
 inline size_t chunk_sm90_smem(int DK) { return DK == 64 ? Sm90Layout<64>::kBytes : Sm90Layout<128>::kBytes; }
@@ -1327,14 +1327,17 @@ __device__ __forceinline__ GateTables gate_tables_at(const float* t) {
 // gate 1.002 in every segmentation, even with s_update_strip's FMA; 2.3e-6 with both).
 // Inclusive prefix (pre) and suffix (suf) products over a warp's 32 lanes and within segments of SEG lanes
 // (bpre, bsuf), by shuffles (Hillis-Steele), in the caller's type. chunk_sm90's tables use it too.
-template <int SEG, typename Acc>
+// FULL false: the segments' scans only (pre and suf untouched); SEG 1: the full scans only.
+template <int SEG, typename Acc, bool FULL = true>
 __device__ __forceinline__ void warp_scans(Acc& pre, Acc& suf, Acc& bpre, Acc& bsuf, int lane) {
   const unsigned full = 0xffffffffu;
 #pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-    const Acc x = __shfl_up_sync(full, pre, off), z = __shfl_down_sync(full, suf, off);
-    if (lane >= off) pre *= x;
-    if (lane + off < 32) suf *= z;
+  for (int off = 1; off < (FULL ? 32 : SEG); off <<= 1) {
+    if (FULL) {
+      const Acc x = __shfl_up_sync(full, pre, off), z = __shfl_down_sync(full, suf, off);
+      if (lane >= off) pre *= x;
+      if (lane + off < 32) suf *= z;
+    }
     if (off < SEG) {
       const Acc x2 = __shfl_up_sync(full, bpre, off), z2 = __shfl_down_sync(full, bsuf, off);
       if ((lane & (SEG - 1)) >= off) bpre *= x2;
@@ -2346,10 +2349,32 @@ __device__ __forceinline__ void tma_tile(void* dst, const CUtensorMap* map, int 
                  "r"((uint32_t)__cvta_generic_to_shared(bar)) : "memory");
 #endif
 }
-// The TMA maps of q, k and v (kernel parameters); h and b masks: 0 where that stride is 0 (a broadcast
-// dimension, one entry read at coordinate 0), else all ones.
+// A consumer warpgroup's 64 columns of y (core-matrix layout in shared memory) to global memory at
+// (0, t0, cg0, h, b); rows past T are not written. One bulk group; wait_read<N>: at most N groups of this
+// thread still reading shared memory (wait_all: written).
+__device__ __forceinline__ void tma_store(const CUtensorMap* map, const void* src, int t0, int cg0, int h, int b) {
+#ifdef GR_WGMMA
+  asm volatile("cp.async.bulk.tensor.5d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4, %5}], [%6];\n"
+               ::"l"(map), "r"(0), "r"(t0), "r"(cg0), "r"(h), "r"(b), "r"((uint32_t)__cvta_generic_to_shared(src))
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+#ifdef GR_WGMMA
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_wait_all() {
+#ifdef GR_WGMMA
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+#endif
+}
+// The TMA maps of q, k, v and y (kernel parameters); h and b masks: 0 where that stride is 0 (a
+// broadcast dimension, one entry read at coordinate 0), else all ones.
 struct Sm90Maps {
-  CUtensorMap q, k, v;
+  CUtensorMap q, k, v, y;
   int hm[3], bm[3];
 };
 
@@ -2395,7 +2420,8 @@ __device__ __forceinline__ void write_tables64(float* tb, float g0, float g1, fl
   if (part < 2) {
     const double a0 = g0, a1 = g1, pr = a0 * a1;
     double pre = pr, suf = pr, bpre = pr, bsuf = pr;  // over step pairs: 8 lanes are a 16-step block
-    warp_scans<8>(pre, suf, bpre, bsuf, lane);
+    if (part == 0) warp_scans<1>(pre, suf, bpre, bsuf, lane);  // the scans a warp's tables need only
+    else warp_scans<8, double, false>(pre, suf, bpre, bsuf, lane);
     if (part == 0) {
       double pre_ex = __shfl_up_sync(full, pre, 1), suf_ex = __shfl_down_sync(full, suf, 1);
       if (lane == 0) pre_ex = 1.0;
@@ -2603,6 +2629,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1) chunk_sm90_kernel(const Chunk
   float seg_decay = 1.f;
   for (int c = 0; c < nch; ++c) {
     const int t0 = sb + 64 * c, tc = min(64, se - t0);
+    if ((tid & 127) == 0) bulk_wait_read<1>();  // y's buffer c % 2 read by its store (chunk c - 2)
     bar_wait(kBarFull + 2 * cw + (c & 1));
     mbar_wait(bars + c % L::kStages, (c / L::kStages) & 1);  // (passes at once: the aux thread saw it)
     const unsigned char* st = raw(c);
@@ -2691,23 +2718,17 @@ __global__ void __launch_bounds__(kSm90Threads, 1) chunk_sm90_kernel(const Chunk
           Y[i] = acc;
         }
       }
-      // y rows t0 .. t0 + tc - 1, this warpgroup's 64 columns: staged as [t][dv] bf16, then 16 bytes a
-      // store (the staging is free: every thread of the warpgroup passed this chunk's FULL barrier).
-      unsigned char* ys = sm + L::kY + cw * 64 * L::kYPitch;
+      // y: this warpgroup's 64 columns staged in the core-matrix layout, then one TMA store (the buffer's
+      // previous store, two chunks back, has read it: its thread waited before this chunk's FULL barrier).
+      unsigned char* ys = sm + L::kY + ((c & 1) * 2 + cw) * 8192;
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
         const int dv = 16 * wl + g + 8 * ((i >> 1) & 1), t = 8 * (i >> 2) + 2 * qd + (i & 1);
-        *reinterpret_cast<bf16*>(ys + t * L::kYPitch + dv * 2) = __float2bfloat16_rn(Y[i]);
+        *reinterpret_cast<bf16*>(ys + cm_off(t, dv)) = __float2bfloat16_rn(Y[i]);
       }
+      fence_async_smem();
       wg_barrier(wg);
-      const int lt = tid & 127;
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int e = lt + 128 * u, t = e >> 3, piece = e & 7;
-        if (t < tc)
-          *reinterpret_cast<uint4*>(cb.y + (int64_t)(t0 + t) * p.sy.t + 64 * cw + 8 * piece) =
-              *reinterpret_cast<const uint4*>(ys + t * L::kYPitch + 16 * piece);
-      }
+      if ((tid & 127) == 0) tma_store(&maps.y, ys, t0, 8 * cw, cb.h, cb.b);
     }
     // U = (V^T diag(w)) K in halves of 64 state rows (D_k), both in flight (y is out: its registers are
     // free); then S^T = gamma S^T + U.
@@ -2738,6 +2759,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1) chunk_sm90_kernel(const Chunk
     }
     bar_arrive(kBarDone + 2 * cw + (c & 1));  // every read of chunk c's stage and derived slot done
   }
+  if ((tid & 127) == 0) bulk_wait_all();  // y written before the block ends
   // The final state, or (state phase) the segment's own state contribution and gate product.
   float* dst = nullptr;
   StateStrides ds{0, 0, 0, 0};
@@ -2758,11 +2780,11 @@ __global__ void __launch_bounds__(kSm90Threads, 1) chunk_sm90_kernel(const Chunk
 
 struct ChunkSM90Kernels {};
 
-// The TMA map of a (B, T, H, D) bf16 tensor read 64 steps at a time, in five dimensions (d % 8, t, d / 8,
-// h, b) so that one box {8, 64, D / 8, 1, 1} lands as the core-matrix layout ([d / 8][t][d % 8]); rows
-// past T are zero-filled. A broadcast h or b (stride 0) is one entry, read at coordinate 0 (mask 0).
+// The TMA map of a (B, T, H, D) bf16 tensor moved 64 steps at a time, in five dimensions (d % 8, t, d / 8,
+// h, b) so that one box {8, 64, box_groups, 1, 1} is the core-matrix layout ([d / 8][t][d % 8]); loads
+// zero-fill rows past T, stores skip them. A broadcast h or b (stride 0) is one entry, read at coordinate 0 (mask 0).
 CUresult tile_map(CUtensorMap* m, int& hmask, int& bmask, const void* base, int D, int H, int T, int64_t B,
-                  const Strides4& st) {
+                  const Strides4& st, int box_groups) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
   if (encode == nullptr) {
     cudaDriverEntryPointQueryResult found;
@@ -2778,7 +2800,7 @@ CUresult tile_map(CUtensorMap* m, int& hmask, int& bmask, const void* base, int 
                               st.b == 0 ? 1 : (cuuint64_t)B};
   const cuuint64_t strides[4] = {(cuuint64_t)st.t * 2, 16, st.h == 0 ? 16 : (cuuint64_t)st.h * 2,
                                  st.b == 0 ? 16 : (cuuint64_t)st.b * 2};  // bytes, dimensions 1 .. 4
-  const cuuint32_t box[5] = {8, 64, (cuuint32_t)(D / 8), 1, 1}, one[5] = {1, 1, 1, 1, 1};
+  const cuuint32_t box[5] = {8, 64, (cuuint32_t)box_groups, 1, 1}, one[5] = {1, 1, 1, 1, 1};
   return encode(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, const_cast<void*>(base), dims, strides, box, one,
                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -2795,9 +2817,11 @@ cudaError_t launch_chunk_kernel<ChunkSM90Kernels>(const Plan& pl, const ChunkPar
   if (err != cudaSuccess) return err;
   alignas(64) Sm90Maps maps;
   const int64_t B = p.BH / p.H;
-  if (tile_map(&maps.q, maps.hm[0], maps.bm[0], p.q, p.Dk, p.H, p.T, B, p.sq) != CUDA_SUCCESS ||
-      tile_map(&maps.k, maps.hm[1], maps.bm[1], p.k, p.Dk, p.H, p.T, B, p.sk) != CUDA_SUCCESS ||
-      tile_map(&maps.v, maps.hm[2], maps.bm[2], p.v, p.Dv, p.H, p.T, B, p.sv) != CUDA_SUCCESS)
+  int hy = 0, by = 0;  // y is ours: contiguous
+  if (tile_map(&maps.q, maps.hm[0], maps.bm[0], p.q, p.Dk, p.H, p.T, B, p.sq, p.Dk / 8) != CUDA_SUCCESS ||
+      tile_map(&maps.k, maps.hm[1], maps.bm[1], p.k, p.Dk, p.H, p.T, B, p.sk, p.Dk / 8) != CUDA_SUCCESS ||
+      tile_map(&maps.v, maps.hm[2], maps.bm[2], p.v, p.Dv, p.H, p.T, B, p.sv, p.Dv / 8) != CUDA_SUCCESS ||
+      tile_map(&maps.y, hy, by, p.y, p.Dv, p.H, p.T, B, p.sy, 8) != CUDA_SUCCESS)
     return cudaErrorInvalidValue;
   return launch_threads(kernel, dim3((unsigned)blocks), kSm90Threads, pl.smem, s, pdl, p, maps);
 }
