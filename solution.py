@@ -2628,7 +2628,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1) chunk_sm90_kernel(const Chunk
   }
   float seg_decay = 1.f;
   for (int c = 0; c < nch; ++c) {
-    const int t0 = sb + 64 * c, tc = min(64, se - t0);
+    const int t0 = sb + 64 * c;
     if ((tid & 127) == 0) bulk_wait_read<1>();  // y's buffer c % 2 read by its store (chunk c - 2)
     bar_wait(kBarFull + 2 * cw + (c & 1));
     mbar_wait(bars + c % L::kStages, (c / L::kStages) & 1);  // (passes at once: the aux thread saw it)
