@@ -118,6 +118,31 @@ def test_planned_call_is_chunk_sm90(sol):
     assert torch.equal(run(sol, xs), run(sol, xs, KERNEL))
 
 
+def with_layout(xs, case):
+    """q, k, v in the layouts TMA maps describe: grouped heads (q and k one head expanded, stride 0), a
+    broadcast batch, (B, H, T, D) memory viewed as (B, T, H, D), rows padded past D."""
+    q, k, v, g, b = xs
+    if case == "heads-broadcast":
+        q, k = (x[:, :, :1].expand_as(x) for x in (q, k))
+    elif case == "batch-broadcast":
+        q, k = (x[:1].expand_as(x) for x in (q, k))
+    elif case == "bhtd":
+        q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
+    else:
+        q, k, v = (torch.nn.functional.pad(x, (0, 8))[..., :x.shape[-1]] for x in (q, k, v))
+    return [q, k, v, g, b]
+
+
+@sm90
+@pytest.mark.parametrize("case", ["heads-broadcast", "batch-broadcast", "bhtd", "padded-rows"])
+@pytest.mark.parametrize("dk", [64, 128])
+def test_layouts_stay_on_chunk_sm90(sol, dk, case):
+    """Each layout through the TMA maps' strides (a broadcast head or batch as coordinate 0), planned."""
+    xs = with_layout(inputs(2, 2100, 2, dk, 128, dtype=BF16), case)
+    y = near_floor(sol, xs)
+    assert torch.equal(run(sol, xs), y)
+
+
 @sm90
 @pytest.mark.parametrize("case", ["dv64", "dk96", "misaligned", "float32"])
 def test_other_inputs_stay_on_chunk_bf16_or_tf32(sol, case):
@@ -131,7 +156,7 @@ def test_other_inputs_stay_on_chunk_bf16_or_tf32(sol, case):
 
 
 @plan_only
-@pytest.mark.parametrize("case", ["float32", "dk96", "dv64", "misaligned", "config"])
+@pytest.mark.parametrize("case", ["float32", "dk96", "dv64", "misaligned", "step-stride-0", "config"])
 def test_refusals_name_the_reason(sol, case):
     xs = inputs(1, 100, 1, 128, 128, dtype=BF16, device=DEV)
     config = ()
@@ -144,6 +169,9 @@ def test_refusals_name_the_reason(sol, case):
     elif case == "misaligned":
         xs[:3] = [misaligned(x) for x in xs[:3]]
         err, msg = ValueError, "16-byte aligned"
+    elif case == "step-stride-0":
+        xs[0] = xs[0][:, :1].expand_as(xs[0])
+        err, msg = ValueError, "nonzero step"
     else:
         config, err, msg = (2, 3), ValueError, r"config must be \(segments,\)"
     with pytest.raises(err, match=msg):

@@ -1,4 +1,4 @@
-"""Small calls for compute-sanitizer (memcheck / racecheck): every kernel and dtype, padded rows and
+"""Small calls for compute-sanitizer (memcheck / racecheck / synccheck): every kernel and dtype, padded rows and
 columns, several chunks and segments, initial and final states, strided and aligned layouts.
 
     compute-sanitizer --tool memcheck python tools/sanitize_smoke.py [--sm90-only]
@@ -22,6 +22,11 @@ if torch.cuda.get_device_capability() == (9, 0):
         xs[2][0, T // 2, 0, 3] = float("nan")
         solution._gated_recurrence_with(*xs, kernel="chunk_sm90", config=cfg)
         solution._gated_recurrence_with(*xs[:3], xs[3].float(), xs[4].float(), kernel="chunk_sm90", config=cfg)
+    # TMA maps of other layouts: q and k one head expanded (stride 0), v in (B, H, T, D) memory
+    xs = reference.make_inputs(2, 100, 2, 128, 128, dtype=torch.bfloat16, device="cuda")
+    xs[0], xs[1] = xs[0][:, :, :1].expand_as(xs[0]), xs[1][:, :, :1].expand_as(xs[1])
+    xs[2] = xs[2].transpose(1, 2).contiguous().transpose(1, 2)
+    solution._gated_recurrence_with(*xs, kernel="chunk_sm90", config=(2,))
 if "--sm90-only" in sys.argv:
     torch.cuda.synchronize()
     print("sanitize smoke (chunk_sm90 only): done")
@@ -57,6 +62,11 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16):
         for B, T, H, Dk, Dv in [(2, 128, 4, 24, 24), (1, 100, 2, 33, 20), (8, 200, 16, 24, 24), (1, 300, 2, 64, 64)]:
             xs = reference.make_inputs(B, T, H, Dk, Dv, dtype=dtype, device="cuda")
             solution._gated_recurrence_with(*xs[:3], xs[3].float(), xs[4].float(), kernel="chunk_sm90", config=cfg)
+    # TMA maps of other layouts: q and k one head expanded (stride 0), v in (B, H, T, D) memory
+    xs = reference.make_inputs(2, 100, 2, 128, 128, dtype=torch.bfloat16, device="cuda")
+    xs[0], xs[1] = xs[0][:, :, :1].expand_as(xs[0]), xs[1][:, :, :1].expand_as(xs[1])
+    xs[2] = xs[2].transpose(1, 2).contiguous().transpose(1, 2)
+    solution._gated_recurrence_with(*xs, kernel="chunk_sm90", config=(2,))
     # parallel: planned and chosen column tiles (ragged), ragged row tiles, states, 16-byte and scalar copies
     for cfg, (B, T, H, Dk, Dv) in [((), (2, 37, 3, 24, 24)), ((64,), (1, 200, 2, 33, 100)), ((32,), (1, 256, 1, 64, 40)),
                                    ((8,), (1, 9, 1, 256, 8)), ((), (1, 100, 2, 40, 104))]:
