@@ -2583,6 +2583,9 @@ __global__ void __launch_bounds__(kSm90Threads, 1) chunk_sm90_kernel(const Chunk
       if (s < tc) { x[0] = cb.gate[(int64_t)(t0 + s) * p.sg.t]; x[2] = cb.beta[(int64_t)(t0 + s) * p.sb.t]; }
       if (s + 1 < tc) { x[1] = cb.gate[(int64_t)(t0 + s + 1) * p.sg.t]; x[3] = cb.beta[(int64_t)(t0 + s + 1) * p.sb.t]; }
     };
+    stage(0);
+    stage(1);
+    stage(2);
     load_gates(0, gc);
     if (nch > 1) load_gates(1, gn);
     for (int e = tid; e < 2 * 16384 / 16; e += 128)  // both slots' P' (their zero blocks stay zero)
