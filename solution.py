@@ -2574,20 +2574,17 @@ __global__ void __launch_bounds__(kSm90Threads, 1) chunk_sm90_kernel(const Chunk
         tma_tile(st + 2 * L::kQ, &maps.v, t0, cb.h & maps.hm[2], cb.b & maps.bm[2], bar);
       }
     };
-    // Gates and betas (every aux warp; lane l: steps 2l, 2l + 1), loaded two chunks ahead: gc for chunk c,
-    // gn for c + 1.
-    float gc[4], gn[4] = {1.f, 1.f, 0.f, 0.f};
-    auto load_gates = [&](int c, float (&x)[4]) {
+    float ng0 = 1.f, ng1 = 1.f, nb0 = 0.f, nb1 = 0.f;  // the next chunk's gates and betas (every aux warp)
+    auto load_gates = [&](int c) {
       const int t0 = sb + 64 * c, tc = min(64, se - t0), s = 2 * lane;
-      x[0] = 1.f; x[1] = 1.f; x[2] = 0.f; x[3] = 0.f;
-      if (s < tc) { x[0] = cb.gate[(int64_t)(t0 + s) * p.sg.t]; x[2] = cb.beta[(int64_t)(t0 + s) * p.sb.t]; }
-      if (s + 1 < tc) { x[1] = cb.gate[(int64_t)(t0 + s + 1) * p.sg.t]; x[3] = cb.beta[(int64_t)(t0 + s + 1) * p.sb.t]; }
+      ng0 = 1.f; ng1 = 1.f; nb0 = 0.f; nb1 = 0.f;
+      if (s < tc) { ng0 = cb.gate[(int64_t)(t0 + s) * p.sg.t]; nb0 = cb.beta[(int64_t)(t0 + s) * p.sb.t]; }
+      if (s + 1 < tc) { ng1 = cb.gate[(int64_t)(t0 + s + 1) * p.sg.t]; nb1 = cb.beta[(int64_t)(t0 + s + 1) * p.sb.t]; }
     };
     stage(0);
     stage(1);
     stage(2);
-    load_gates(0, gc);
-    if (nch > 1) load_gates(1, gn);
+    load_gates(0);
     for (int e = tid; e < 2 * 16384 / 16; e += 128)  // both slots' P' (their zero blocks stay zero)
       *reinterpret_cast<uint4*>(sm + L::kDer0 + (e >> 10) * L::kDer + 16 * (e & 1023)) = make_uint4(0, 0, 0, 0);
     for (int c = 0; c < nch; ++c) {
@@ -2609,10 +2606,8 @@ __global__ void __launch_bounds__(kSm90Threads, 1) chunk_sm90_kernel(const Chunk
         for (int kb = 1; kb < NKB; ++kb) wgmma_ss64(P, desc_at(dq, 2048 * kb), desc_at(dk, 2048 * kb), 1);
         wg_commit();
       }
-      write_tables64(tb, gc[0], gc[1], gc[2], gc[3], wl, lane);  // while P runs
-#pragma unroll
-      for (int j = 0; j < 4; ++j) gc[j] = gn[j];
-      if (c + 2 < nch) load_gates(c + 2, gn);
+      write_tables64(tb, ng0, ng1, nb0, nb1, wl, lane);  // while P runs
+      if (c + 1 < nch) load_gates(c + 1);
       wg_barrier(0);  // the tables written
       if (outputs) {
         wg_wait<0>();
