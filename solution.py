@@ -35,11 +35,12 @@ everything the launch depends on; plan(B, T, H, D_k, D_v, dtype) prints that rec
     chunk_bf16    CHUNK_BF16_SRC       bfloat16, as chunk_tf32      the same schedule on bf16 mma.sync m16n8k16; the
                   unit chunk_bf16                                   fp32 operands (masked product, state, scaled keys)
                   (built on first use)                              split into bf16 hi + lo terms.
-    chunk_sm90    CHUNK_SM90_SRC +     bfloat16 chunks on compute   chunks of 64 on Hopper wgmma: two warpgroups keep
-                  WGMMA_SRC            capability 9.0 with D_k 64   the state in their accumulators for a whole
-                  unit chunk_sm90      or 128, D_v 128, aligned     segment; each product one asynchronous group, the
-                  (first use; sm_90a   rows and B*H*T >= 8192 (the  fp32 operands (state, masked product, scaled v)
-                  code only)           rest: chunk_bf16)            as bf16 hi + lo terms; cp.async staging.
+    chunk_sm90    CHUNK_SM90_SRC +     bfloat16 chunks on compute   chunks of 64 on Hopper wgmma, warp-specialised:
+                  WGMMA_SRC            capability 9.0 with D_k 64   an aux warpgroup loads q, k, v by TMA and forms
+                  unit chunk_sm90      or 128, D_v 128, aligned     the gate tables and the masked product a chunk
+                  (first use; sm_90a   rows, a nonzero t stride     ahead; two consumer warpgroups keep the state in
+                  code only)           and B*H*T >= 8192 (the       their accumulators for a whole segment; fp32
+                                       rest: chunk_bf16)            operands as bf16 hi + lo; y by TMA stores.
     segment_scan  SEGMENT_SCAN_SRC     chunk plans with segments>1  sequence parallelism when B*H blocks cannot fill
                   in every chunk unit  (B*H too small for the GPU)  the GPU: the chunk kernel computes each segment's
                                                                     own state, this kernel chains them, then every
@@ -154,7 +155,7 @@ struct Problem {
 struct Plan {
   Kernel kernel;
   DType dtype;
-  int64_t blocks;        // grid of the (output) launch, kMaxThreads threads a block
+  int64_t blocks;        // grid of the (output) launch, kMaxThreads threads a block (chunk_sm90: kSm90Threads)
   size_t smem;           // dynamic shared memory a block
   // recurrent
   int R, G;              // rows a lane, lanes a column (a compiled pair, GR_RG_PAIRS)
@@ -199,7 +200,7 @@ inline size_t chunk_bf16_smem(int NV, int DKP) {
 // stages of q, k (64 x DK) and v (64 x 128) bf16 tiles; two slots of what the aux warpgroup forms for the
 // consumers (P' hi and lo, 64 x 64 bf16, and the gate tables, kSm90Tab floats); y staged for its TMA store,
 // 64 x 64 bf16 a consumer warpgroup, twice; an mbarrier a stage.
-enum : int { kSm90Tab = 464 + 64 * 16 };
+enum : int { kSm90Tab = 464 + 64 * 16, kSm90Threads = 384 };  // kSm90Threads: aux + two consumer warpgroups
 template <int DK>
 struct Sm90Layout {
   static constexpr int kQ = 64 * DK * 2, kV = 64 * 128 * 2, kStage = 2 * kQ + kV, kStages = 3;
@@ -2267,20 +2268,27 @@ WGMMA_SRC = ("\n// ===================================== wgmma: chunk_sm90's ins
 CHUNK_SM90_SRC = r"""
 // ===================================== chunk_sm90: bfloat16 chunks of 64 on Hopper wgmma =======
 // CHUNK_SRC's chunkwise form with chunks of 64 steps for bfloat16 inputs, D_k 64 or 128, D_v 128 (rows
-// 16-byte aligned), built for sm_90a only (its own unit). One block of two warpgroups per (b, h,
-// segment); warpgroup w keeps rows 64w .. 64w + 63 of S^T (D_v x D_k, fp32) in wgmma accumulators for the
-// whole segment, so the state never goes through shared memory. Per chunk, each product one async group:
-//   P   = Q K^T          SS; each warpgroup 32 of the 64 key columns; masked, decayed and beta-scaled in
-//                        registers, then written as bf16 hi + lo (P') for both warpgroups
-//   O1  = S^T Q^T        RS: the accumulators split into bf16 hi + lo A fragments (2 products)
-//   Y^T = O1 diag(G) + V^T P'^T     RS: V^T fragments by ldmatrix.trans, P' hi and lo
-//   U   = (V^T diag(w)) K          RS: V^T w split into hi + lo; K read MN-major from the same tile
-//   S^T = gamma S^T + U  one fp32 FMA a element (an accumulator is not summed round-to-nearest)
+// 16-byte aligned), built for sm_90a only (its own unit). One block of three warpgroups per (b, h,
+// segment), warp-specialised, synchronised by named barriers (FULL: a chunk's operands ready; DONE: its
+// buffers free) and never by the whole block:
+//   aux warpgroup       one thread issues the TMA loads of q, k, v (a 5-d map whose box lands as the
+//                       no-swizzle core-matrix layout: element (r, c) of a 64-row tile at byte
+//                       (c / 8) 1024 + 16 r + 2 (c % 8)) into three stages on mbarriers, two chunks ahead;
+//                       the four warps form chunk c's gate tables (fp32, no quotient) and
+//                       P = Q K^T (SS), masked, decayed and beta-scaled, as P' bf16 hi + lo, a chunk
+//                       ahead of the consumers (two slots).
+//   consumers 1, 2      warpgroup cw keeps rows 64cw .. 64cw + 63 of S^T (D_v x D_k, fp32) in wgmma
+//                       accumulators for the whole segment, so the state never goes through shared
+//                       memory; per chunk:
+//     O1  = S^T Q^T                 RS: the accumulators split into bf16 hi + lo a k-step at a time
+//     Y^T = O1 diag(G) + V^T P'^T   RS: V^T fragments by ldmatrix.trans against P' hi and lo
+//     y                             staged in the core-matrix layout, one TMA store a warpgroup
+//     U   = (V^T diag(w)) K         RS: V^T w split into hi + lo; K read MN-major from the same tile
+//     S^T = gamma S^T + U           one fp32 FMA an element (an accumulator is not summed round-to-nearest)
 // Each fp32 operand is two bf16 terms against exact bf16 inputs, as in chunk_bf16: y's error is its own
-// bf16 rounding. q, k, v are staged by cp.async into the no-swizzle core-matrix layout (element (r, c)
-// of a 64-row tile at byte (c / 8) 1024 + 16 r + 2 (c % 8)), double-buffered; warp 0 forms the next
-// chunk's gate tables in double while its warpgroup's state update runs. A chunk whose v holds a NaN or
-// inf adds P' V in FMAs over s <= t instead (a masked zero never meets it). Segments: CHUNK_SRC's phases.
+// bf16 rounding. setmaxnreg moves registers from the aux warpgroup to the consumers. A chunk whose v holds a
+// NaN or inf: the consumer warps whose columns hold it add P' V in FMAs over s <= t instead (a masked zero
+// never meets it). Segments: CHUNK_SRC's phases.
 #include <cudaTypedefs.h>  // CUtensorMap, PFN_cuTensorMapEncodeTiled_v12000
 namespace gr {
 namespace {
@@ -2406,8 +2414,8 @@ __device__ __forceinline__ bool frags_bad(const uint32_t (&f)[4][4]) {
 // prod g[0..63]; for the masked product D[t][s] beta_s (D[t][s] = prod g[s+1..t]) in 16-step blocks:
 // LTABB[t][s % 16] = D[t][s] beta_s inside a block, else ROWF[t][bs] SOUTB[s] with ROWF[t][bs] = prod
 // g[16 bs + 16 .. t] (the whole blocks between and t's own prefix) and SOUTB[s] = beta_s prod g[s+1 ..
-// 16 bs + 15]. No quotient anywhere (gates 0, < 0, > 1 exact); each table value is formed in double and
-// rounded once, so a masked entry's decay is at most two rounded factors whatever the gates.
+// 16 bs + 15]. No quotient anywhere (gates 0, < 0, > 1 exact); products in fp32 (write_tables64), so a
+// table value carries at most a few dozen fp32 roundings (1e-6 relative), far below y's bf16 rounding.
 enum : int { kG = 0, kW = 64, kSoutb = 128, kRowf = 192, kGamma = 448, kLtab = 464 };
 static_assert(kLtab + 64 * 16 == kSm90Tab, "PRELUDE's kSm90Tab is these tables' size");
 
@@ -2512,7 +2520,7 @@ __device__ __forceinline__ uint64_t mn_desc(const void* p) { return sm_desc(p, 1
 
 // Registers a thread after the split (setmaxnreg; the launch gives 168 each, 384 x 168 in all): the aux
 // warpgroup needs P (32) and its masks, a consumer S (D_k / 2), its hi and lo fragments and Y.
-enum : int { kSm90Threads = 384, kAuxRegs = 72, kConsumerRegs = 216 };
+enum : int { kAuxRegs = 72, kConsumerRegs = 216 };
 static_assert(kAuxRegs * 128 + kConsumerRegs * 256 <= 168 * kSm90Threads, "the split fits the launch's registers");
 // Named barriers (0 is __syncthreads, 1 + wg a warpgroup's own): FULL + 2 cw + c % 2 is consumer
 // warpgroup cw waiting for the aux warpgroup's chunk c; DONE + 2 cw + c % 2 the aux warpgroup waiting
@@ -3348,14 +3356,15 @@ std::string describe(const Plan& pl) {
              " split=", 1 << pl.sp_log, pl.vec ? " loads=16B" : " loads=scalar", pl.pdl ? " pdl=on" : " pdl=off");
   else if (pl.kernel == Kernel::chunk_sm90)
     s += cat("C=64 D_k=", pl.DK, " compiled D_v=128 segments=", pl.nseg,
-             pl.nseg > 1 ? cat(" + segment_scan", pl.pdl ? " pdl=on" : " pdl=off") : "", " loads=16B",
+             pl.nseg > 1 ? cat(" + segment_scan", pl.pdl ? " pdl=on" : " pdl=off") : "", " loads=TMA",
              pl.work_floats > 0 ? cat(" workspace=", pl.work_floats * 4, "B") : "");
   else
     s += cat("C=", kChunk, " NV=", pl.NV, " D_k=", pl.DK > 0 ? cat(pl.DK, " compiled") : cat(pl.DKP, " run-time"),
              " segments=", pl.nseg, pl.nseg > 1 ? cat(" + segment_scan", pl.pdl ? " pdl=on" : " pdl=off") : "",
              " loads=", pl.vec_qk && pl.vec_v && pl.vec_y ? "16B" : pl.vec_qk || pl.vec_v || pl.vec_y ? "mixed" : "scalar",
              pl.work_floats > 0 ? cat(" workspace=", pl.work_floats * 4, "B") : "");
-  return s + cat(" grid=", pl.blocks, "x", kMaxThreads, " smem=", (int64_t)pl.smem);
+  return s + cat(" grid=", pl.blocks, "x", pl.kernel == Kernel::chunk_sm90 ? (int)kSm90Threads : (int)kMaxThreads,
+                 " smem=", (int64_t)pl.smem);
 }
 
 inline Strides4 strides4(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2), t.stride(3)}; }
