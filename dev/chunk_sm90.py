@@ -8,9 +8,10 @@ loop, chunk_bf16 and fla.
    [k][m] tile; RS with A packed from a previous accumulator. Tenth session, device run 1: LBO = 128 (K
    direction), SBO = 1024 (MN direction) for MN-major is right (6.6e-8), the other reading wrong (1.3);
    every other layout 6.5e-8 to 6.8e-8 (bf16 inputs exact, fp32 accumulation). Added after that run and
-   not yet run: a TMA load of one tile, a {8, 1, 64, 1} box per column group of a (B, T, H, D) map (each
-   lands as one 1 KB column group of the core-matrix layout, rows past T zero-filled), compared byte for
-   byte with the layout built by torch: the staging route of the kernel's next version.
+   still not run: a TMA load of one tile, a {8, 1, 64, 1} box per column group of a (B, T, H, D) map,
+   compared byte for byte with the layout built by torch. The eleventh session's kernel took the one-box
+   route instead (a 5-D map {8, T, D/8, H, B}, box {8, 64, D/8, 1, 1}), which the self-check below
+   confirms through the production kernel.
 2. Self-check of chunk_sm90 through solution._gated_recurrence_with(kernel="chunk_sm90", config=(segments,)):
    shapes with D_k 64 / 128, segments, gate classes, NaN and inf, states, float32 gates, each against
    1.1x the exact answer's own bf16 rounding.
