@@ -2521,6 +2521,9 @@ __device__ __forceinline__ uint64_t mn_desc(const void* p) { return sm_desc(p, 1
 // Registers a thread after the split (setmaxnreg; the launch gives 168 each, 384 x 168 in all): the aux
 // warpgroup needs P (32) and its masks, a consumer S (D_k / 2), its hi and lo fragments and Y.
 enum : int { kAuxRegs = 72, kConsumerRegs = 216 };
+// The pool is what the launch allocates: ptxas must report 168 registers for this kernel (-Xptxas -v), or
+// the consumers' setmaxnreg.inc waits forever for registers that do not exist. Re-check on any change of
+// the bounds, the split or the consumers' code.
 static_assert(kAuxRegs * 128 + kConsumerRegs * 256 <= 168 * kSm90Threads, "the split fits the launch's registers");
 // Named barriers (0 is __syncthreads, 1 + wg a warpgroup's own): FULL + 2 cw + c % 2 is consumer
 // warpgroup cw waiting for the aux warpgroup's chunk c; DONE + 2 cw + c % 2 the aux warpgroup waiting

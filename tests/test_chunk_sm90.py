@@ -110,6 +110,8 @@ def test_plan_takes_it_for_bfloat16_on_hopper_from_8192(sol, shape):
     text = sol.plan(B, T, H, Dk, Dv, BF16)
     want = "chunk_sm90 (CHUNK_SM90_SRC, unit chunk_sm90) C=64" if B * H * T >= 8192 else "chunk_bf16 "
     assert text.startswith(want), text
+    if B * H * T >= 8192:  # three warpgroups a block, TMA loads
+        assert " loads=TMA " in text and "x384 smem=" in text, text
 
 
 @sm90
