@@ -2421,40 +2421,39 @@ static_assert(kLtab + 64 * 16 == kSm90Tab, "PRELUDE's kSm90Tab is these tables' 
 
 // Aux warp `part` (0 .. 3) writes its share of the tables; every lane holds steps 2l, 2l+1 (g0, g1, b0,
 // b1). Warp 0: G, W, GAMMA (scans over the 64 steps); warp 1: SOUTB, ROWF (scans within 16-step blocks);
-// warps 2 and 3: LTABB of blocks 0-1 and 2-3, a column a lane. In fp32 (Acc): for bfloat16 inputs a
+// warps 2 and 3: LTABB of blocks 0-1 and 2-3, a column a lane. In fp32: for bfloat16 inputs a
 // table's own rounding (at most 64 products, 4e-6) is far below y's (2e-3), and fp32's latency and
 // rate keep the tables off the aux warpgroup's critical path.
-template <typename Acc = float>
 __device__ __forceinline__ void write_tables64(float* tb, float g0, float g1, float b0, float b1, int part, int lane) {
   const unsigned full = 0xffffffffu;
   const int s = 2 * lane, bt = lane >> 3;
   if (part < 2) {
-    const Acc a0 = g0, a1 = g1, pr = a0 * a1;
-    Acc pre = pr, suf = pr, bpre = pr, bsuf = pr;  // over step pairs: 8 lanes are a 16-step block
+    const float a0 = g0, a1 = g1, pr = a0 * a1;
+    float pre = pr, suf = pr, bpre = pr, bsuf = pr;  // over step pairs: 8 lanes are a 16-step block
     if (part == 0) warp_scans<1>(pre, suf, bpre, bsuf, lane);  // the scans a warp's tables need only
-    else warp_scans<8, Acc, false>(pre, suf, bpre, bsuf, lane);
+    else warp_scans<8, float, false>(pre, suf, bpre, bsuf, lane);
     if (part == 0) {
-      Acc pre_ex = __shfl_up_sync(full, pre, 1), suf_ex = __shfl_down_sync(full, suf, 1);
-      if (lane == 0) pre_ex = Acc(1);
-      if (lane == 31) suf_ex = Acc(1);
+      float pre_ex = __shfl_up_sync(full, pre, 1), suf_ex = __shfl_down_sync(full, suf, 1);
+      if (lane == 0) pre_ex = 1.f;
+      if (lane == 31) suf_ex = 1.f;
       tb[kG + s] = (float)(pre_ex * a0);
       tb[kG + s + 1] = (float)pre;
       tb[kW + s] = (float)(b0 * (a1 * suf_ex));
       tb[kW + s + 1] = (float)(b1 * suf_ex);
-      const Acc all = __shfl_sync(full, pre, 31);
+      const float all = __shfl_sync(full, pre, 31);
       if (lane == 0) tb[kGamma] = (float)all;
     } else {
-      Acc bpre_ex = __shfl_up_sync(full, bpre, 1), bsuf_ex = __shfl_down_sync(full, bsuf, 1);
-      if ((lane & 7) == 0) bpre_ex = Acc(1);
-      if ((lane & 7) == 7) bsuf_ex = Acc(1);
+      float bpre_ex = __shfl_up_sync(full, bpre, 1), bsuf_ex = __shfl_down_sync(full, bsuf, 1);
+      if ((lane & 7) == 0) bpre_ex = 1.f;
+      if ((lane & 7) == 7) bsuf_ex = 1.f;
       tb[kSoutb + s] = (float)(b0 * (a1 * bsuf_ex));
       tb[kSoutb + s + 1] = (float)(b1 * bsuf_ex);
       // Block products B_j (the in-block prefix at a block's last lane); ROWF[t][bs] for bs < bt.
-      const Acc B1 = __shfl_sync(full, bpre, 15), B2 = __shfl_sync(full, bpre, 23);
-      const Acc pin0 = bpre_ex * a0, pin1 = bpre;
+      const float B1 = __shfl_sync(full, bpre, 15), B2 = __shfl_sync(full, bpre, 23);
+      const float pin0 = bpre_ex * a0, pin1 = bpre;
 #pragma unroll
       for (int bs = 0; bs < 4; ++bs) {
-        Acc m = Acc(1);  // the whole blocks strictly between bs and bt
+        float m = 1.f;  // the whole blocks strictly between bs and bt
         if (bt == bs + 2) m = bs == 0 ? B1 : B2;
         if (bt == 3 && bs == 0) m = B1 * B2;
         tb[kRowf + s * 4 + bs] = (float)(pin0 * m);
@@ -2465,11 +2464,11 @@ __device__ __forceinline__ void write_tables64(float* tb, float g0, float g1, fl
     // LTABB of block lb, column sl: running products down the block's rows.
     const int lb = 2 * (part - 2) + (lane >> 4), sl = lane & 15, src = 8 * lb + (sl >> 1);
     const float e0 = __shfl_sync(full, b0, src), e1 = __shfl_sync(full, b1, src);
-    const Acc bs = (sl & 1) ? e1 : e0;
-    Acc run = Acc(1);
+    const float bs = (sl & 1) ? e1 : e0;
+    float run = 1.f;
 #pragma unroll
     for (int r = 0; r < 16; ++r) {
-      const Acc gt = __shfl_sync(full, (r & 1) ? g1 : g0, 8 * lb + (r >> 1));
+      const float gt = __shfl_sync(full, (r & 1) ? g1 : g0, 8 * lb + (r >> 1));
       if (r > sl) run *= gt;
       tb[kLtab + (16 * lb + r) * 16 + sl] = r >= sl ? (float)(run * bs) : 0.f;
     }
@@ -2496,9 +2495,8 @@ __device__ __forceinline__ void masked_pair(float& d0, float& d1, int t, int s, 
 
 // P' = masked P, as hi and lo bf16 at [t][s] (core-matrix layout), for the aux warp of row block BT
 // (P[i]: t = 16 BT + g + 8 ((i >> 1) & 1), s = 8 (i >> 2) + 2 qd + (i & 1)). Key blocks past BT are zero in
-// every chunk: written once, at the kernel's start.
-enum : int { kPhOff = 0, kPlOff = 8192 };  // Sm90Layout's kPh, kPl (either D_k)
-template <int BT>
+// every chunk: written once, at the kernel's start. L: the kernel's Sm90Layout.
+template <typename L, int BT>
 __device__ __forceinline__ void store_pprime(const float (&P)[32], unsigned char* der, const float* tb, int g, int qd) {
 #pragma unroll
   for (int i = 0; i < 32; i += 2) {
@@ -2509,8 +2507,8 @@ __device__ __forceinline__ void store_pprime(const float (&P)[32], unsigned char
     masked_pair(d0, d1, t, s, BT, bs, tb);
     uint32_t hi, lo;
     split_bf16x2(d0, d1, hi, lo);
-    *reinterpret_cast<uint32_t*>(der + kPhOff + cm_off(t, s)) = hi;
-    *reinterpret_cast<uint32_t*>(der + kPlOff + cm_off(t, s)) = lo;
+    *reinterpret_cast<uint32_t*>(der + L::kPh + cm_off(t, s)) = hi;
+    *reinterpret_cast<uint32_t*>(der + L::kPl + cm_off(t, s)) = lo;
   }
 }
 
@@ -2552,7 +2550,6 @@ __global__ void __launch_bounds__(kSm90Threads, 1) chunk_sm90_kernel(const Chunk
 #endif
   extern __shared__ __align__(1024) unsigned char sm[];
   using L = Sm90Layout<DK>;
-  static_assert(L::kPh == kPhOff && L::kPl == kPlOff, "store_pprime's offsets are the layout's");
   griddep_wait<>();
   griddep_launch<>();
   const ChunkBlock<bf16> cb(p, 128);
@@ -2596,7 +2593,8 @@ __global__ void __launch_bounds__(kSm90Threads, 1) chunk_sm90_kernel(const Chunk
     stage(1);
     stage(2);
     load_gates(0);
-    for (int e = tid; e < 2 * 16384 / 16; e += 128)  // both slots' P' (their zero blocks stay zero)
+    static_assert(L::kTb == 16 * 1024, "P' hi and lo of a slot: 1024 pieces of 16 bytes");
+    for (int e = tid; e < 2 * 1024; e += 128)  // both slots' P' (their zero blocks stay zero)
       *reinterpret_cast<uint4*>(sm + L::kDer0 + (e >> 10) * L::kDer + 16 * (e & 1023)) = make_uint4(0, 0, 0, 0);
     for (int c = 0; c < nch; ++c) {
       if (c >= 2) {  // both consumers done with chunk c - 2: its derived slot and raw stage are free
@@ -2624,10 +2622,10 @@ __global__ void __launch_bounds__(kSm90Threads, 1) chunk_sm90_kernel(const Chunk
         wg_wait<0>();
         acc_fence(P);
         switch (wl) {  // the warp's row block, compiled in: no branch a pair
-          case 0: store_pprime<0>(P, der, tb, g, qd); break;
-          case 1: store_pprime<1>(P, der, tb, g, qd); break;
-          case 2: store_pprime<2>(P, der, tb, g, qd); break;
-          default: store_pprime<3>(P, der, tb, g, qd); break;
+          case 0: store_pprime<L, 0>(P, der, tb, g, qd); break;
+          case 1: store_pprime<L, 1>(P, der, tb, g, qd); break;
+          case 2: store_pprime<L, 2>(P, der, tb, g, qd); break;
+          default: store_pprime<L, 3>(P, der, tb, g, qd); break;
         }
         fence_async_smem();
       }
