@@ -205,7 +205,8 @@ template <int DK>
 struct Sm90Layout {
   static constexpr int kQ = 64 * DK * 2, kV = 64 * 128 * 2, kStage = 2 * kQ + kV, kStages = 3;
   static constexpr int kPh = 0, kPl = 8192, kTb = 16384, kDer = kTb + (kSm90Tab * 4 + 127) / 128 * 128;
-  static constexpr int kDer0 = kStages * kStage, kY = kDer0 + 2 * kDer, kBars = kY + 2 * 2 * 64 * 64 * 2;
+  static constexpr int kYBuf = 64 * 64 * 2;  // one consumer warpgroup's y tile
+  static constexpr int kDer0 = kStages * kStage, kY = kDer0 + 2 * kDer, kBars = kY + 2 * 2 * kYBuf;
   static constexpr int kBytes = kBars + 8 * kStages;
 };
 inline size_t chunk_sm90_smem(int DK) { return DK == 64 ? Sm90Layout<64>::kBytes : Sm90Layout<128>::kBytes; }
@@ -2750,7 +2751,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1) chunk_sm90_kernel(const Chunk
       }
       // y: this warpgroup's 64 columns staged in the core-matrix layout, then one TMA store (the buffer's
       // previous store, two chunks back, has read it: its thread waited before this chunk's FULL barrier).
-      unsigned char* ys = sm + L::kY + ((c & 1) * 2 + cw) * 8192;
+      unsigned char* ys = sm + L::kY + ((c & 1) * 2 + cw) * L::kYBuf;
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
         const int dv = 16 * wl + g + 8 * ((i >> 1) & 1), t = 8 * (i >> 2) + 2 * qd + (i & 1);
@@ -2837,7 +2838,7 @@ CUresult tile_map(CUtensorMap* m, int& hmask, int& bmask, const void* base, int 
 }
 
 // execute_chunks' launches for this family: its own instantiations (D_k 64 or 128), three warpgroups a
-// block, the maps of q, k and v encoded on the host for each launch (no device work).
+// block, the maps of q, k, v and y encoded on the host for each launch (no device work).
 template <>
 cudaError_t launch_chunk_kernel<ChunkSM90Kernels>(const Plan& pl, const ChunkParams& p, int64_t blocks, bool pdl,
                                                   cudaStream_t s) {
