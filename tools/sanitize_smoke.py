@@ -61,12 +61,7 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16):
     if dtype != torch.float32:  # float32 gate and beta beside 16-bit q, k, v, on every planned kernel
         for B, T, H, Dk, Dv in [(2, 128, 4, 24, 24), (1, 100, 2, 33, 20), (8, 200, 16, 24, 24), (1, 300, 2, 64, 64)]:
             xs = reference.make_inputs(B, T, H, Dk, Dv, dtype=dtype, device="cuda")
-            solution._gated_recurrence_with(*xs[:3], xs[3].float(), xs[4].float(), kernel="chunk_sm90", config=cfg)
-    # TMA maps of other layouts: q and k one head expanded (stride 0), v in (B, H, T, D) memory
-    xs = reference.make_inputs(2, 100, 2, 128, 128, dtype=torch.bfloat16, device="cuda")
-    xs[0], xs[1] = xs[0][:, :, :1].expand_as(xs[0]), xs[1][:, :, :1].expand_as(xs[1])
-    xs[2] = xs[2].transpose(1, 2).contiguous().transpose(1, 2)
-    solution._gated_recurrence_with(*xs, kernel="chunk_sm90", config=(2,))
+            solution.gated_recurrence(*xs[:3], xs[3].float(), xs[4].float())
     # parallel: planned and chosen column tiles (ragged), ragged row tiles, states, 16-byte and scalar copies
     for cfg, (B, T, H, Dk, Dv) in [((), (2, 37, 3, 24, 24)), ((64,), (1, 200, 2, 33, 100)), ((32,), (1, 256, 1, 64, 40)),
                                    ((8,), (1, 9, 1, 256, 8)), ((), (1, 100, 2, 40, 104))]:
