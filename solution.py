@@ -2631,6 +2631,10 @@ __global__ void __launch_bounds__(kSm90Threads, 1) chunk_sm90_kernel(const Chunk
         fence_async_smem();
       }
       __threadfence_block();
+      // Not needed for ordering (bar.arrive releases the stores to the consumers' bar.sync), but
+      // compute-sanitizer racecheck credits a store only when a barrier its thread waits on follows it:
+      // without this it reports every P' store the NaN path reads (dev/racecheck_named_barriers.py).
+      wg_barrier(0);
       bar_arrive(kBarFull + (c & 1));
       bar_arrive(kBarFull + 2 + (c & 1));
     }
