@@ -106,12 +106,13 @@ if _CUDA_HOME:
         sys.modules["torch.utils.cpp_extension"].CUDA_HOME = _CUDA_HOME
 from torch.utils.cpp_extension import load_inline  # noqa: E402
 
-__all__ = ["ModelNew", "gated_recurrence", "plan", "build", "built_units", "KERNELS", "UNITS"]
+__all__ = ["ModelNew", "gated_recurrence", "gated_recurrence_decode_", "plan", "plan_decode", "build", "built_units",
+           "KERNELS", "UNITS"]
 
 # Every kernel a plan can name (tests check it against the __global__ kernels and plan()).
-KERNELS = ("recurrent", "parallel", "chunk_tf32", "chunk_bf16", "chunk_sm90", "segment_scan")
+KERNELS = ("recurrent", "parallel", "chunk_tf32", "chunk_bf16", "chunk_sm90", "segment_scan", "decode")
 # Build units: core (host code, recurrent, parallel) at import; each chunk family and the reference rounding on first use.
-UNITS = ("core", "chunk_tf32", "chunk_bf16", "reference", "chunk_sm90")
+UNITS = ("core", "chunk_tf32", "chunk_bf16", "reference", "chunk_sm90", "decode")
 
 # ---------------------------------------------------------------------------------------------
 # CUDA and C++ sources, one constant per kernel family. A unit is PRELUDE + DEVICE + its families
@@ -132,8 +133,8 @@ enum : int {
   kParallelRows = 8               // steps a row tile of the parallel kernel (even)
 };
 enum class DType : int { f32 = 0, f16 = 1, bf16 = 2 };
-enum class Kernel : int { recurrent = 0, parallel = 1, chunk_tf32 = 2, chunk_bf16 = 3, chunk_sm90 = 4 };
-enum class Unit : int { core = 0, chunk_tf32 = 1, chunk_bf16 = 2, reference = 3, chunk_sm90 = 4 };  // a launch's build unit
+enum class Kernel : int { recurrent = 0, parallel = 1, chunk_tf32 = 2, chunk_bf16 = 3, chunk_sm90 = 4, decode = 5 };
+enum class Unit : int { core = 0, chunk_tf32 = 1, chunk_bf16 = 2, reference = 3, chunk_sm90 = 4, decode = 5 };  // a launch's build unit
 
 struct Strides4 { int64_t b, t, h, d; };
 struct Strides3 { int64_t b, t, h; };
@@ -149,6 +150,8 @@ struct Problem {
   const float* s_in; StateStrides ssi;  // initial state, or nullptr for zero
   float* s_out; StateStrides sso;       // final state, or nullptr
   bool g32, b32;  // gate / beta are float32 (beside 16-bit q, k, v; with float32 inputs it folds away)
+  // decode: s_in == s_out is the pool of P states (ssi), row b's slot idx[b * idx_stride] (or b without idx)
+  const void* idx = nullptr; int64_t idx_stride = 0; int64_t P = 0; bool idx64 = false;
 };
 
 // Everything a launch depends on, decided once by make_plan() (host) and only executed by a unit.
@@ -158,7 +161,7 @@ struct Plan {
   int64_t blocks;        // grid of the (output) launch, kMaxThreads threads a block (chunk_sm90: kSm90Threads)
   size_t smem;           // dynamic shared memory a block
   // recurrent
-  int R, G;              // rows a lane, lanes a column (a compiled pair, GR_RG_PAIRS)
+  int R, G;              // rows a lane, lanes a column (a compiled pair, GR_RG_PAIRS); decode: R row passes
   int JB, TC;            // state columns a block, steps staged at once
   bool round_ref;        // numerics "reference": the PyTorch loop's rounding in the input dtype
   int col_blocks;        // ceil(D_v / JB)
@@ -2870,6 +2873,185 @@ extern "C" int gr_execute_chunk_sm90(const gr::Plan* pl, const gr::Problem* pr, 
 }
 """
 
+DECODE_SRC = r"""
+// ===================================== decode: T steps from a pool of states, in place ======
+// Serving's step: each batch row reads its state from a pool slot, advances T (small) steps and writes the
+// state back. Memory-bound (the state is read and written once), so the layout is the pool's: a block a
+// (row, head, tile of 32 state columns); a thread 4 adjacent columns of every 32nd row (16-byte accesses,
+// a warp 4 whole 128-byte rows a pass); the D_k sum of y per step over the warp's rows by shuffles, then
+// over the 8 warps through shared memory in a fixed order (y is the same whatever B, T or the grid).
+// The update is the recurrent kernel's expression (fmaf(g, S, k * (beta v))): the same state, bitwise.
+namespace gr {
+namespace {
+
+struct DecodeParams : Problem {
+  int vtiles;  // ceil(D_v / 32)
+};
+
+__device__ __forceinline__ int64_t slot_of(const Problem& p, int64_t b) {
+  if (p.idx == nullptr) return b;
+  return p.idx64 ? static_cast<const int64_t*>(p.idx)[b * p.idx_stride]
+                 : (int64_t) static_cast<const int*>(p.idx)[b * p.idx_stride];
+}
+
+// One step's inputs for this thread: k and q of its NP rows, v of its 4 MC columns (times beta), the gate.
+template <int NP, int MC>
+struct DecodeStep {
+  float k[NP], q[NP], bv[MC][4], g;
+};
+
+// Threads: r0 = tid / 8 owns rows r0 + 32 r (r < NP); lane group c = tid % 8 the columns jt + 32 m + 4 c + e
+// (m < MC, e < 4). MC = 1 (32-column tiles: many blocks, for few rows) or 4 (whole 128-column rows: twice
+// the state in flight an SM, for many rows; DecodePlan picks).
+template <typename scalar_t, int NP, int MC, bool VEC>
+__global__ void __launch_bounds__(kMaxThreads, MC == 1 ? (NP <= 4 ? 4 : 2) : (NP <= 4 ? 2 : 1))
+    decode_kernel(const DecodeParams p) {
+  __shared__ __align__(16) float red[2][kMaxThreads / 32][32 * MC];  // a step's y partials, a warp's row
+  griddep_wait<>();    // the previous kernel (often the last step's) wrote the pool or the inputs
+  griddep_launch<>();  // the next one may start; it waits for this grid in its own griddep_wait
+  int blk = blockIdx.x;
+  const int tile = blk % p.vtiles;
+  blk /= p.vtiles;
+  const int h = blk % p.H, b = blk / p.H;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, r0 = tid >> 3;
+  const int jt = 32 * MC * tile, jc = jt + 4 * (tid & 7);  // column 0 of chunk m: jc + 32 m
+  const int64_t slot = slot_of(p, b);
+  const bool valid = slot >= 0 && slot < p.P;
+  float* pool = p.s_out + (valid ? slot : 0) * p.ssi.b + h * p.ssi.h;  // 64-bit offsets: pools past 2^31
+  float S[NP][MC][4];
+#pragma unroll
+  for (int r = 0; r < NP; ++r)
+#pragma unroll
+    for (int m = 0; m < MC; ++m) {
+      const int i = r0 + 32 * r, j = jc + 32 * m;
+      if constexpr (VEC) {  // D_v % 4 == 0, unit column stride, 16-byte aligned rows
+        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (valid && i < p.Dk && j < p.Dv) x = *reinterpret_cast<const float4*>(pool + i * p.ssi.i + j);
+        S[r][m][0] = x.x; S[r][m][1] = x.y; S[r][m][2] = x.z; S[r][m][3] = x.w;
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          S[r][m][e] = valid && i < p.Dk && j + e < p.Dv ? pool[i * p.ssi.i + (j + e) * p.ssi.j] : 0.f;
+      }
+    }
+  const scalar_t* q = static_cast<const scalar_t*>(p.q) + b * p.sq.b + h * p.sq.h;
+  const scalar_t* k = static_cast<const scalar_t*>(p.k) + b * p.sk.b + h * p.sk.h;
+  const scalar_t* v = static_cast<const scalar_t*>(p.v) + b * p.sv.b + h * p.sv.h;
+  const GateSeq<scalar_t, true> gate(p.gate, b * p.sg.b + h * p.sg.h, p.g32);
+  const GateSeq<scalar_t, true> beta(p.beta, b * p.sb.b + h * p.sb.h, p.b32);
+  scalar_t* y = static_cast<scalar_t*>(p.y) + b * p.sy.b + h * p.sy.h;
+  DecodeStep<NP, MC> x;
+  auto load = [&](int64_t t) {
+    x.g = gate[t * p.sg.t];
+    const float bt = beta[t * p.sb.t];
+#pragma unroll
+    for (int m = 0; m < MC; ++m)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int j = jc + 32 * m + e;
+        x.bv[m][e] = j < p.Dv ? bt * to_float(v[t * p.sv.t + j * p.sv.d]) : 0.f;
+      }
+#pragma unroll
+    for (int r = 0; r < NP; ++r) {
+      const int i = r0 + 32 * r;
+      x.k[r] = i < p.Dk ? to_float(k[t * p.sk.t + i * p.sk.d]) : 0.f;
+      x.q[r] = i < p.Dk ? to_float(q[t * p.sq.t + i * p.sq.d]) : 0.f;
+    }
+  };
+  if (p.T > 0) load(0);  // in flight with the state's loads
+  // A slot that an earlier row also names (a usage error) stays that row's: this row writes nothing.
+  bool dup = false;
+  if (p.idx != nullptr && valid)
+    for (int e = tid; e < b; e += blockDim.x) dup |= slot_of(p, e) == slot;
+  const bool own = __syncthreads_or(dup) == 0 && valid;  // the barrier in every block (block-uniform anyway)
+  // Rows that do not run: -1 (padding) gives zeros, any other unusable slot NaN (visible without a sync).
+  const float fill = slot == -1 ? 0.f : __int_as_float(0x7fffffff);
+  for (int t = 0; t < p.T; ++t) {
+    if (t > 0) load(t);
+    float acc[MC][4] = {};
+    if (own) {
+#pragma unroll
+      for (int r = 0; r < NP; ++r)
+        if (r0 + 32 * r < p.Dk) {  // padded rows stay out: 0 * inf would be NaN
+#pragma unroll
+          for (int m = 0; m < MC; ++m)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              S[r][m][e] = fmaf(x.g, S[r][m][e], x.k[r] * x.bv[m][e]);
+              acc[m][e] = fmaf(x.q[r], S[r][m][e], acc[m][e]);
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < MC; ++m)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {  // the warp's 4 rows (lanes 8 apart share columns)
+        acc[m][e] += __shfl_xor_sync(0xffffffffu, acc[m][e], 8);
+        acc[m][e] += __shfl_xor_sync(0xffffffffu, acc[m][e], 16);
+      }
+    if (lane < 8)
+#pragma unroll
+      for (int m = 0; m < MC; ++m)
+        *reinterpret_cast<float4*>(&red[t & 1][warp][32 * m + 4 * lane]) =
+            make_float4(acc[m][0], acc[m][1], acc[m][2], acc[m][3]);
+    __syncthreads();  // also orders step t - 1's reads of red[t & 1] before step t + 1 rewrites it
+    if (tid < 32 * MC && jt + tid < p.Dv) {
+      float sum = 0.f;
+#pragma unroll
+      for (int w = 0; w < kMaxThreads / 32; ++w) sum += red[t & 1][w][tid];
+      y[t * p.sy.t + (jt + tid) * p.sy.d] = from_float<scalar_t>(own ? sum : fill);
+    }
+  }
+  if (!own) return;
+#pragma unroll
+  for (int r = 0; r < NP; ++r) {
+    const int i = r0 + 32 * r;
+    if (i >= p.Dk) continue;
+#pragma unroll
+    for (int m = 0; m < MC; ++m) {
+      const int j = jc + 32 * m;
+      if constexpr (VEC) {
+        if (j < p.Dv)
+          *reinterpret_cast<float4*>(pool + i * p.ssi.i + j) = make_float4(S[r][m][0], S[r][m][1], S[r][m][2], S[r][m][3]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (j + e < p.Dv) pool[i * p.ssi.i + (j + e) * p.ssi.j] = S[r][m][e];
+      }
+    }
+  }
+}
+
+template <typename scalar_t>
+cudaError_t launch_decode(const Plan& pl, const Problem& pr, cudaStream_t s) {
+  DecodeParams p;
+  static_cast<Problem&>(p) = pr;
+  p.vtiles = pl.vtiles;
+  const dim3 grid((unsigned)pl.blocks);
+#define GR_CASE(NP_, MC_)                                                                                  \
+  if (pl.R == NP_ && pl.NV == 32 * MC_)                                                                    \
+    return pl.vec ? launch_ex(decode_kernel<scalar_t, NP_, MC_, true>, grid, 0, s, pl.pdl, p)              \
+                  : launch_ex(decode_kernel<scalar_t, NP_, MC_, false>, grid, 0, s, pl.pdl, p);
+  GR_CASE(1, 1) GR_CASE(2, 1) GR_CASE(4, 1) GR_CASE(8, 1) GR_CASE(1, 4) GR_CASE(2, 4) GR_CASE(4, 4)
+#undef GR_CASE
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace
+}  // namespace gr
+
+extern "C" int gr_execute_decode(const gr::Plan* pl, const gr::Problem* pr, float*, cudaStream_t s, const char** failed) {
+  using namespace gr;
+  *failed = "decode";
+  switch (pl->dtype) {
+    case DType::f32: return (int)launch_decode<float>(*pl, *pr, s);
+    case DType::f16: return (int)launch_decode<__half>(*pl, *pr, s);
+    case DType::bf16: return (int)launch_decode<__nv_bfloat16>(*pl, *pr, s);
+  }
+  return (int)cudaErrorInvalidValue;
+}
+"""
+
 HOST_SRC = r"""
 // ===================================== host: argument checks, the plan, the launch ==========
 // Only the headers it needs (torch/extension.h would triple the host compile time).
@@ -2878,6 +3060,7 @@ HOST_SRC = r"""
 #include <torch/csrc/autograd/python_variable.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -2895,10 +3078,12 @@ namespace gr {
 constexpr int kMaxDim = 256;
 constexpr size_t kRecurrentSmem = 48 * 1024;  // the recurrent kernel stays under the static limit
 constexpr int64_t kChunkedMinT = 256;         // use_chunked(): from the crossover sweep (BENCHMARKS.md)
-const char* const kKernelNames[] = {"recurrent", "parallel", "chunk_tf32", "chunk_bf16", "chunk_sm90"};
-const char* const kSourceNames[] = {"RECURRENT_SRC", "PARALLEL_SRC", "CHUNK_TF32_SRC", "CHUNK_BF16_SRC", "CHUNK_SM90_SRC"};
-const char* const kUnitNames[] = {"core", "chunk_tf32", "chunk_bf16", "reference", "chunk_sm90"};
-constexpr Unit kUnitOf[] = {Unit::core, Unit::core, Unit::chunk_tf32, Unit::chunk_bf16, Unit::chunk_sm90};
+const char* const kKernelNames[] = {"recurrent", "parallel", "chunk_tf32", "chunk_bf16", "chunk_sm90", "decode"};
+const char* const kSourceNames[] = {"RECURRENT_SRC", "PARALLEL_SRC", "CHUNK_TF32_SRC", "CHUNK_BF16_SRC", "CHUNK_SM90_SRC",
+                                    "DECODE_SRC"};
+const char* const kUnitNames[] = {"core", "chunk_tf32", "chunk_bf16", "reference", "chunk_sm90", "decode"};
+constexpr Unit kUnitOf[] = {Unit::core, Unit::core, Unit::chunk_tf32, Unit::chunk_bf16, Unit::chunk_sm90, Unit::decode};
+constexpr int kUnits = 6;
 // The unit that runs a plan: its kernel's, except the recurrent kernel's rounding mode (its own unit).
 inline int unit_of(const Plan& pl) { return pl.round_ref ? (int)Unit::reference : (int)kUnitOf[(int)pl.kernel]; }
 constexpr int64_t kParallelMaxT = 256;  // warp 0's lanes hold at most 8 gates each (PARALLEL_SRC)
@@ -3032,6 +3217,38 @@ bool check_state(const at::Tensor& s, const at::Tensor& q, const at::Tensor& v) 
   const int64_t want[4] = {q.size(0), q.size(2), q.size(3), v.size(3)};
   GR_REQUIRE("ValueError", s.sizes() == at::IntArrayRef(want, 4), "initial_state must be (B, H, D_k, D_v) = ",
              shape_str(at::IntArrayRef(want, 4)), ", got ", shape_str(s.sizes()));
+  return true;
+}
+
+// decode: the pool (P, H, D_k, D_v) float32, written in place; the indices (B,) int32 or int64. Dtypes and
+// shapes first (reachable on a CPU), devices after check_devices.
+bool check_pool(const at::Tensor& pool, const at::Tensor* idx, const at::Tensor& q, const at::Tensor& v) {
+  GR_REQUIRE("TypeError", pool.defined(), "state_pool must be a tensor, got an undefined tensor");
+  GR_REQUIRE("TypeError", pool.scalar_type() == at::kFloat, "state_pool must be float32, got ", dtype_str(pool.scalar_type()));
+  const int64_t want[3] = {q.size(2), q.size(3), v.size(3)};
+  GR_REQUIRE("ValueError", pool.dim() == 4 && pool.sizes().slice(1) == at::IntArrayRef(want, 3),
+             "state_pool must be (P, H, D_k, D_v) with (H, D_k, D_v) = ", shape_str(at::IntArrayRef(want, 3)), ", got ",
+             shape_str(pool.sizes()));
+  GR_REQUIRE("ValueError", idx != nullptr || pool.size(0) == q.size(0), "state_pool has P = ", pool.size(0),
+             " slots but q has B = ", q.size(0), " rows; without state_indices row b uses slot b (P must equal B)");
+  GR_REQUIRE("ValueError", at::has_internal_overlap(pool) != at::MemOverlap::Yes,
+             "state_pool has elements that share memory (an expanded tensor?); it is written in place");
+  if (idx != nullptr) {
+    const auto st = idx->scalar_type();
+    GR_REQUIRE("TypeError", st == at::kInt || st == at::kLong, "state_indices must be int32 or int64, got ", dtype_str(st));
+    GR_REQUIRE("ValueError", idx->dim() == 1 && idx->size(0) == q.size(0), "state_indices must be (B,) = (", q.size(0),
+               ",), got ", shape_str(idx->sizes()));
+  }
+  GR_REQUIRE("NotImplementedError", !at::GradMode::is_enabled() || !pool.requires_grad(),
+             "state_pool requires grad, but the decode step has no backward (forward only): call it under "
+             "torch.no_grad() or give it a detached pool");
+  return true;
+}
+bool check_pool_devices(const at::Tensor& pool, const at::Tensor* idx, const at::Tensor& q) {
+  GR_REQUIRE("ValueError", pool.device() == q.device(), "state_pool is on ", device_str(pool), " but q is on ",
+             device_str(q));
+  GR_REQUIRE("ValueError", idx == nullptr || idx->device() == q.device(), "state_indices is on ", device_str(*idx),
+             " but q is on ", device_str(q), " (the indices are read on the device: no host copy)");
   return true;
 }
 
@@ -3293,6 +3510,30 @@ bool plan_parallel(const Shape& s, const Layout& lay, const DeviceLimits& lim, c
 // run chunk_sm90 where use_sm90 allows (Hopper), else chunk_bf16.
 // reference: numerics "reference" (the PyTorch loop's rounding, one step at a time), which only the
 // recurrent kernel has.
+// decode: a block a (row, head, NV state columns), R = 32-row passes a thread (D_k rounded up to 32, 64,
+// 128, 256); 16-byte pool accesses when the pool's rows allow them. NV = 128 (whole rows, twice the state in
+// flight an SM) once there are two such blocks an SM, else 32 (four times the blocks, for few rows); nv > 0
+// forces one (tests, benchmarks). No shared memory beyond 8 KB static, no workspace: nothing to opt in,
+// allocate or synchronize (CUDA-graph capturable).
+bool plan_decode(const Shape& s, DType dt, bool pool_vec, const DeviceLimits& lim, int64_t nv, Plan& pl) {
+  if (!check_sizes(s)) return false;
+  GR_REQUIRE("ValueError", nv == 0 || nv == 32 || nv == 128, "decode: NV must be 32 or 128 (0: planned), got ", nv);
+  pl = Plan{};
+  pl.kernel = Kernel::decode;
+  pl.dtype = dt;
+  const bool wide = s.Dk <= 128 && s.Dv > 64 && s.B * s.H * ceil_div(s.Dv, 128) >= 2 * lim.sms;
+  pl.NV = nv > 0 ? (int)nv : wide ? 128 : 32;
+  GR_REQUIRE("ValueError", pl.NV == 32 || s.Dk <= 128, "decode: NV = 128 serves D_k up to 128, got ", s.Dk);
+  pl.vtiles = (int)ceil_div(s.Dv, pl.NV);
+  pl.R = pow2_at_least(ceil_div(s.Dk, 32));
+  pl.DKP = (int)s.Dk;
+  pl.vec = pool_vec;
+  pl.pdl = lim.pdl;
+  pl.blocks = s.B * s.H * pl.vtiles;
+  GR_REQUIRE("ValueError", pl.blocks <= INT32_MAX, "decode: B * H * ceil(D_v / NV) must be below 2^31, got ", pl.blocks);
+  return true;
+}
+
 bool make_plan(const Shape& s, DType dt, const Layout& lay, const DeviceLimits& lim, const std::string& kernel,
                const std::vector<int64_t>& config, bool reference, Plan& pl) {
   pl = Plan{};
@@ -3360,6 +3601,8 @@ std::string describe(const Plan& pl) {
   else if (pl.kernel == Kernel::parallel)
     s += cat("row_tiles=", pl.rtiles, " NV=", pl.NV, " D_k=", pl.DKP, pl.DK > 0 ? " compiled" : " run-time",
              " split=", 1 << pl.sp_log, pl.vec ? " loads=16B" : " loads=scalar", pl.pdl ? " pdl=on" : " pdl=off");
+  else if (pl.kernel == Kernel::decode)
+    s += cat("NV=", pl.NV, " D_k=", pl.DKP, " row_passes=", pl.R, pl.vec ? " pool=16B" : " pool=scalar", pl.pdl ? " pdl=on" : " pdl=off");
   else if (pl.kernel == Kernel::chunk_sm90)
     s += cat("C=64 D_k=", pl.DK, " compiled D_v=128 segments=", pl.nseg,
              pl.nseg > 1 ? cat(" + segment_scan", pl.pdl ? " pdl=on" : " pdl=off") : "", " loads=TMA",
@@ -3416,7 +3659,7 @@ Problem problem_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
 // Each unit's entry point, by Unit: the core's own; a chunk unit's once Python has built it and called
 // attach() with its address.
 namespace {
-ExecuteFn g_execute[5] = {gr_execute_core, nullptr, nullptr, nullptr, nullptr};
+ExecuteFn g_execute[kUnits] = {gr_execute_core};
 }  // namespace
 
 // A plan whose unit is not loaded yet: Python builds it, attaches it and calls again.
@@ -3488,6 +3731,42 @@ bool run_ex(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
   return true;
 }
 
+// 16-byte pool accesses: unit column stride, D_v a multiple of 4, every row on a 16-byte boundary.
+inline bool pool_aligned(const at::Tensor& pool) {
+  return pool.stride(3) == 1 && pool.size(3) % 4 == 0 && reinterpret_cast<uintptr_t>(pool.data_ptr()) % 16 == 0 &&
+         pool.stride(0) % 4 == 0 && pool.stride(1) % 4 == 0 && pool.stride(2) % 4 == 0;
+}
+
+// The decode step: checks, the plan, y, one launch; the pool is read and written in place on the device
+// (indices included: nothing comes back to the host).
+at::Tensor run_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
+                      const at::Tensor& beta, const at::Tensor& pool, const at::Tensor* idx, int64_t nv) {
+  if (!check_shapes(q, k, v, gate, beta, false) || !check_pool(pool, idx, q, v) ||
+      !check_no_grad(q, k, v, gate, beta, nullptr) || !check_devices(q, k, v, gate, beta) ||
+      !check_pool_devices(pool, idx, q))
+    return at::Tensor();
+  const c10::cuda::CUDAGuard guard(q.device());
+  Plan pl;
+  if (!plan_decode(shape_of(q, v), dtype_of(q), pool_aligned(pool), device_limits(), nv, pl) || !unit_ready(pl))
+    return at::Tensor();
+  at::Tensor y = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());
+  if (y.numel() == 0) return y;
+  Problem pr = problem_of(q, k, v, gate, beta, y, &pool, const_cast<at::Tensor*>(&pool));
+  pr.P = pool.size(0);
+  if (idx != nullptr) {
+    pr.idx = idx->data_ptr();
+    pr.idx64 = idx->scalar_type() == at::kLong;
+    pr.idx_stride = idx->stride(0);
+  }
+  return execute(pl, pr, q) ? y : at::Tensor();
+}
+
+std::string plan_decode_text(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, int64_t dtype, int64_t nv) {
+  Plan pl;
+  return plan_decode(Shape{B, T, H, Dk, Dv}, static_cast<DType>(dtype), Dv % 4 == 0, device_limits(), nv, pl)
+             ? describe(pl) : std::string();
+}
+
 // plan() for Python: the planned record for contiguous inputs of this shape and dtype, as text.
 // With sms, smem and arch all given (nonzero), for a device with those limits instead (tests: the plan
 // of every GPU family fits it).
@@ -3555,21 +3834,34 @@ std::vector<at::Tensor> op_forward_ex(const at::Tensor& q, const at::Tensor& k, 
     throw_last_error();
   return out;
 }
+
+at::Tensor op_decode_(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
+                      const at::Tensor& beta, const at::Tensor& state_pool, const c10::optional<at::Tensor>& state_indices) {
+  const at::Tensor* idx = state_indices.has_value() && state_indices->defined() ? &*state_indices : nullptr;
+  at::Tensor y = run_decode(q, k, v, gate, beta, state_pool, idx, 0);
+  if (!y.defined()) throw_last_error();
+  return y;
+}
 }  // namespace gr
 
 TORCH_LIBRARY(GR_OPS_NS, m) {
   m.def("forward(Tensor q, Tensor k, Tensor v, Tensor gate, Tensor beta, bool reference) -> Tensor");
   m.def("forward_ex(Tensor q, Tensor k, Tensor v, Tensor gate, Tensor beta, Tensor? initial_state, bool want_final, "
         "str kernel, int[] config, bool reference) -> Tensor[]");
+  // (a!): the pool is written in place (functionalization and torch.compile see the mutation)
+  m.def("decode_(Tensor q, Tensor k, Tensor v, Tensor gate, Tensor beta, Tensor(a!) state_pool, "
+        "Tensor? state_indices) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(GR_OPS_NS, CUDA, m) {
   m.impl("forward", &gr::op_forward);
   m.impl("forward_ex", &gr::op_forward_ex);
+  m.impl("decode_", &gr::op_decode_);
 }
 // CPU tensors reach the same checks, which refuse them by name (ValueError), as the eager call does.
 TORCH_LIBRARY_IMPL(GR_OPS_NS, CPU, m) {
   m.impl("forward", &gr::op_forward);
   m.impl("forward_ex", &gr::op_forward_ex);
+  m.impl("decode_", &gr::op_decode_);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -3591,11 +3883,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     if (!gr::run_ex(*tq, *tk, *tv, *tg, *tb, s0, want_final, kernel, config, reference, out)) out.clear();
     return out;
   });
+  m.def("decode_", [](handle q, handle k, handle v, handle gate, handle beta, handle state_pool, handle state_indices,
+                       int64_t nv) {
+    const at::Tensor *tq, *tk, *tv, *tg, *tb, *tp, *ti = nullptr;
+    if (!gr::tensor_args({{q, "q"}, {k, "k"}, {v, "v"}, {gate, "gate"}, {beta, "beta"}, {state_pool, "state_pool"}},
+                         {&tq, &tk, &tv, &tg, &tb, &tp}) ||
+        (!state_indices.is_none() && !gr::tensor_args({{state_indices, "state_indices"}}, {&ti})))
+      return at::Tensor();
+    return gr::run_decode(*tq, *tk, *tv, *tg, *tb, *tp, ti, nv);
+  });
   m.def("plan", &gr::plan_text);
+  m.def("plan_decode", &gr::plan_decode_text);
   m.def("last_error", [] { return gr::g_error; });
   // A chunk unit's entry point (its address from ctypes) for Unit index `unit`.
   m.def("attach", [](int64_t unit, int64_t address) {
-    if (unit >= 1 && unit <= 4) gr::g_execute[unit] = reinterpret_cast<gr::ExecuteFn>(address);
+    if (unit >= 1 && unit < gr::kUnits) gr::g_execute[unit] = reinterpret_cast<gr::ExecuteFn>(address);
   });
 }
 """
@@ -3604,7 +3906,7 @@ SOURCES = {"prelude": PRELUDE_SRC, "device": DEVICE_SRC, "recurrent": RECURRENT_
            "parallel": PARALLEL_SRC,
            "chunk": CHUNK_SRC,
            "segment_scan": SEGMENT_SCAN_SRC, "tf32_mma": TF32_MMA_SRC, "chunk_tf32": CHUNK_TF32_SRC, "chunk_bf16": CHUNK_BF16_SRC,
-           "wgmma": WGMMA_SRC, "chunk_sm90": CHUNK_SM90_SRC, "host": HOST_SRC, "host_run": HOST_RUN_SRC}
+           "wgmma": WGMMA_SRC, "chunk_sm90": CHUNK_SM90_SRC, "decode": DECODE_SRC, "host": HOST_SRC, "host_run": HOST_RUN_SRC}
 
 # Each unit's CUDA sources (PRELUDE and DEVICE first) and C entry point; core adds the host file.
 _UNIT_CUDA = {
@@ -3613,6 +3915,7 @@ _UNIT_CUDA = {
     "chunk_bf16": [CHUNK_SRC, SEGMENT_SCAN_SRC, CHUNK_BF16_SRC],
     "reference": [RECURRENT_SRC, REFERENCE_SRC],
     "chunk_sm90": [CHUNK_SRC, SEGMENT_SCAN_SRC, WGMMA_SRC, CHUNK_SM90_SRC],
+    "decode": [DECODE_SRC],
 }
 # Units built for one target whatever the device or TORCH_CUDA_ARCH_LIST (wgmma is sm_90a-only code).
 _UNIT_GENCODE = {"chunk_sm90": ["-gencode=arch=compute_90a,code=sm_90a"]}
@@ -3860,6 +4163,44 @@ def _gated_recurrence_with(q, k, v, gate, beta, kernel=None, config=(), initial_
     return (out[0], out[1]) if output_final_state else out[0]
 
 
+@_register_fake(f"{_OPS_NS}::decode_")
+def _decode_fake(q, k, v, gate, beta, state_pool, state_indices):
+    if q.device.type == "cuda" and "decode" not in _units:  # at trace time: the compiled graph cannot build it
+        build("decode")
+    return q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
+
+
+def gated_recurrence_decode_(q, k, v, gate, beta, state_pool, state_indices=None):
+    """The decode step, in place: advances every batch row T steps (T >= 1: one token, or several for
+    speculation) from its state in a pool, writes the state back, returns y (B, T, H, D_v) in q's dtype.
+
+    state_pool: (P, H, D_k, D_v) float32 on q's device, any strides without self-overlap; row b's state is
+    state_pool[state_indices[b]] (without state_indices: state_pool[b], and P must equal B). state_indices:
+    (B,) int32 or int64 on q's device, read there (no host synchronization; CUDA-graph capturable; the only
+    allocation is y). -1 marks a padded row: its y rows are zeros and no slot is touched. Any other index
+    outside 0..P-1 gives NaN y rows and touches nothing. Two rows naming one slot are a usage error: the
+    lowest row runs and keeps the slot, every later one gets NaN y rows and writes nothing. Slots not
+    named are never read or written.
+    Numerics: fp32, the recurrent kernel's update (the state is bitwise what gated_recurrence's recurrent
+    kernel leaves from the same initial state; one call of T steps equals T calls of one, bitwise).
+    Forward only. Long prompts belong to gated_recurrence (initial_state=..., output_final_state=True), whose
+    final state then goes into the pool.
+    """
+    if torch.compiler.is_compiling():
+        for x, name in ((q, "q"), (k, "k"), (v, "v"), (gate, "gate"), (beta, "beta"), (state_pool, "state_pool")):
+            if not isinstance(x, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if state_indices is not None and not isinstance(state_indices, torch.Tensor):
+            raise TypeError(f"state_indices must be a torch.Tensor, got {type(state_indices).__name__}")
+        return _ops.decode_(q, k, v, gate, beta, state_pool, state_indices)
+    return _call(_core.decode_, q, k, v, gate, beta, state_pool, state_indices, 0)
+
+
+def _decode_with(q, k, v, gate, beta, state_pool, state_indices=None, nv=0):
+    """Test and benchmark hook: the decode step with a chosen column tile (NV = 32 or 128; 0: planned)."""
+    return _call(_core.decode_, q, k, v, gate, beta, state_pool, state_indices, int(nv))
+
+
 _DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
 
 
@@ -3871,13 +4212,24 @@ def plan(B, T, H, Dk, Dv, dtype="float32", numerics="accurate"):
     return _plan_on(B, T, H, Dk, Dv, dtype, numerics=numerics)
 
 
-def _plan_on(B, T, H, Dk, Dv, dtype="float32", sms=0, smem=0, arch=0, numerics="accurate"):
-    """plan() for a device with these limits (SM count, opt-in shared memory a block, 10 * major +
-    minor), or this one with zeros: tests check that each GPU family's plans fit it."""
+def plan_decode(B, T, H, Dk, Dv, dtype="float32", nv=0):
+    """The decode step's launch for this shape and input dtype, with a contiguous pool, as text (nv: a
+    forced column tile, as _decode_with)."""
+    return _call(lambda *a: _core.plan_decode(*a) or None, int(B), int(T), int(H), int(Dk), int(Dv), _dtype_code(dtype),
+                 int(nv))
+
+
+def _dtype_code(dtype):
     name = str(dtype).replace("torch.", "")
     if name not in _DTYPE_CODES:
         raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype!r}")
-    return _call(lambda *a: _core.plan(*a) or None, int(B), int(T), int(H), int(Dk), int(Dv), _DTYPE_CODES[name],
+    return _DTYPE_CODES[name]
+
+
+def _plan_on(B, T, H, Dk, Dv, dtype="float32", sms=0, smem=0, arch=0, numerics="accurate"):
+    """plan() for a device with these limits (SM count, opt-in shared memory a block, 10 * major +
+    minor), or this one with zeros: tests check that each GPU family's plans fit it."""
+    return _call(lambda *a: _core.plan(*a) or None, int(B), int(T), int(H), int(Dk), int(Dv), _dtype_code(dtype),
                  int(sms), int(smem), int(arch), _reference(numerics))
 
 

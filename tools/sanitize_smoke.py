@@ -1,7 +1,7 @@
 """Small calls for compute-sanitizer (memcheck / racecheck / synccheck): every kernel and dtype, padded rows and
 columns, several chunks and segments, initial and final states, strided and aligned layouts.
 
-    compute-sanitizer --tool memcheck python tools/sanitize_smoke.py [--sm90-only]
+    compute-sanitizer --tool memcheck python tools/sanitize_smoke.py [--sm90-only | --decode-only]
 """
 import os
 import sys
@@ -11,6 +11,29 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import reference  # noqa: E402
 import solution  # noqa: E402
+
+
+def decode_smoke():
+    """The decode step: both column tiles, the 16-byte and the scalar pool path, padded, out-of-range and
+    duplicate rows, several steps."""
+    for dtype in (torch.float32, torch.bfloat16):
+        for B, T, H, Dk, Dv in [(3, 2, 2, 128, 128), (2, 1, 3, 33, 100), (1, 3, 1, 7, 5)]:
+            xs = reference.make_inputs(B, T, H, Dk, Dv, dtype=dtype, device="cuda")
+            pool = torch.randn(B + 2, H, Dk, Dv, device="cuda")
+            idx = torch.tensor([B + 1, -1, 0][:B], device="cuda")
+            for nv in (32, 128):
+                solution._decode_with(*xs, pool, idx, nv=nv)
+            solution._decode_with(*xs, pool.transpose(2, 3).contiguous().transpose(2, 3), idx)  # scalar path
+            if B >= 2:
+                solution._decode_with(*xs, pool, torch.tensor([5, 5] + [1] * (B - 2), device="cuda"))
+                solution._decode_with(*xs, pool, torch.tensor([0, 0] + [1] * (B - 2), device="cuda"))
+
+
+if "--decode-only" in sys.argv:
+    decode_smoke()
+    torch.cuda.synchronize()
+    print("sanitize smoke (decode only): done")
+    sys.exit(0)
 
 # chunk_sm90 (compute capability 9.0): both D_k, ragged and whole chunks, segments, states, a NaN in v
 # (the FMA path), float32 gates
@@ -84,5 +107,6 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16):
     xs = reference.make_inputs(1, 50, 2, 33, 20, dtype=dtype, device="cuda")
     solution.gated_recurrence(*xs, numerics="reference", initial_state=torch.randn(1, 2, 33, 20, device="cuda"),
                               output_final_state=True)
+decode_smoke()
 torch.cuda.synchronize()
 print("sanitize smoke: done")
