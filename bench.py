@@ -1,7 +1,9 @@
 """Benchmark: ours vs eager reference vs torch.compile vs fla, same run, KernelBench timing.
 
     python bench.py --out DIR [--shapes S0,S1,...] [--sweep] [--configs] [--compile] [--eager-max-s 1.0]
-                    [--benchmarks BENCHMARKS.md] [--from-json DIR/bench.json]
+                    [--decode] [--benchmarks BENCHMARKS.md] [--from-json DIR/bench.json]
+
+An empty --shapes ("") measures no shape (with --decode: the decode table alone).
 
 --sweep adds the T sweeps (B=1, H=8, D=128, fp32 and bf16, T = 256 .. 65536) and DIR/bench.png, time
 against T on log-log axes for ours, fla, eager and the floor, both dtypes.
@@ -24,6 +26,15 @@ output allocation plus one tiny kernel (`torch.empty_like(v).zero_()`), in fp32,
 KernelBench median and mean, CUDA-graph replay per call, and host time per call (perf_counter around
 2000 calls without synchronizing).
 
+--decode adds table D1, the in-place decode step (gated_recurrence_decode_) at T = 1, H = 32,
+D_k = D_v = 128, bf16 inputs, a float32 pool of B slots named by a random permutation (int64), B = 1 .. 512:
+ours by KernelBench median (L2 flushed) and by CUDA-graph replay (one call captured, replayed 200 times
+between two events, no flush), its bytes (states read and written, q, k, v, y, gate, beta, indices) over
+the run's copy bandwidth as the memory floor, today's path (gated_recurrence from a gathered S_0 with
+output_final_state=True, S_0 prepared outside the timed region, no scatter back) and fla's
+fused_recurrent_simple_gla from the same S_0, and y's rel-L2 against naive.recurrent_naive in float64
+(B <= 64). bench.json's "decode" (rows) and "decode_floor" (floor_call at B = 1, timed alike).
+
 --benchmarks FILE puts the tables (with the command, date, card and torch version) into FILE between
 the lines BEGIN_MARK and END_MARK, leaving the rest of the file alone. --from-json FILE skips the
 measurements and regenerates the table (and, with --sweep, the plot) from an earlier bench.json, so
@@ -32,11 +43,13 @@ that step runs on a machine without a GPU.
 import argparse
 import json
 import os
+import shlex
 import sys
 import time
 
 import torch
 
+import naive
 import reference
 from timing import call_times_us, floor_call, kernelbench_time, rel_l2
 
@@ -95,13 +108,15 @@ def fla_peers():
         return {}
     from fla.ops.simple_gla import chunk_simple_gla, fused_recurrent_simple_gla
 
-    def prep(q, k, v, gate, beta):
-        return q, (k * beta.unsqueeze(-1)).contiguous(), v, gate.float().log().to(q.dtype)
-
     return {
-        "fla_chunk": (prep, lambda q, kb, v, g: chunk_simple_gla(q, kb, v, g=g, scale=1.0)[0]),
-        "fla_fused_recurrent": (prep, lambda q, kb, v, g: fused_recurrent_simple_gla(q, kb, v, g=g, scale=1.0)[0]),
+        "fla_chunk": (fla_prep, lambda q, kb, v, g: chunk_simple_gla(q, kb, v, g=g, scale=1.0)[0]),
+        "fla_fused_recurrent": (fla_prep, lambda q, kb, v, g: fused_recurrent_simple_gla(q, kb, v, g=g, scale=1.0)[0]),
     }
+
+
+def fla_prep(q, k, v, gate, beta):
+    """Our inputs in simple GLA's terms: q, k * beta, v, g = log(gate) in q's dtype."""
+    return q, (k * beta.unsqueeze(-1)).contiguous(), v, gate.float().log().to(q.dtype)
 
 
 def reference64(inputs):
@@ -165,10 +180,190 @@ def floor_markdown(rows):
     return "\n".join(out)
 
 
+DECODE_B = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+DECODE_SHAPE = (1, 32, 128, 128, torch.bfloat16)  # T, H, D_k, D_v, dtype of q, k, v, gate, beta
+DECODE_TRIALS = 50  # KernelBench trials a decode measurement
+DECODE_REPLAYS = 200  # graph replays between the two events
+DECODE_CHECK_MAX_B = 64  # y's error against the float64 loop up to this B
+
+
+def decode_bytes(B, T, H, Dk, Dv):
+    """Bytes one decode call moves: the states read and written (float32), q, k, v, y (bf16), gate and
+    beta (bf16) and the int64 indices."""
+    return 2 * B * H * Dk * Dv * 4 + B * T * H * (2 * Dk + 2 * Dv) * 2 + 2 * B * T * H * 2 + B * 8
+
+
+def graph_call_us(fn, args, replays=DECODE_REPLAYS):
+    """Per-call time in us of one call captured in a CUDA graph (after a warm-up call on a side stream),
+    replayed `replays` times between two CUDA events; no L2 flush."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn(*args)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn(*args)
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / replays * 1e3
+
+
+def fla_decode_peer():
+    """fla's fused_recurrent_simple_gla from given states as fn(q, k * beta, v, log(gate), S_0) -> y, or None
+    when fla is missing or its signature takes no initial_state."""
+    if os.environ.get("BENCH_NO_FLA") == "1":
+        return None
+    from importlib.util import find_spec
+    if find_spec("fla") is None:
+        print("fla not importable: fla decode peer skipped", file=sys.stderr)
+        return None
+    import inspect
+    from fla.ops.simple_gla import fused_recurrent_simple_gla
+    try:
+        params = inspect.signature(fused_recurrent_simple_gla).parameters
+    except (TypeError, ValueError):  # no signature to read: call it as the current fla documents it
+        params = {"initial_state": None, "output_final_state": None}
+    if "initial_state" not in params or "output_final_state" not in params:
+        print("fla's fused_recurrent_simple_gla takes no initial_state: fla decode peer skipped", file=sys.stderr)
+        return None
+    layout = {"head_first": False} if "head_first" in params else {}  # older fla: (B, H, T, D) unless told
+
+    def call(q, kb, v, g, s0):
+        return fused_recurrent_simple_gla(q, kb, v, g=g, scale=1.0, initial_state=s0, output_final_state=True,
+                                          **layout)[0]
+    return call
+
+
+def decode_inputs(B, gen):
+    """Table D1's inputs at batch B: q, k, v, gate, beta (bf16), a float32 pool of B random states and a
+    random permutation of the slots as int64 state_indices, all on the device."""
+    T, H, Dk, Dv, dtype = DECODE_SHAPE
+    xs = reference.make_inputs(B, T, H, Dk, Dv, dtype=dtype, device="cuda", generator=gen)
+    pool = torch.randn(B, H, Dk, Dv, generator=gen).cuda()
+    idx = torch.randperm(B, generator=gen).cuda()
+    return xs, pool, idx
+
+
+def decode_row(sol, B, rates, fla, gen):
+    """One row of table D1: ours (KernelBench and graph replay), its bytes and memory floor, today's path,
+    fla, and y's error against the float64 loop (B <= DECODE_CHECK_MAX_B)."""
+    T, H, Dk, Dv, dtype = DECODE_SHAPE
+    xs, pool, idx = decode_inputs(B, gen)
+    s0 = pool[idx].contiguous()  # today's path and fla: the gathered states, outside the timed region
+    row = {"B": B, "T": T, "H": H, "D_k": Dk, "D_v": Dv, "dtype": str(dtype).replace("torch.", ""),
+           "plan": sol.plan_decode(B, T, H, Dk, Dv, dtype), "bytes": decode_bytes(B, T, H, Dk, Dv)}
+    if B <= DECODE_CHECK_MAX_B:
+        fresh = pool.clone()
+        y = sol.gated_recurrence_decode_(*xs, fresh, idx)
+        y_ref, s_ref = naive.recurrent_naive(*xs, initial_state=s0)
+        row["y_err"], row["state_err"] = rel_l2(y, y_ref), rel_l2(fresh[idx], s_ref)
+        row["today_err"] = rel_l2(sol.gated_recurrence(*xs, initial_state=s0, output_final_state=True)[0], y_ref)
+        del fresh
+    args = (*xs, pool, idx)
+    row["ours_kb_us"] = kernelbench_time(sol.gated_recurrence_decode_, args, trials=DECODE_TRIALS)["median"] * 1e3
+    row["ours_graph_us"] = graph_call_us(sol.gated_recurrence_decode_, args)
+    row["mem_floor_us"] = row["bytes"] / (rates["copy_TBps"] * 1e12) * 1e6
+    row["ours_TBps"] = row["bytes"] / (row["ours_kb_us"] * 1e-6) / 1e12
+    today = lambda *x: sol.gated_recurrence(*x, initial_state=s0, output_final_state=True)  # noqa: E731
+    row["today_kb_us"] = kernelbench_time(today, xs, trials=DECODE_TRIALS)["median"] * 1e3
+    if fla is not None:
+        pin = (*fla_prep(*xs), s0)
+        try:
+            out = fla(*pin)
+        except Exception as e:  # an fla whose call differs from the one above: the row goes without it
+            print(f"fla fused_recurrent_simple_gla failed at B={B}: {e!r}", file=sys.stderr)
+        else:
+            if "y_err" in row:
+                row["fla_fused_recurrent_err"] = rel_l2(out, y_ref)
+            row["fla_fused_recurrent_kb_us"] = kernelbench_time(fla, pin, trials=DECODE_TRIALS)["median"] * 1e3
+    return row
+
+
+def decode_floor_row():
+    """The launch floor beside table D1: floor_call on D1's B = 1 inputs, by call_times_us and by the
+    graph replay ours gets (one call a graph)."""
+    xs, _, _ = decode_inputs(1, torch.Generator().manual_seed(0))
+    return {"what": "floor: empty_like(v).zero_()", "B": 1, **call_times_us(floor_call, xs, trials=DECODE_TRIALS),
+            "graph_call_us": graph_call_us(floor_call, xs)}
+
+
+def warm_fla(fla, calls=20):
+    """fla's first calls (Triton compiles, B = 1 specialized apart) before any row times it; False when
+    the call fails."""
+    gen = torch.Generator().manual_seed(1)
+    try:
+        for B in (1, 2):
+            xs, pool, idx = decode_inputs(B, gen)
+            pin = (*fla_prep(*xs), pool[idx].contiguous())
+            for _ in range(calls):
+                fla(*pin)
+        torch.cuda.synchronize()
+    except Exception as e:  # an fla whose call differs from fla_decode_peer's: no fla column
+        print(f"fla fused_recurrent_simple_gla failed: {e!r}: fla decode peer skipped", file=sys.stderr)
+        return False
+    return True
+
+
+def decode_rows(sol, rates):
+    """Table D1's rows, B = DECODE_B, and its launch floor."""
+    fla = fla_decode_peer()
+    if fla is not None and not warm_fla(fla):
+        fla = None
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for B in DECODE_B:
+        rows.append(decode_row(sol, B, rates, fla, gen))
+        print(json.dumps(rows[-1]), flush=True)
+        torch.cuda.empty_cache()
+    return rows, decode_floor_row()
+
+
+def fmt_us(x):
+    return "-" if x is None else (f"{x:.1f}" if x >= 100 else f"{x:.2f}")
+
+
+def decode_markdown(rows, floor=None, copy_TBps=None):
+    """Table D1 with its one-line header (the method) and the launch floor line."""
+    T, H, Dk, Dv = (rows[0][k] for k in ("T", "H", "D_k", "D_v"))
+    bw = f" ({copy_TBps:.2f} TB/s)" if copy_TBps else ""
+    out = [f"Decode step D1, `gated_recurrence_decode_` (T = {T}, H = {H}, D_k = {Dk}, D_v = {Dv}, {rows[0]['dtype']} "
+           "inputs, float32 pool of B slots, permuted int64 state_indices): KernelBench median with L2 flush; graph "
+           f"replay per call without flush (one call captured, {DECODE_REPLAYS} replays between two events); floor = "
+           f"bytes / copy bandwidth of the same run{bw}; today's path = `gated_recurrence(initial_state=S_0, "
+           "output_final_state=True)` with S_0 gathered outside the timed region (no scatter back); fla from the same "
+           f"S_0; y err = rel-L2 against the float64 loop (B <= {DECODE_CHECK_MAX_B}).", ""]
+    out += ["| B | plan | ours KB us | ours graph us | TB/s | memory floor us | ours / floor | today's path us "
+            "| fla fused_recurrent us | y err |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        cells = [str(r["B"]), r["plan"], fmt_us(r["ours_kb_us"]), fmt_us(r["ours_graph_us"]), f"{r['ours_TBps']:.2f}",
+                 fmt_us(r["mem_floor_us"]), f"{r['ours_kb_us'] / r['mem_floor_us']:.2f}x", fmt_us(r.get("today_kb_us")),
+                 fmt_us(r.get("fla_fused_recurrent_kb_us")), f"{r['y_err']:.1e}" if "y_err" in r else "-"]
+        out.append("| " + " | ".join(cells) + " |")
+    if floor:
+        out += ["", f"Launch floor (`{floor['what'].split(': ', 1)[1]}` on the B = {floor['B']} inputs): KernelBench "
+                f"median {floor['kb_median_us']:.2f} us, graph replay {floor['graph_call_us']:.2f} us per call (one "
+                f"call a graph, as ours), {floor['graph_us']:.2f} us per call with 20 calls a graph, host "
+                f"{floor['host_us']:.2f} us per call."]
+    return "\n".join(out)
+
+
 def tables(result):
-    """bench.md: the shapes table, and the floor table when the run has one."""
-    md = markdown(result["rows"])
-    return md + ("\n\n" + floor_markdown(result["floor"]) if result.get("floor") else "")
+    """bench.md: the shapes table (when the run measured shapes), the floor table and the decode table when
+    the run has them."""
+    parts = [markdown(result["rows"])] if result.get("rows") else []
+    if result.get("floor"):
+        parts.append(floor_markdown(result["floor"]))
+    if result.get("decode"):
+        parts.append(decode_markdown(result["decode"], result.get("decode_floor"),
+                                     result.get("rates", {}).get("copy_TBps")))
+    return "\n\n".join(parts)
 
 
 def config_sweep(sol, args):
@@ -274,6 +469,7 @@ def main():
     ap.add_argument("--compile", action="store_true", help="add torch.compile of the reference (compiles for minutes)")
     ap.add_argument("--eager-max-s", type=float, default=1.0, help="skip eager where one call would take longer")
     ap.add_argument("--no-check", dest="check", action="store_false")
+    ap.add_argument("--decode", action="store_true", help="add table D1, the in-place decode step at B = 1 .. 512")
     ap.add_argument("--benchmarks", help="a BENCHMARKS.md whose generated section gets the table")
     ap.add_argument("--from-json", help="regenerate the table and plot from this bench.json; measure nothing")
     args = ap.parse_args()
@@ -299,7 +495,7 @@ def measure(args):
     import solution as sol
     peers = fla_peers()
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "date": time.strftime("%Y-%m-%d"), "command": " ".join(["bench.py"] + sys.argv[1:]), "rows": []}
+              "date": time.strftime("%Y-%m-%d"), "command": shlex.join(["bench.py"] + sys.argv[1:]), "rows": []}
     names = [n for n in args.shapes.split(",") if n] + (list(SWEEP) if args.sweep else [])
     result["rates"] = measure_rates()
     print(json.dumps(result["rates"]), flush=True)
@@ -314,6 +510,8 @@ def measure(args):
         print(floor_markdown(result["floor"]), flush=True)
     if args.configs:
         result["configs"] = config_sweep(sol, args)
+    if args.decode:
+        result["decode"], result["decode_floor"] = decode_rows(sol, result["rates"])
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "bench.json"), "w") as f:
         json.dump(result, f, indent=1, default=str)

@@ -45,6 +45,11 @@ everything the launch depends on; plan(B, T, H, D_k, D_v, dtype) prints that rec
                   in every chunk unit  (B*H too small for the GPU)  the GPU: the chunk kernel computes each segment's
                                                                     own state, this kernel chains them, then every
                                                                     segment's outputs run at once.
+    decode        DECODE_SRC           gated_recurrence_decode_:    serving's step, in place: one block per (row, head,
+                  unit decode          T (small) steps of a batch   32 or 128 state columns) reads the row's state from
+                  (built on first use) from a pool of states        a pool slot (indices read on the device), advances
+                                                                    T steps in registers with the recurrent kernel's
+                                                                    update, writes y and the state back.
 
 The two mma.sync chunk kernels run one skeleton (CHUNK_SRC, run_chunks): block setup, segment bounds, the
 barrier schedule and the state update; each family supplies its staging and matrix products. chunk_sm90
@@ -58,7 +63,10 @@ API:
         S_0, S_T: (B, H, D_k, D_v) float32 (S_0 optional, any strides; S_T a new tensor)
     y = gated_recurrence(q, k, v, gate, beta, numerics="reference")              # the loop's own rounding
     y = ModelNew()(q, k, v, gate, beta)   # KernelBench: Model's numerics (float16/bfloat16: "reference")
+    y = gated_recurrence_decode_(q, k, v, gate, beta, state_pool, state_indices)   # decode, pool in place
+        state_pool: (P, H, D_k, D_v) float32; state_indices: (B,) int32/int64 (-1: padded row) or None (P = B)
     plan(B, T, H, D_k, D_v, dtype="float32", numerics="accurate")   # the launch a call gets, as text
+    plan_decode(B, T, H, D_k, D_v, dtype="float32")               # the decode step's launch, as text
     torch.compile(ModelNew(), fullgraph=True)   # traced through torch.ops.<_OPS_NS>.forward / forward_ex
     build()  /  build("chunk_bf16")             # compile units ahead of their first use (servers, benchmarks)
     built_units()                               # the units loaded in this process
@@ -2903,9 +2911,10 @@ struct DecodeStep {
 // Threads: r0 = tid / 8 owns rows r0 + 32 r (r < NP); lane group c = tid % 8 the columns jt + 32 m + 4 c + e
 // (m < MC, e < 4). MC = 1 (32-column tiles: many blocks, for few rows) or 4 (whole 128-column rows: twice
 // the state in flight an SM, for many rows; DecodePlan picks).
+template <int NP, int MC>
+constexpr int kDecodeBlocks = MC == 1 ? (NP <= 4 ? 4 : 2) : (NP <= 4 ? 2 : 1);  // blocks an SM (registers)
 template <typename scalar_t, int NP, int MC, bool VEC>
-__global__ void __launch_bounds__(kMaxThreads, MC == 1 ? (NP <= 4 ? 4 : 2) : (NP <= 4 ? 2 : 1))
-    decode_kernel(const DecodeParams p) {
+__global__ void __launch_bounds__(kMaxThreads, kDecodeBlocks<NP, MC>) decode_kernel(const DecodeParams p) {
   __shared__ __align__(16) float red[2][kMaxThreads / 32][32 * MC];  // a step's y partials, a warp's row
   griddep_wait<>();    // the previous kernel (often the last step's) wrote the pool or the inputs
   griddep_launch<>();  // the next one may start; it waits for this grid in its own griddep_wait

@@ -2,11 +2,12 @@
 import json
 import os
 import shutil
+import sys
 
 import bench
 from conftest import ROOT
 
-STORED = os.path.join(ROOT, "docs", "bench-2026-12-01-s10.json")
+STORED = os.path.join(ROOT, "docs", "bench-2026-12-01-s12.json")
 
 
 def test_generated_section_is_replaced_and_the_rest_kept(tmp_path):
@@ -48,3 +49,51 @@ def test_floor_table_follows_the_shapes_table():
     assert "| floor: empty_like(v).zero_() | float32 | 3.10 us | 3.40 us | 1.00 us | 8.20 us |" in text
     del result["floor"]
     assert bench.tables(result) == bench.markdown(result["rows"])
+
+
+def decode_result():
+    """A run of table D1 alone (two rows, the second above the error check's B) with its launch floor."""
+    row = {"T": 1, "H": 32, "D_k": 128, "D_v": 128, "dtype": "bfloat16", "plan": "decode (DECODE_SRC) grid=32x1"}
+    return {"command": "bench.py --decode --shapes '' --out /root/out", "date": "2026-12-02", "device": "NVIDIA H200",
+            "torch": "2.11.0+cu130", "rows": [], "rates": {"copy_TBps": 4.05},
+            "decode": [{**row, "B": 1, "bytes": 4210696, "ours_kb_us": 5.43, "ours_graph_us": 2.61, "ours_TBps": 0.78,
+                        "mem_floor_us": 1.04, "today_kb_us": 9.87, "fla_fused_recurrent_kb_us": 21.5, "y_err": 3.2e-3},
+                       {**row, "B": 128, "bytes": 538968064, "ours_kb_us": 151.3, "ours_graph_us": 140.0,
+                        "ours_TBps": 3.56, "mem_floor_us": 133.08, "today_kb_us": 301.5}],
+            "decode_floor": {"what": "floor: empty_like(v).zero_()", "B": 1, "kb_median_us": 3.1, "kb_mean_us": 3.4,
+                             "graph_us": 1.0, "host_us": 8.2, "graph_call_us": 2.2}}
+
+
+def test_decode_table_from_json(tmp_path, monkeypatch, capsys):
+    """--from-json of a --decode run alone: bench.md and the generated section hold table D1 (its header, the
+    rows, "-" where a row has no measurement, the launch floor) and no shapes table."""
+    src = tmp_path / "bench.json"
+    src.write_text(json.dumps(decode_result()))
+    path = tmp_path / "BENCHMARKS.md"
+    shutil.copy(os.path.join(ROOT, "BENCHMARKS.md"), path)
+    monkeypatch.setattr(sys, "argv", ["bench.py", "--from-json", str(src), "--out", str(tmp_path / "out"),
+                                      "--benchmarks", str(path)])
+    bench.main()
+    md = (tmp_path / "out" / "bench.md").read_text()
+    assert md.startswith("Decode step D1, `gated_recurrence_decode_` (T = 1, H = 32, D_k = 128, D_v = 128, bfloat16")
+    assert "copy bandwidth of the same run (4.05 TB/s)" in md
+    assert ("| B | plan | ours KB us | ours graph us | TB/s | memory floor us | ours / floor | today's path us "
+            "| fla fused_recurrent us | y err |") in md
+    assert "| 1 | decode (DECODE_SRC) grid=32x1 | 5.43 | 2.61 | 0.78 | 1.04 | 5.22x | 9.87 | 21.50 | 3.2e-03 |" in md
+    assert "| 128 | decode (DECODE_SRC) grid=32x1 | 151.3 | 140.0 | 3.56 | 133.1 | 1.14x | 301.5 | - | - |" in md
+    assert "KernelBench median 3.10 us, graph replay 2.20 us per call" in md
+    assert "| shape |" not in md
+    section = path.read_text().split(bench.BEGIN_MARK)[1].split(bench.END_MARK)[0]
+    assert md.strip() in section and decode_result()["command"] in section
+    assert md.strip() in capsys.readouterr().out
+
+
+def test_decode_table_follows_the_other_tables():
+    """With shapes, the floor table and a decode run in one result, the decode table comes last."""
+    result = json.load(open(STORED))
+    result["floor"] = [{"what": "floor: empty_like(v).zero_()", "dtype": "float32", "kb_median_us": 3.1,
+                        "kb_mean_us": 3.4, "graph_us": 1.0, "host_us": 8.2}]
+    result["decode"] = decode_result()["decode"]
+    text = bench.tables(result)
+    assert text.startswith(bench.markdown(result["rows"]) + "\n\n" + bench.floor_markdown(result["floor"]) + "\n\n")
+    assert text.endswith(bench.decode_markdown(result["decode"], None, result["rates"]["copy_TBps"]))
