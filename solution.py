@@ -2896,7 +2896,7 @@ DECODE_SRC = r"""
 // ===================================== decode: T steps from a pool of states, in place ======
 // Serving's step: each batch row reads its state from a pool slot, advances T (small) steps and writes the
 // state back. Memory-bound (the state is read and written once), so the layout is the pool's: a block a
-// (row, head, tile of 32 state columns); a thread 4 adjacent columns of every 32nd row (16-byte accesses,
+// (row, head, tile of 32 or 128 state columns); a thread 4 adjacent columns of every 32nd row (16-byte accesses,
 // a warp 4 whole 128-byte rows a pass); the D_k sum of y per step over the warp's rows by shuffles, then
 // over the 8 warps through shared memory in a fixed order (y is the same whatever B, T or the grid).
 // The update is the recurrent kernel's expression (fmaf(g, S, k * (beta v))): the same state, bitwise.
@@ -2904,7 +2904,7 @@ namespace gr {
 namespace {
 
 struct DecodeParams : Problem {
-  int vtiles;  // ceil(D_v / 32)
+  int vtiles;  // ceil(D_v / NV)
 };
 
 __device__ __forceinline__ int64_t slot_of(const Problem& p, int64_t b) {
@@ -2921,7 +2921,7 @@ struct DecodeStep {
 
 // Threads: r0 = tid / 8 owns rows r0 + 32 r (r < NP); lane group c = tid % 8 the columns jt + 32 m + 4 c + e
 // (m < MC, e < 4). MC = 1 (32-column tiles: many blocks, for few rows) or 4 (whole 128-column rows: twice
-// the state in flight an SM, for many rows; DecodePlan picks).
+// the state in flight an SM, for many rows; plan_decode picks).
 template <int NP, int MC>
 constexpr int kDecodeBlocks = MC == 1 ? (NP <= 4 ? 4 : 2) : (NP <= 4 ? 2 : 1);  // blocks an SM (registers)
 template <typename scalar_t, int NP, int MC, bool VEC>
@@ -2979,7 +2979,8 @@ __global__ void __launch_bounds__(kMaxThreads, kDecodeBlocks<NP, MC>) decode_ker
     }
   };
   if (p.T > 0) load(0);  // in flight with the state's loads
-  // A slot that an earlier row also names (a usage error) stays that row's: this row writes nothing.
+  // A slot that an earlier row also names (a usage error) stays that row's: this row writes nothing (its
+  // state loads above may overlap the owner's stores; the values are discarded).
   bool dup = false;
   if (p.idx != nullptr && valid)
     for (int e = tid; e < b; e += blockDim.x) dup |= slot_of(p, e) == slot;
@@ -3240,6 +3241,21 @@ bool check_state(const at::Tensor& s, const at::Tensor& q, const at::Tensor& v) 
   return true;
 }
 
+// No two elements at one address: dimensions of size > 1 sorted by stride, each stride at least the span of
+// the ones below it (sufficient, and what every slice, transpose or permutation of a dense tensor meets).
+bool no_self_overlap(const at::Tensor& t) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size)
+  for (int64_t d = 0; d < t.dim(); ++d)
+    if (t.size(d) > 1) dims.emplace_back(t.stride(d), t.size(d));
+  std::sort(dims.begin(), dims.end());
+  int64_t span = 1;  // elements a step of the next dimension must clear
+  for (const auto& d : dims) {
+    if (d.first < span) return false;
+    span = d.first * d.second;
+  }
+  return true;
+}
+
 // decode: the pool (P, H, D_k, D_v) float32, written in place; the indices (B,) int32 or int64. Dtypes and
 // shapes first (reachable on a CPU), devices after check_devices.
 bool check_pool(const at::Tensor& pool, const at::Tensor* idx, const at::Tensor& q, const at::Tensor& v) {
@@ -3251,8 +3267,8 @@ bool check_pool(const at::Tensor& pool, const at::Tensor* idx, const at::Tensor&
              shape_str(pool.sizes()));
   GR_REQUIRE("ValueError", idx != nullptr || pool.size(0) == q.size(0), "state_pool has P = ", pool.size(0),
              " slots but q has B = ", q.size(0), " rows; without state_indices row b uses slot b (P must equal B)");
-  GR_REQUIRE("ValueError", at::has_internal_overlap(pool) != at::MemOverlap::Yes,
-             "state_pool has elements that share memory (an expanded tensor?); it is written in place");
+  GR_REQUIRE("ValueError", no_self_overlap(pool),
+             "state_pool has elements that share memory (an expanded or overlapping view?); it is written in place");
   if (idx != nullptr) {
     const auto st = idx->scalar_type();
     GR_REQUIRE("TypeError", st == at::kInt || st == at::kLong, "state_indices must be int32 or int64, got ", dtype_str(st));
@@ -3264,9 +3280,22 @@ bool check_pool(const at::Tensor& pool, const at::Tensor* idx, const at::Tensor&
              "torch.no_grad() or give it a detached pool");
   return true;
 }
-bool check_pool_devices(const at::Tensor& pool, const at::Tensor* idx, const at::Tensor& q) {
+bool check_pool_devices(const at::Tensor& pool, const at::Tensor* idx, const at::Tensor& q, const at::Tensor& k,
+                        const at::Tensor& v, const at::Tensor& gate, const at::Tensor& beta) {
   GR_REQUIRE("ValueError", pool.device() == q.device(), "state_pool is on ", device_str(pool), " but q is on ",
              device_str(q));
+  const std::pair<const at::Tensor*, const char*> inputs[] = {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&gate, "gate"},
+                                                              {&beta, "beta"}};
+  for (const auto& x : inputs) {  // the pool is written while they are read
+    const auto st = at::get_overlap_status(pool, *x.first);
+    GR_REQUIRE("ValueError", st != at::MemOverlapStatus::Full && st != at::MemOverlapStatus::Partial,
+               "state_pool shares memory with ", x.second, "; the pool is written in place while the inputs are read");
+  }
+  if (idx != nullptr) {
+    const auto st = at::get_overlap_status(pool, *idx);
+    GR_REQUIRE("ValueError", st != at::MemOverlapStatus::Full && st != at::MemOverlapStatus::Partial,
+               "state_pool shares memory with state_indices");
+  }
   GR_REQUIRE("ValueError", idx == nullptr || idx->device() == q.device(), "state_indices is on ", device_str(*idx),
              " but q is on ", device_str(q), " (the indices are read on the device: no host copy)");
   return true;
@@ -3763,14 +3792,14 @@ at::Tensor run_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor
                       const at::Tensor& beta, const at::Tensor& pool, const at::Tensor* idx, int64_t nv) {
   if (!check_shapes(q, k, v, gate, beta, false) || !check_pool(pool, idx, q, v) ||
       !check_no_grad(q, k, v, gate, beta, nullptr) || !check_devices(q, k, v, gate, beta) ||
-      !check_pool_devices(pool, idx, q))
+      !check_pool_devices(pool, idx, q, k, v, gate, beta))
     return at::Tensor();
   const c10::cuda::CUDAGuard guard(q.device());
   Plan pl;
-  if (!plan_decode(shape_of(q, v), dtype_of(q), pool_aligned(pool), device_limits(), nv, pl) || !unit_ready(pl))
-    return at::Tensor();
+  if (!plan_decode(shape_of(q, v), dtype_of(q), pool_aligned(pool), device_limits(), nv, pl)) return at::Tensor();
   at::Tensor y = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());
-  if (y.numel() == 0) return y;
+  if (y.numel() == 0) return y;  // (before unit_ready: an empty call builds nothing)
+  if (!unit_ready(pl)) return at::Tensor();
   Problem pr = problem_of(q, k, v, gate, beta, y, &pool, const_cast<at::Tensor*>(&pool));
   pr.P = pool.size(0);
   if (idx != nullptr) {
@@ -3778,7 +3807,10 @@ at::Tensor run_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor
     pr.idx64 = idx->scalar_type() == at::kLong;
     pr.idx_stride = idx->stride(0);
   }
-  return execute(pl, pr, q) ? y : at::Tensor();
+  if (!execute(pl, pr, q)) return at::Tensor();
+  // what an in-place torch op does: autograd's saved copies of the pool now see it as modified
+  if (!pool.is_inference()) pool.unsafeGetTensorImpl()->bump_version();
+  return y;
 }
 
 std::string plan_decode_text(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, int64_t dtype, int64_t nv) {

@@ -462,3 +462,33 @@ def test_empty_batch(sol, indices):
     y = decode(sol, xs, pool, index([]) if indices else None)
     assert y.shape == (0, T, H, Dv) and y.dtype == FP32 and y.is_cuda
     assert same_bits(pool, before)
+
+
+# ---- the operator: opcheck, torch.compile, autograd's view of the mutation
+def test_opcheck_of_the_decode_operator(sol):
+    """torch.library.opcheck: the schema (only the pool mutated), the fake's shapes and dtype."""
+    xs = inputs(2, 1, 2, 16, 24, dtype=BF16)
+    pool, idx = torch.randn(3, 2, 16, 24, device="cuda"), index([2, 0])
+    torch.library.opcheck(getattr(torch.ops, sol._OPS_NS).decode_.default, (*xs, pool, idx),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def test_compiled_call_equals_eager(sol):
+    """torch.compile(fullgraph=True) through the registered operator: y and the written pool bitwise eager's."""
+    xs = inputs(2, 2, 2, 32, 32, dtype=BF16)
+    pool, idx = torch.randn(3, 2, 32, 32, device="cuda"), index([1, 2])
+    eager_pool, compiled_pool = pool.clone(), pool.clone()
+    y = sol.gated_recurrence_decode_(*xs, eager_pool, idx)
+    step = torch.compile(lambda *a: sol.gated_recurrence_decode_(*a), fullgraph=True)
+    yc = step(*xs, compiled_pool, idx)
+    assert torch.equal(y, yc) and same_bits(eager_pool, compiled_pool)
+
+
+def test_pool_version_counter_moves(sol):
+    """As any in-place op: autograd's saved copies of the pool see it as modified."""
+    xs = inputs(1, 1, 2, 8, 8)
+    pool = torch.randn(1, 2, 8, 8, device="cuda")
+    v0 = pool._version
+    sol.gated_recurrence_decode_(*xs, pool)
+    assert pool._version > v0
+

@@ -49,6 +49,10 @@ CASES = {
     "no-indices-P0": (without_indices(torch.zeros(0, H, DK, DV)), ValueError, POOL),
     "pool-expanded-slots": (replaced("state_pool", torch.zeros(1, H, DK, DV).expand(P, H, DK, DV)), ValueError, POOL),
     "pool-expanded-columns": (replaced("state_pool", torch.zeros(P, H, DK, 1).expand(P, H, DK, DV)), ValueError, POOL),
+    # slots 2 elements apart in a dense (D_k, D_v) block: has_internal_overlap cannot tell, the stride test can
+    "pool-overlapping-view": (replaced("state_pool", torch.zeros(P * H * DK * DV).as_strided((P, H, DK, DV),
+                                                                                       (2, H * DK * DV // 2, DV, 1))),
+                              ValueError, POOL),
     # the indices: int32 or int64, shape (B,)
     "indices-float": (replaced("state_indices", torch.tensor([2.0, 0.0])), TypeError, IDX),
     "indices-int16": (replaced("state_indices", torch.tensor([2, 0], dtype=torch.int16)), TypeError, IDX),
@@ -205,6 +209,25 @@ def test_refusals_leave_the_pool_untouched(sol, case):
         decode(sol, change(args))
     torch.cuda.synchronize()
     assert torch.equal(args[5], before)
+
+
+@cuda
+@pytest.mark.parametrize("name", ["q", "v", "state_indices"])
+def test_pool_sharing_memory_with_an_input_is_refused(sol, name):
+    """The pool is written while the inputs are read: a pool that overlaps one of them is a ValueError."""
+    args = good("cuda")
+    pool = torch.zeros(P, H, DK, DV, device="cuda")
+    flat = pool.view(-1)
+    i = NAMES.index(name)
+    if name == "state_indices":
+        args[i] = flat.view(torch.int32)[:B]
+        args[i].zero_()
+    else:
+        n = args[i].numel()
+        args[i] = flat[:n].view(args[i].shape)
+    args[5] = pool
+    with pytest.raises((ValueError, TypeError), match=POOL):
+        decode(sol, args)
 
 
 @cuda

@@ -25,8 +25,8 @@ def decode_smoke():
                 solution._decode_with(*xs, pool, idx, nv=nv)
             solution._decode_with(*xs, pool.transpose(2, 3).contiguous().transpose(2, 3), idx)  # scalar path
             if B >= 2:
-                solution._decode_with(*xs, pool, torch.tensor([5, 5] + [1] * (B - 2), device="cuda"))
-                solution._decode_with(*xs, pool, torch.tensor([0, 0] + [1] * (B - 2), device="cuda"))
+                solution._decode_with(*xs, pool, torch.tensor([5, -2] + [1] * (B - 2), device="cuda"))  # out of range
+                solution._decode_with(*xs, pool, torch.tensor([0, 0] + [1] * (B - 2), device="cuda", dtype=torch.int32))  # duplicate
 
 
 if "--decode-only" in sys.argv:
