@@ -2861,17 +2861,6 @@ cudaError_t launch_chunk_kernel<ChunkSM90Kernels>(const Plan& pl, const ChunkPar
   const auto kernel = pl.DK == 64 ? chunk_sm90_kernel<64> : chunk_sm90_kernel<128>;
   cudaError_t err = allow_smem(kernel, pl.DK == 64 ? done64 : done128);
   if (err != cudaSuccess) return err;
-  // The register split (kAuxRegs, kConsumerRegs) must fit what the launch gives a thread: with fewer than
-  // 168 (another ptxas) the consumers' setmaxnreg.inc would wait forever; refuse the launch instead.
-  static int regs[2] = {0, 0};
-  int& nreg = regs[pl.DK == 64 ? 0 : 1];
-  if (nreg == 0) {
-    cudaFuncAttributes fa;
-    err = cudaFuncGetAttributes(&fa, kernel);
-    if (err != cudaSuccess) return err;
-    nreg = fa.numRegs;
-  }
-  if ((nreg - kAuxRegs) * 128 < (kConsumerRegs - nreg) * 256) return cudaErrorInvalidConfiguration;
   alignas(64) Sm90Maps maps;
   const int64_t B = p.BH / p.H;
   int hy = 0, by = 0;  // y is ours: contiguous
