@@ -492,3 +492,37 @@ def test_pool_version_counter_moves(sol):
     sol.gated_recurrence_decode_(*xs, pool)
     assert pool._version > v0
 
+
+
+def test_no_host_synchronization(sol):
+    """The indices stay on the device: under sync-debug mode "error" a call (and a graph-free second one) runs."""
+    xs = inputs(3, 1, 2, 32, 32, dtype=BF16)
+    pool, idx = torch.randn(4, 2, 32, 32, device="cuda"), index([3, -1, 0])
+    sol.gated_recurrence_decode_(*xs, pool, idx)  # built and planned before the mode is on
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        sol.gated_recurrence_decode_(*xs, pool, idx)
+        sol.gated_recurrence_decode_(*xs, pool, index([0, 1, 2], torch.int32))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("where", ["k", "v", "gate"])
+def test_non_finite_inputs_as_the_float64_loop(sol, where):
+    """An inf in k, v or the gate of one row and step, with D_k and D_v not multiples of the tiles: the NaN and
+    inf pattern of y and of the state is the float64 loop's (the padded rows and columns stay out)."""
+    B, T, H, Dk, Dv, P = 2, 3, 2, 33, 37, 3
+    xs = inputs(B, T, H, Dk, Dv)
+    target = {"k": (1, (0, 1, 0, 5)), "v": (2, (0, 1, 0, 7)), "gate": (3, (0, 1, 0))}[where]
+    xs[target[0]][target[1]] = float("inf")
+    idx = index([2, 0])
+    pool = pool_of(P, H, Dk, Dv, [2, 0])
+    s0 = pool[idx].clone()
+    y = decode(sol, xs, pool, idx)
+    ry, rs = naive.recurrent_naive(*xs, initial_state=s0)
+    assert torch.equal(y.isnan(), ry.isnan()) and torch.equal(y.isinf(), ry.isinf())
+    assert torch.equal(pool[idx].isnan(), rs.isnan()) and torch.equal(pool[idx].isinf(), rs.isinf())
+    finite = ry.isfinite()
+    assert rel_l2(y[finite], ry[finite]) <= TOL[FP32]
