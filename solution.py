@@ -3264,9 +3264,6 @@ bool check_pool(const at::Tensor& pool, const at::Tensor* idx, const at::Tensor&
     GR_REQUIRE("ValueError", idx->dim() == 1 && idx->size(0) == q.size(0), "state_indices must be (B,) = (", q.size(0),
                ",), got ", shape_str(idx->sizes()));
   }
-  GR_REQUIRE("NotImplementedError", !at::GradMode::is_enabled() || !pool.requires_grad(),
-             "state_pool requires grad, but the decode step has no backward (forward only): call it under "
-             "torch.no_grad() or give it a detached pool");
   return true;
 }
 bool check_pool_devices(const at::Tensor& pool, const at::Tensor* idx, const at::Tensor& q, const at::Tensor& k,
@@ -3274,16 +3271,12 @@ bool check_pool_devices(const at::Tensor& pool, const at::Tensor* idx, const at:
   GR_REQUIRE("ValueError", pool.device() == q.device(), "state_pool is on ", device_str(pool), " but q is on ",
              device_str(q));
   const std::pair<const at::Tensor*, const char*> inputs[] = {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&gate, "gate"},
-                                                              {&beta, "beta"}};
+                                                              {&beta, "beta"}, {idx, "state_indices"}};
   for (const auto& x : inputs) {  // the pool is written while they are read
+    if (x.first == nullptr) continue;
     const auto st = at::get_overlap_status(pool, *x.first);
     GR_REQUIRE("ValueError", st != at::MemOverlapStatus::Full && st != at::MemOverlapStatus::Partial,
                "state_pool shares memory with ", x.second, "; the pool is written in place while the inputs are read");
-  }
-  if (idx != nullptr) {
-    const auto st = at::get_overlap_status(pool, *idx);
-    GR_REQUIRE("ValueError", st != at::MemOverlapStatus::Full && st != at::MemOverlapStatus::Partial,
-               "state_pool shares memory with state_indices");
   }
   GR_REQUIRE("ValueError", idx == nullptr || idx->device() == q.device(), "state_indices is on ", device_str(*idx),
              " but q is on ", device_str(q), " (the indices are read on the device: no host copy)");
@@ -3292,14 +3285,16 @@ bool check_pool_devices(const at::Tensor& pool, const at::Tensor* idx, const at:
 
 // No backward yet: an input that requires grad would silently get none, so it is refused (under
 // torch.no_grad() or with detached inputs the call runs).
+// `state` is initial_state (gated_recurrence) or state_pool (the decode step), or nullptr.
 bool check_no_grad(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
-                   const at::Tensor& beta, const at::Tensor* s_in) {
+                   const at::Tensor& beta, const at::Tensor* state, const char* state_name = "initial_state",
+                   const char* entry = "gated_recurrence") {
   if (!at::GradMode::is_enabled()) return true;
   const std::pair<const at::Tensor*, const char*> all[] = {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&gate, "gate"},
-                                                           {&beta, "beta"}, {s_in, "initial_state"}};
+                                                           {&beta, "beta"}, {state, state_name}};
   for (const auto& a : all)
     GR_REQUIRE("NotImplementedError", a.first == nullptr || !a.first->requires_grad(), a.second,
-               " requires grad, but gated_recurrence has no backward yet (forward only): call it under "
+               " requires grad, but ", entry, " has no backward yet (forward only): call it under "
                "torch.no_grad() or give it detached tensors");
   return true;
 }
@@ -3780,7 +3775,8 @@ inline bool pool_aligned(const at::Tensor& pool) {
 at::Tensor run_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
                       const at::Tensor& beta, const at::Tensor& pool, const at::Tensor* idx, int64_t nv) {
   if (!check_shapes(q, k, v, gate, beta, false) || !check_pool(pool, idx, q, v) ||
-      !check_no_grad(q, k, v, gate, beta, nullptr) || !check_devices(q, k, v, gate, beta) ||
+      !check_no_grad(q, k, v, gate, beta, &pool, "state_pool", "gated_recurrence_decode_") ||
+      !check_devices(q, k, v, gate, beta) ||
       !check_pool_devices(pool, idx, q, k, v, gate, beta))
     return at::Tensor();
   const c10::cuda::CUDAGuard guard(q.device());
