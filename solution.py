@@ -467,8 +467,12 @@ cudaError_t allow_smem(K kernel, bool (&done)[64]) {
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess || (dev < 64 && done[dev])) return err;
   int optin = 0;
+  cudaFuncAttributes fa = {};
   err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-  if (err == cudaSuccess) err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
+  // the opt-in limit covers static and dynamic shared memory together
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&fa, kernel);
+  if (err == cudaSuccess)
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin - (int)fa.sharedSizeBytes);
   if (err == cudaSuccess && dev < 64) done[dev] = true;
   return err;
 }
@@ -3075,14 +3079,14 @@ __global__ void __launch_bounds__(kMaxThreads, 1) decode_persistent_kernel(const
     int h, jt;
     bool valid;
   };
-  auto item_at = [&](int64_t it) {
+  auto row_of = [&](int64_t it) { return it / p.vtiles / p.H; };
+  auto item_at = [&](int64_t it, int64_t slot) {
     Item d;
     d.jt = kRingD * (int)(it % p.vtiles);
-    const int64_t bh = it / p.vtiles;
-    d.h = (int)(bh % p.H);
-    d.b = bh / p.H;
-    d.slot = slot_of(p, d.b);
-    d.valid = d.slot >= 0 && d.slot < p.P;
+    d.h = (int)(it / p.vtiles % p.H);
+    d.b = row_of(it);
+    d.slot = slot;
+    d.valid = slot >= 0 && slot < p.P;
     return d;
   };
   auto state_of = [&](const Item& d) { return p.s_out + (d.valid ? d.slot : 0) * p.ssi.b + d.h * p.ssi.h + d.jt; };
@@ -3096,18 +3100,23 @@ __global__ void __launch_bounds__(kMaxThreads, 1) decode_persistent_kernel(const
     }
     cp_async_commit<>();
   };
+  // The index of the item after next is loaded an item ahead of its use: the state's address never waits
+  // on a load.
+  const int64_t grid = gridDim.x;
   int64_t it = blockIdx.x;  // the plan's grid is at most the items
-  Item cur = item_at(it), nxt = cur;
+  Item cur = item_at(it, slot_of(p, row_of(it))), nxt = cur;
+  int64_t slot_next = it + grid < items ? slot_of(p, row_of(it + grid)) : 0;
   DecodeStep<NP, MC> x, xn;
   issue(cur, ring);
   decode_load_step<scalar_t>(p, cur.b, cur.h, r0, cur.jt + jc, 0, x);
-  for (int n = 0; it < items; ++n, it += gridDim.x) {
+  for (int n = 0; it < items; ++n, it += grid) {
     float* S = ring + (n & 1) * kRingD * kRingD;
-    if (it + gridDim.x < items) {
+    if (it + grid < items) {
       // the other buffer's last reads (the item before) came before the last step's barrier
-      nxt = item_at(it + gridDim.x);
+      nxt = item_at(it + grid, slot_next);
       issue(nxt, ring + ((n + 1) & 1) * kRingD * kRingD);
       decode_load_step<scalar_t>(p, nxt.b, nxt.h, r0, nxt.jt + jc, 0, xn);
+      if (it + 2 * grid < items) slot_next = slot_of(p, row_of(it + 2 * grid));
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();

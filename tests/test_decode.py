@@ -571,7 +571,7 @@ def test_persistent_equals_the_tile_kernel_bitwise(sol, kernel, dtype, shape):
     idx = rows.to(device="cuda", dtype=torch.int32)
     xs = inputs(B, T, H, Dk, Dv, dtype=dtype)
     xs[1][4, 0, 0, 3] = float("inf")
-    xs[3][5, T - 1, 0] = NAN
+    xs[3][B - 1, T - 1, 0] = NAN
     tile = pool_of(P, H, Dk, Dv, [r for r in rows.tolist() if 0 <= r < P])
     ring = tile.clone()
     assert "decode_persistent" in sol.plan_decode(B, T, H, Dk, Dv, dtype, persistent=True)
