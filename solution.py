@@ -2921,29 +2921,73 @@ struct DecodeStep {
   float k[NP], q[NP], bv[MC][4], g;
 };
 
-// Step t's inputs for the thread's rows r0 + 32 r and columns jc + 32 m + e of row b, head h (zeros past
-// D_k and D_v).
+// The same inputs as loaded, not yet converted: nothing consumes a load, so decode_persistent keeps the next
+// item's in flight while it computes (a conversion right after the load would wait for it). Gate and beta
+// as bits (float32, or a 16-bit pattern).
 template <typename scalar_t, int NP, int MC>
-__device__ __forceinline__ void decode_load_step(const Problem& p, int64_t b, int h, int r0, int jc, int64_t t,
-                                                 DecodeStep<NP, MC>& x) {
+struct DecodeRaw {
+  scalar_t k[NP], q[NP], v[MC][4];
+  uint32_t g, b;
+};
+
+template <typename scalar_t>
+__device__ __forceinline__ uint32_t gate_bits(const void* base, int64_t off, bool wide) {
+  if (sizeof(scalar_t) == 4 || wide) return __float_as_uint(static_cast<const float*>(base)[off]);
+  return static_cast<const uint16_t*>(base)[off];
+}
+template <typename scalar_t>
+__device__ __forceinline__ float gate_value(uint32_t bits, bool wide) {
+  if (sizeof(scalar_t) == 4 || wide) return __uint_as_float(bits);
+  if constexpr (std::is_same<scalar_t, __half>::value) return __half2float(__ushort_as_half((unsigned short)bits));
+  else return __bfloat162float(__ushort_as_bfloat16((unsigned short)bits));
+}
+
+// Step t's inputs for the thread's rows r0 + 32 r and columns jc + 32 m + e of row b, head h. Rows and
+// columns past D_k and D_v load element 0 (in bounds) and become zeros in decode_convert.
+template <typename scalar_t, int NP, int MC>
+__device__ __forceinline__ void decode_load_raw(const Problem& p, int64_t b, int h, int r0, int jc, int64_t t,
+                                                DecodeRaw<scalar_t, NP, MC>& x) {
   const scalar_t* q = static_cast<const scalar_t*>(p.q) + b * p.sq.b + h * p.sq.h + t * p.sq.t;
   const scalar_t* k = static_cast<const scalar_t*>(p.k) + b * p.sk.b + h * p.sk.h + t * p.sk.t;
   const scalar_t* v = static_cast<const scalar_t*>(p.v) + b * p.sv.b + h * p.sv.h + t * p.sv.t;
-  x.g = GateSeq<scalar_t, true>(p.gate, b * p.sg.b + h * p.sg.h, p.g32)[t * p.sg.t];
-  const float bt = GateSeq<scalar_t, true>(p.beta, b * p.sb.b + h * p.sb.h, p.b32)[t * p.sb.t];
+  x.g = gate_bits<scalar_t>(p.gate, b * p.sg.b + h * p.sg.h + t * p.sg.t, p.g32);
+  x.b = gate_bits<scalar_t>(p.beta, b * p.sb.b + h * p.sb.h + t * p.sb.t, p.b32);
 #pragma unroll
   for (int m = 0; m < MC; ++m)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int j = jc + 32 * m + e;
-      x.bv[m][e] = j < p.Dv ? bt * to_float(v[j * p.sv.d]) : 0.f;
+      x.v[m][e] = v[(j < p.Dv ? j : 0) * p.sv.d];
     }
 #pragma unroll
   for (int r = 0; r < NP; ++r) {
-    const int i = r0 + 32 * r;
-    x.k[r] = i < p.Dk ? to_float(k[i * p.sk.d]) : 0.f;
-    x.q[r] = i < p.Dk ? to_float(q[i * p.sq.d]) : 0.f;
+    const int i = r0 + 32 * r < p.Dk ? r0 + 32 * r : 0;
+    x.k[r] = k[i * p.sk.d];
+    x.q[r] = q[i * p.sq.d];
   }
+}
+template <typename scalar_t, int NP, int MC>
+__device__ __forceinline__ void decode_convert(const Problem& p, int r0, int jc, const DecodeRaw<scalar_t, NP, MC>& x,
+                                               DecodeStep<NP, MC>& s) {
+  s.g = gate_value<scalar_t>(x.g, p.g32);
+  const float bt = gate_value<scalar_t>(x.b, p.b32);
+#pragma unroll
+  for (int m = 0; m < MC; ++m)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s.bv[m][e] = jc + 32 * m + e < p.Dv ? bt * to_float(x.v[m][e]) : 0.f;
+#pragma unroll
+  for (int r = 0; r < NP; ++r) {
+    const bool in = r0 + 32 * r < p.Dk;
+    s.k[r] = in ? to_float(x.k[r]) : 0.f;
+    s.q[r] = in ? to_float(x.q[r]) : 0.f;
+  }
+}
+template <typename scalar_t, int NP, int MC>
+__device__ __forceinline__ void decode_load_step(const Problem& p, int64_t b, int h, int r0, int jc, int64_t t,
+                                                 DecodeStep<NP, MC>& s) {
+  DecodeRaw<scalar_t, NP, MC> x;
+  decode_load_raw<scalar_t>(p, b, h, r0, jc, t, x);
+  decode_convert<scalar_t>(p, r0, jc, x, s);
 }
 
 // One step's y for the columns jt + [0, 32 MC): the thread's row sums (acc) over the warp's 4 row groups
@@ -3106,7 +3150,8 @@ __global__ void __launch_bounds__(kMaxThreads, 1) decode_persistent_kernel(const
   int64_t it = blockIdx.x;  // the plan's grid is at most the items
   Item cur = item_at(it, slot_of(p, row_of(it))), nxt = cur;
   int64_t slot_next = it + grid < items ? slot_of(p, row_of(it + grid)) : 0;
-  DecodeStep<NP, MC> x, xn;
+  DecodeStep<NP, MC> x;
+  DecodeRaw<scalar_t, NP, MC> xn;  // the next item's, converted once its state is being computed
   issue(cur, ring);
   decode_load_step<scalar_t>(p, cur.b, cur.h, r0, cur.jt + jc, 0, x);
   for (int n = 0; it < items; ++n, it += grid) {
@@ -3115,7 +3160,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) decode_persistent_kernel(const
       // the other buffer's last reads (the item before) came before the last step's barrier
       nxt = item_at(it + grid, slot_next);
       issue(nxt, ring + ((n + 1) & 1) * kRingD * kRingD);
-      decode_load_step<scalar_t>(p, nxt.b, nxt.h, r0, nxt.jt + jc, 0, xn);
+      decode_load_raw<scalar_t>(p, nxt.b, nxt.h, r0, nxt.jt + jc, 0, xn);
       if (it + 2 * grid < items) slot_next = slot_of(p, row_of(it + 2 * grid));
       cp_async_wait<1>();
     } else {
@@ -3158,7 +3203,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) decode_persistent_kernel(const
       }
       decode_write_y<MC>(acc, red[t & 1], y + t * p.sy.t, cur.jt, p.Dv, p.sy.d, own, fill);
     }
-    x = xn;
+    decode_convert<scalar_t>(p, r0, nxt.jt + jc, xn, x);  // (stale on the last item: unused)
     cur = nxt;
   }
 }
