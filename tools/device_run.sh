@@ -1,6 +1,7 @@
 #!/bin/bash
 # One device call: build once (timed), then the steps named in $@, each with a time limit, output in $OUT.
 #   bash tools/device_run.sh buildtimes tests eval kernelbench sanitize bench sweep variants ncu wmma mma wgmma configs
+#                            decode_dev decode_sanitize
 # (kernelbench needs KernelBench's src/ in .kb/src, carried: tools/kernelbench_compare.py)
 set -u
 export TORCH_EXTENSIONS_DIR=/tmp/ext PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
@@ -31,6 +32,11 @@ for step in "$@"; do
         timeout 120 bash tools/ncu_metrics.sh "chunk_(tf32|bf16)_kernel" 8 2048 16 128 $dt 2>&1 | grep -v "^==PROF==\|Warn" | tail -26 | tee -a $OUT/log.txt
       done ;;
     configs) timeout 300 python3 dev/chunk_configs.py --trials 15 2>&1 | tail -60 | tee -a $OUT/log.txt ;;
+    decode_dev) timeout 200 python3 dev/decode_persistent.py --trials 40 2>&1 | tail -8 | tee -a $OUT/log.txt ;;
+    decode_sanitize)
+      for tool in memcheck racecheck synccheck; do
+        timeout 100 compute-sanitizer --tool $tool python3 tools/sanitize_smoke.py --decode-only 2>&1 | tail -1 | tee -a $OUT/log.txt
+      done ;;
     sanitize)
       timeout 200 compute-sanitizer --tool memcheck python3 tools/sanitize_smoke.py 2>&1 | tail -3 | tee -a $OUT/log.txt
       timeout 200 compute-sanitizer --tool racecheck python3 tools/sanitize_smoke.py 2>&1 | tail -3 | tee -a $OUT/log.txt ;;
