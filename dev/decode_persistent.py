@@ -16,7 +16,8 @@ v1 (SRC) scope: T = 1, D_k = D_v = 128, bfloat16 q/k/v/gate/beta, contiguous poo
 (no -1, no duplicates): what the timing needs. Device run 1 of the thirteenth session: bitwise, and 24.1 /
 77.9 / 288 / 569 us at B = 16 / 64 / 256 / 512 against the tile kernel's 31.2 / 104.6 / 399 / 789.
 
-v2 (GENERAL_SRC) is that kernel generalised for production (every dtype and stride, D_k <= 128, D_v to 256,
+v2 (GENERAL_SRC) is that kernel generalised for production (every input dtype and stride, a pool with 16-byte
+rows and unit column stride as solution.py's pool_aligned, D_k <= 128, D_v to 256,
 T >= 1, -1 / out-of-range / duplicate rows), built on solution.py's DECODE_SRC. Integrated into solution.py
 (commit 3df38d0, variant 0 here) it was slower than the tile kernel it was to replace (119 against 104 us at
 B = 64, device runs 3 and 4) and was taken back out. Suspected cause: the next item's step inputs converted
@@ -186,8 +187,9 @@ torch::Tensor decode_persistent(torch::Tensor q, torch::Tensor k, torch::Tensor 
 
 
 GENERAL_SRC = r"""
-// ---- v2: the general kernel (every dtype and stride, D_k <= 128, D_v up to 256, T >= 1, -1 / out-of-range /
-// duplicate rows), appended to solution.py's DECODE_SRC: it shares decode_load_step, decode_write_y,
+// ---- v2: the general kernel (every input dtype and stride, a 16-byte pool as pool_aligned, D_k <= 128, D_v up
+// to 256, T >= 1, -1 / out-of-range / duplicate rows), appended to solution.py's DECODE_SRC: it shares
+// decode_load_step, decode_write_y,
 // slot_of and the Problem record with the production decode_kernel.
 #include <algorithm>
 #include <torch/types.h>
@@ -378,6 +380,10 @@ __global__ void __launch_bounds__(kMaxThreads, 1) decode_persistent_kernel(const
 torch::Tensor decode_general(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor gate, torch::Tensor beta,
                              torch::Tensor pool, torch::Tensor idx, int64_t variant, int64_t blocks) {
   using namespace gr;
+  // the ring's conditions (solution.py: pool_aligned, D_k <= 128); no other argument checks
+  TORCH_CHECK(q.size(3) <= kRingD && pool.stride(3) == 1 && pool.size(3) % 4 == 0 && pool.stride(0) % 4 == 0 &&
+              pool.stride(1) % 4 == 0 && pool.stride(2) % 4 == 0 && (uintptr_t)pool.data_ptr() % 16 == 0 &&
+              q.size(1) > 0 && q.size(0) * q.size(2) > 0, "decode_general: a 16-byte pool, D_k <= 128, T, B, H > 0");
   auto y = torch::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());
   DecodeParams p;
   p.q = q.data_ptr(); p.k = k.data_ptr(); p.v = v.data_ptr(); p.gate = gate.data_ptr(); p.beta = beta.data_ptr();
@@ -472,11 +478,11 @@ def main():
     H, D = 32, 128
     rows = []
     for B in (16, 64, 256, 512):
-        gen = torch.Generator(device="cuda").manual_seed(B)
-        xs = [torch.randn(B, 1, H, D, device="cuda", generator=gen).bfloat16() for _ in range(3)] + \
-             [torch.rand(B, 1, H, device="cuda", generator=gen).bfloat16() for _ in range(2)]
-        pool = torch.randn(B, H, D, D, device="cuda", generator=gen)
-        idx = torch.randperm(B, device="cuda", generator=gen)
+        rng = torch.Generator(device="cuda").manual_seed(B)
+        xs = [torch.randn(B, 1, H, D, device="cuda", generator=rng).bfloat16() for _ in range(3)] + \
+             [torch.rand(B, 1, H, device="cuda", generator=rng).bfloat16() for _ in range(2)]
+        pool = torch.randn(B, H, D, D, device="cuda", generator=rng)
+        idx = torch.randperm(B, device="cuda", generator=rng)
         p1, p2 = pool.clone(), pool.clone()
         y1 = solution._decode_with(*xs, p1, idx, nv=128)
         y2 = mod.decode_persistent(*xs, p2, idx, sms)
