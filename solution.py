@@ -47,9 +47,13 @@ everything the launch depends on; plan(B, T, H, D_k, D_v, dtype) prints that rec
                                                                     segment's outputs run at once.
     decode        DECODE_SRC           gated_recurrence_decode_:    serving's step, in place: one block per (row, head,
                   unit decode          T (small) steps of a batch   32 or 128 state columns) reads the row's state from
-                  (built on first use) from a pool of states        a pool slot (indices read on the device), advances
-                                                                    T steps in registers with the recurrent kernel's
-                                                                    update, writes y and the state back.
+                  (built on first use) from a pool of states; few   a pool slot (indices read on the device), advances
+                                       rows, or a pool without      T steps in registers with the recurrent kernel's
+                                       16-byte rows                 update, writes y and the state back.
+    decode_persistent                  the decode step for many     the same step, bitwise, for memory's speed: one
+                  DECODE_SRC,          rows (B*H >= 2 x SMs), D_k   block an SM walks the (row, head) items; the next
+                  unit decode          <= 128, 16-byte pool rows    item's state streams into a shared-memory ring by
+                                                                    cp.async while the current one is computed.
 
 The two mma.sync chunk kernels run one skeleton (CHUNK_SRC, run_chunks): block setup, segment bounds, the
 barrier schedule and the state update; each family supplies its staging and matrix products. chunk_sm90
@@ -118,7 +122,8 @@ __all__ = ["ModelNew", "gated_recurrence", "gated_recurrence_decode_", "plan", "
            "KERNELS", "UNITS"]
 
 # Every kernel a plan can name (tests check it against the __global__ kernels and plan()).
-KERNELS = ("recurrent", "parallel", "chunk_tf32", "chunk_bf16", "chunk_sm90", "segment_scan", "decode")
+KERNELS = ("recurrent", "parallel", "chunk_tf32", "chunk_bf16", "chunk_sm90", "segment_scan", "decode",
+           "decode_persistent")
 # Build units: core (host code, recurrent, parallel) at import; each chunk family and the reference rounding on first use.
 UNITS = ("core", "chunk_tf32", "chunk_bf16", "reference", "chunk_sm90", "decode")
 
@@ -138,10 +143,14 @@ enum : int {
   kMaxThreads = 256,             // every kernel's block
   kChunk = 32,                   // steps per chunk of the chunk kernels
   kGateTableFloats = 21 * kChunk,  // one chunk's gate tables (CHUNK_SRC, write_gate_tables)
-  kParallelRows = 8               // steps a row tile of the parallel kernel (even)
+  kParallelRows = 8,              // steps a row tile of the parallel kernel (even)
+  kRingD = 128,                   // decode_persistent: a ring buffer holds a 128 x 128 fp32 state tile
+  kDecodeRingSmem = 2 * kRingD * kRingD * 4,           // its two buffers (dynamic shared memory)
+  kDecodeStaticSmem = 2 * (kMaxThreads / 32) * kRingD * 4  // its y partials (static)
 };
 enum class DType : int { f32 = 0, f16 = 1, bf16 = 2 };
-enum class Kernel : int { recurrent = 0, parallel = 1, chunk_tf32 = 2, chunk_bf16 = 3, chunk_sm90 = 4, decode = 5 };
+enum class Kernel : int { recurrent = 0, parallel = 1, chunk_tf32 = 2, chunk_bf16 = 3, chunk_sm90 = 4, decode = 5,
+                          decode_persistent = 6 };
 enum class Unit : int { core = 0, chunk_tf32 = 1, chunk_bf16 = 2, reference = 3, chunk_sm90 = 4, decode = 5 };  // a launch's build unit
 
 struct Strides4 { int64_t b, t, h, d; };
@@ -2912,29 +2921,73 @@ struct DecodeStep {
   float k[NP], q[NP], bv[MC][4], g;
 };
 
-// Step t's inputs for the thread's rows r0 + 32 r and columns jc + 32 m + e of row b, head h (zeros past
-// D_k and D_v).
+// The same inputs as loaded, not yet converted: nothing consumes a load, so decode_persistent keeps the next
+// item's in flight while it computes (a conversion right after the load would wait for it). Gate and beta
+// as bits (float32, or a 16-bit pattern).
 template <typename scalar_t, int NP, int MC>
-__device__ __forceinline__ void decode_load_step(const Problem& p, int64_t b, int h, int r0, int jc, int64_t t,
-                                                 DecodeStep<NP, MC>& x) {
+struct DecodeRaw {
+  scalar_t k[NP], q[NP], v[MC][4];
+  uint32_t g, b;
+};
+
+template <typename scalar_t>
+__device__ __forceinline__ uint32_t gate_bits(const void* base, int64_t off, bool wide) {
+  if (sizeof(scalar_t) == 4 || wide) return __float_as_uint(static_cast<const float*>(base)[off]);
+  return static_cast<const uint16_t*>(base)[off];
+}
+template <typename scalar_t>
+__device__ __forceinline__ float gate_value(uint32_t bits, bool wide) {
+  if (sizeof(scalar_t) == 4 || wide) return __uint_as_float(bits);
+  if constexpr (std::is_same<scalar_t, __half>::value) return __half2float(__ushort_as_half((unsigned short)bits));
+  else return __bfloat162float(__ushort_as_bfloat16((unsigned short)bits));
+}
+
+// Step t's inputs for the thread's rows r0 + 32 r and columns jc + 32 m + e of row b, head h. Rows and
+// columns past D_k and D_v load element 0 (in bounds) and become zeros in decode_convert.
+template <typename scalar_t, int NP, int MC>
+__device__ __forceinline__ void decode_load_raw(const Problem& p, int64_t b, int h, int r0, int jc, int64_t t,
+                                                DecodeRaw<scalar_t, NP, MC>& x) {
   const scalar_t* q = static_cast<const scalar_t*>(p.q) + b * p.sq.b + h * p.sq.h + t * p.sq.t;
   const scalar_t* k = static_cast<const scalar_t*>(p.k) + b * p.sk.b + h * p.sk.h + t * p.sk.t;
   const scalar_t* v = static_cast<const scalar_t*>(p.v) + b * p.sv.b + h * p.sv.h + t * p.sv.t;
-  x.g = GateSeq<scalar_t, true>(p.gate, b * p.sg.b + h * p.sg.h, p.g32)[t * p.sg.t];
-  const float bt = GateSeq<scalar_t, true>(p.beta, b * p.sb.b + h * p.sb.h, p.b32)[t * p.sb.t];
+  x.g = gate_bits<scalar_t>(p.gate, b * p.sg.b + h * p.sg.h + t * p.sg.t, p.g32);
+  x.b = gate_bits<scalar_t>(p.beta, b * p.sb.b + h * p.sb.h + t * p.sb.t, p.b32);
 #pragma unroll
   for (int m = 0; m < MC; ++m)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int j = jc + 32 * m + e;
-      x.bv[m][e] = j < p.Dv ? bt * to_float(v[j * p.sv.d]) : 0.f;
+      x.v[m][e] = v[(j < p.Dv ? j : 0) * p.sv.d];
     }
 #pragma unroll
   for (int r = 0; r < NP; ++r) {
-    const int i = r0 + 32 * r;
-    x.k[r] = i < p.Dk ? to_float(k[i * p.sk.d]) : 0.f;
-    x.q[r] = i < p.Dk ? to_float(q[i * p.sq.d]) : 0.f;
+    const int i = r0 + 32 * r < p.Dk ? r0 + 32 * r : 0;
+    x.k[r] = k[i * p.sk.d];
+    x.q[r] = q[i * p.sq.d];
   }
+}
+template <typename scalar_t, int NP, int MC>
+__device__ __forceinline__ void decode_convert(const Problem& p, int r0, int jc, const DecodeRaw<scalar_t, NP, MC>& x,
+                                               DecodeStep<NP, MC>& s) {
+  s.g = gate_value<scalar_t>(x.g, p.g32);
+  const float bt = gate_value<scalar_t>(x.b, p.b32);
+#pragma unroll
+  for (int m = 0; m < MC; ++m)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s.bv[m][e] = jc + 32 * m + e < p.Dv ? bt * to_float(x.v[m][e]) : 0.f;
+#pragma unroll
+  for (int r = 0; r < NP; ++r) {
+    const bool in = r0 + 32 * r < p.Dk;
+    s.k[r] = in ? to_float(x.k[r]) : 0.f;
+    s.q[r] = in ? to_float(x.q[r]) : 0.f;
+  }
+}
+template <typename scalar_t, int NP, int MC>
+__device__ __forceinline__ void decode_load_step(const Problem& p, int64_t b, int h, int r0, int jc, int64_t t,
+                                                 DecodeStep<NP, MC>& s) {
+  DecodeRaw<scalar_t, NP, MC> x;
+  decode_load_raw<scalar_t>(p, b, h, r0, jc, t, x);
+  decode_convert<scalar_t>(p, r0, jc, x, s);
 }
 
 // One step's y for the columns jt + [0, 32 MC): the thread's row sums (acc) over the warp's 4 row groups
@@ -3049,6 +3102,111 @@ __global__ void __launch_bounds__(kMaxThreads, kDecodeBlocks<NP, MC>) decode_ker
   }
 }
 
+// decode_persistent: the same step for many rows, with a 16-byte pool and D_k <= 128. A block an SM walks
+// the items (row, head, 128-column tile) strided by the grid; while it computes one, the next item's state
+// (64 KB) is already in flight by cp.async into the other half of a shared-memory ring and its step-0 inputs
+// into registers, so an SM always has a whole state on its way (decode_kernel has state bytes in flight
+// only for part of each block's life, as many as its registers hold). Each state element is read from
+// shared memory, updated and stored from registers (the last step) or back to shared memory (T > 1). The
+// arithmetic and every sum's order are decode_kernel's with NV = 128: y and the state are bitwise its.
+template <typename scalar_t>
+__global__ void __launch_bounds__(kMaxThreads, 1) decode_persistent_kernel(const DecodeParams p) {
+  extern __shared__ __align__(16) float ring[];
+  __shared__ __align__(16) float red[2][kMaxThreads / 32][kRingD];
+  griddep_wait<>();
+  griddep_launch<>();
+  constexpr int NP = 4, MC = 4;
+  const int tid = threadIdx.x, r0 = tid >> 3, jc = 4 * (tid & 7);  // as decode_kernel's, within the tile
+  const int64_t items = p.BH * p.vtiles;
+  struct Item {
+    int64_t b, slot;
+    int h, jt;
+    bool valid;
+  };
+  auto row_of = [&](int64_t it) { return it / p.vtiles / p.H; };
+  auto item_at = [&](int64_t it, int64_t slot) {
+    Item d;
+    d.jt = kRingD * (int)(it % p.vtiles);
+    d.h = (int)(it / p.vtiles % p.H);
+    d.b = row_of(it);
+    d.slot = slot;
+    d.valid = slot >= 0 && slot < p.P;
+    return d;
+  };
+  auto state_of = [&](const Item& d) { return p.s_out + (d.valid ? d.slot : 0) * p.ssi.b + d.h * p.ssi.h + d.jt; };
+  // the item's tile into buf: 128 rows of 32 pieces of 16 bytes, zeros outside D_k x D_v and for unusable slots
+  auto issue = [&](const Item& d, float* buf) {
+    const float* src = state_of(d);
+    for (int e = tid; e < kRingD * kRingD / 4; e += kMaxThreads) {
+      const int i = e >> 5, j = 4 * (e & 31);
+      const bool in = d.valid && i < p.Dk && d.jt + j < p.Dv;
+      cp_async<16>(buf + i * kRingD + j, in ? src + i * p.ssi.i + j : src, in);
+    }
+    cp_async_commit<>();
+  };
+  // The index of the item after next is loaded an item ahead of its use: the state's address never waits
+  // on a load.
+  const int64_t grid = gridDim.x;
+  int64_t it = blockIdx.x;  // the plan's grid is at most the items
+  Item cur = item_at(it, slot_of(p, row_of(it))), nxt = cur;
+  int64_t slot_next = it + grid < items ? slot_of(p, row_of(it + grid)) : 0;
+  DecodeStep<NP, MC> x;
+  DecodeRaw<scalar_t, NP, MC> xn;  // the next item's, converted once its state is being computed
+  issue(cur, ring);
+  decode_load_step<scalar_t>(p, cur.b, cur.h, r0, cur.jt + jc, 0, x);
+  for (int n = 0; it < items; ++n, it += grid) {
+    float* S = ring + (n & 1) * kRingD * kRingD;
+    if (it + grid < items) {
+      // the other buffer's last reads (the item before) came before the last step's barrier
+      nxt = item_at(it + grid, slot_next);
+      issue(nxt, ring + ((n + 1) & 1) * kRingD * kRingD);
+      decode_load_raw<scalar_t>(p, nxt.b, nxt.h, r0, nxt.jt + jc, 0, xn);
+      if (it + 2 * grid < items) slot_next = slot_of(p, row_of(it + 2 * grid));
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    // duplicates as decode_kernel: the lowest row keeps the slot
+    bool dup = false;
+    if (p.idx != nullptr && cur.valid)
+      for (int64_t e = tid; e < cur.b; e += blockDim.x) dup |= slot_of(p, e) == cur.slot;
+    const bool own = __syncthreads_or(dup) == 0 && cur.valid;  // also: every thread's copies have landed
+    const float fill = cur.slot == -1 ? 0.f : __int_as_float(0x7fffffff);
+    float* pool = state_of(cur);
+    scalar_t* y = static_cast<scalar_t*>(p.y) + cur.b * p.sy.b + cur.h * p.sy.h;
+    for (int t = 0; t < p.T; ++t) {
+      if (t > 0) decode_load_step<scalar_t>(p, cur.b, cur.h, r0, cur.jt + jc, t, x);
+      const bool last = t == p.T - 1;
+      float acc[MC][4] = {};
+      if (own) {
+#pragma unroll
+        for (int r = 0; r < NP; ++r) {
+          const int i = r0 + 32 * r;
+          if (i >= p.Dk) continue;  // padded rows stay out: 0 * inf would be NaN
+#pragma unroll
+          for (int m = 0; m < MC; ++m) {
+            const int j = jc + 32 * m;
+            const float4 s = *reinterpret_cast<const float4*>(S + i * kRingD + j);
+            float s4[4] = {s.x, s.y, s.z, s.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              s4[e] = fmaf(x.g, s4[e], x.k[r] * x.bv[m][e]);
+              acc[m][e] = fmaf(x.q[r], s4[e], acc[m][e]);
+            }
+            const float4 o = make_float4(s4[0], s4[1], s4[2], s4[3]);
+            if (!last)
+              *reinterpret_cast<float4*>(S + i * kRingD + j) = o;  // only this thread reads it back
+            else if (cur.jt + j < p.Dv)
+              *reinterpret_cast<float4*>(pool + i * p.ssi.i + j) = o;
+          }
+        }
+      }
+      decode_write_y<MC>(acc, red[t & 1], y + t * p.sy.t, cur.jt, p.Dv, p.sy.d, own, fill);
+    }
+    decode_convert<scalar_t>(p, r0, nxt.jt + jc, xn, x);  // (stale on the last item: unused)
+    cur = nxt;
+  }
+}
 
 template <typename scalar_t>
 cudaError_t launch_decode(const Plan& pl, const Problem& pr, cudaStream_t s) {
@@ -3056,6 +3214,11 @@ cudaError_t launch_decode(const Plan& pl, const Problem& pr, cudaStream_t s) {
   static_cast<Problem&>(p) = pr;
   p.vtiles = pl.vtiles;
   const dim3 grid((unsigned)pl.blocks);
+  if (pl.kernel == Kernel::decode_persistent) {
+    static bool done[64] = {};
+    const cudaError_t err = allow_smem(decode_persistent_kernel<scalar_t>, done);
+    return err != cudaSuccess ? err : launch_ex(decode_persistent_kernel<scalar_t>, grid, pl.smem, s, pl.pdl, p);
+  }
 #define GR_CASE(NP_, MC_)                                                                                  \
   if (pl.R == NP_ && pl.NV == 32 * MC_)                                                                    \
     return pl.vec ? launch_ex(decode_kernel<scalar_t, NP_, MC_, true>, grid, 0, s, pl.pdl, p)              \
@@ -3070,7 +3233,7 @@ cudaError_t launch_decode(const Plan& pl, const Problem& pr, cudaStream_t s) {
 
 extern "C" int gr_execute_decode(const gr::Plan* pl, const gr::Problem* pr, float*, cudaStream_t s, const char** failed) {
   using namespace gr;
-  *failed = "decode";
+  *failed = pl->kernel == Kernel::decode_persistent ? "decode_persistent" : "decode";
   switch (pl->dtype) {
     case DType::f32: return (int)launch_decode<float>(*pl, *pr, s);
     case DType::f16: return (int)launch_decode<__half>(*pl, *pr, s);
@@ -3106,11 +3269,13 @@ namespace gr {
 constexpr int kMaxDim = 256;
 constexpr size_t kRecurrentSmem = 48 * 1024;  // the recurrent kernel stays under the static limit
 constexpr int64_t kChunkedMinT = 256;         // use_chunked(): from the crossover sweep (BENCHMARKS.md)
-const char* const kKernelNames[] = {"recurrent", "parallel", "chunk_tf32", "chunk_bf16", "chunk_sm90", "decode"};
+const char* const kKernelNames[] = {"recurrent", "parallel", "chunk_tf32", "chunk_bf16", "chunk_sm90", "decode",
+                                    "decode_persistent"};
 const char* const kSourceNames[] = {"RECURRENT_SRC", "PARALLEL_SRC", "CHUNK_TF32_SRC", "CHUNK_BF16_SRC", "CHUNK_SM90_SRC",
-                                    "DECODE_SRC"};
+                                    "DECODE_SRC", "DECODE_SRC"};
 const char* const kUnitNames[] = {"core", "chunk_tf32", "chunk_bf16", "reference", "chunk_sm90", "decode"};
-constexpr Unit kUnitOf[] = {Unit::core, Unit::core, Unit::chunk_tf32, Unit::chunk_bf16, Unit::chunk_sm90, Unit::decode};
+constexpr Unit kUnitOf[] = {Unit::core,       Unit::core,   Unit::chunk_tf32, Unit::chunk_bf16,
+                            Unit::chunk_sm90, Unit::decode, Unit::decode};
 constexpr int kUnits = 6;
 // The unit that runs a plan: its kernel's, except the recurrent kernel's rounding mode (its own unit).
 inline int unit_of(const Plan& pl) { return pl.round_ref ? (int)Unit::reference : (int)kUnitOf[(int)pl.kernel]; }
@@ -3563,25 +3728,48 @@ bool plan_parallel(const Shape& s, const Layout& lay, const DeviceLimits& lim, c
 // recurrent kernel has.
 // decode: a block a (row, head, NV state columns), R = 32-row passes a thread (D_k rounded up to 32, 64,
 // 128, 256); 16-byte pool accesses when the pool's rows allow them. NV = 128 (whole rows, twice the state in
-// flight an SM) once there are two such blocks an SM, else 32 (four times the blocks, for few rows); nv > 0
-// forces one (tests, benchmarks). No shared memory beyond 8 KB static, no workspace: nothing to opt in,
-// allocate or synchronize (CUDA-graph capturable).
-bool plan_decode(const Shape& s, DType dt, bool pool_vec, const DeviceLimits& lim, int64_t nv, Plan& pl) {
+// flight an SM) once there are two such blocks an SM, else 32 (four times the blocks, for few rows). There,
+// with a 16-byte pool, D_k <= 128 and room for its ring, decode_persistent instead: one block an SM (at most
+// one an item) walking the items with the next state in flight. nv > 0 forces a tile of decode_kernel,
+// persistent 0 / 1 forbids / forces decode_persistent (-1: planned; tests, benchmarks). No workspace and
+// nothing read back: nothing to allocate or synchronize (CUDA-graph capturable).
+bool plan_decode(const Shape& s, DType dt, bool pool_vec, const DeviceLimits& lim, int64_t nv, int64_t persistent,
+                 Plan& pl) {
   if (!check_sizes(s)) return false;
   GR_REQUIRE("ValueError", nv == 0 || nv == 32 || nv == 128, "decode: NV must be 32 or 128 (0: planned), got ", nv);
+  GR_REQUIRE("ValueError", persistent >= -1 && persistent <= 1, "decode: persistent must be -1 (planned), 0 or 1, got ",
+             persistent);
   pl = Plan{};
-  pl.kernel = Kernel::decode;
   pl.dtype = dt;
-  const bool wide = s.Dk <= 128 && s.Dv > 64 && s.B * s.H * ceil_div(s.Dv, 128) >= 2 * lim.sms;
-  pl.NV = nv > 0 ? (int)nv : wide ? 128 : 32;
-  GR_REQUIRE("ValueError", pl.NV == 32 || s.Dk <= 128, "decode: NV = 128 serves D_k up to 128, got ", s.Dk);
-  pl.vtiles = (int)ceil_div(s.Dv, pl.NV);
-  pl.R = pow2_at_least(ceil_div(s.Dk, 32));
+  const int64_t wide_items = s.B * s.H * ceil_div(s.Dv, 128);
+  const bool wide = s.Dk <= 128 && s.Dv > 64 && wide_items >= 2 * lim.sms;
+  const bool ring_fits = pool_vec && s.Dk <= 128 && lim.arch >= 80 &&
+                         lim.smem >= (size_t)kDecodeRingSmem + (size_t)kDecodeStaticSmem;
+  GR_REQUIRE("ValueError", persistent != 1 || nv == 0, "decode: persistent = 1 has its own tile (NV = 128), got NV = ", nv);
+  GR_REQUIRE("ValueError", persistent != 1 || ring_fits, "decode: decode_persistent needs ",
+             s.Dk > 128 ? cat("D_k <= 128, got ", s.Dk)
+             : !pool_vec ? std::string("16-byte aligned pool rows with unit column stride (D_v % 4 == 0)")
+                         : cat("sm_80 or newer with ", kDecodeRingSmem + kDecodeStaticSmem,
+                               " bytes of shared memory a block, got sm_", lim.arch, " with ", lim.smem));
+  if (persistent == 1 || (persistent == -1 && nv == 0 && wide && ring_fits)) {
+    pl.kernel = Kernel::decode_persistent;
+    pl.NV = kRingD;
+    pl.vtiles = (int)ceil_div(s.Dv, kRingD);
+    pl.R = 4;
+    pl.blocks = std::min<int64_t>(wide_items, lim.sms);
+    pl.smem = kDecodeRingSmem;
+  } else {
+    pl.kernel = Kernel::decode;
+    pl.NV = nv > 0 ? (int)nv : wide ? 128 : 32;
+    GR_REQUIRE("ValueError", pl.NV == 32 || s.Dk <= 128, "decode: NV = 128 serves D_k up to 128, got ", s.Dk);
+    pl.vtiles = (int)ceil_div(s.Dv, pl.NV);
+    pl.R = pow2_at_least(ceil_div(s.Dk, 32));
+    pl.blocks = s.B * s.H * pl.vtiles;
+    GR_REQUIRE("ValueError", pl.blocks <= INT32_MAX, "decode: B * H * ceil(D_v / NV) must be below 2^31, got ", pl.blocks);
+  }
   pl.DKP = (int)s.Dk;
   pl.vec = pool_vec;
   pl.pdl = lim.pdl;
-  pl.blocks = s.B * s.H * pl.vtiles;
-  GR_REQUIRE("ValueError", pl.blocks <= INT32_MAX, "decode: B * H * ceil(D_v / NV) must be below 2^31, got ", pl.blocks);
   return true;
 }
 
@@ -3654,6 +3842,9 @@ std::string describe(const Plan& pl) {
              " split=", 1 << pl.sp_log, pl.vec ? " loads=16B" : " loads=scalar", pl.pdl ? " pdl=on" : " pdl=off");
   else if (pl.kernel == Kernel::decode)
     s += cat("NV=", pl.NV, " D_k=", pl.DKP, " row_passes=", pl.R, pl.vec ? " pool=16B" : " pool=scalar", pl.pdl ? " pdl=on" : " pdl=off");
+  else if (pl.kernel == Kernel::decode_persistent)
+    s += cat("NV=", pl.NV, " D_k=", pl.DKP, " blocks=min(items, SMs) ring=2x", kRingD * kRingD * 4, "B cp.async",
+             pl.pdl ? " pdl=on" : " pdl=off");
   else if (pl.kernel == Kernel::chunk_sm90)
     s += cat("C=64 D_k=", pl.DK, " compiled D_v=128 segments=", pl.nseg,
              pl.nseg > 1 ? cat(" + segment_scan", pl.pdl ? " pdl=on" : " pdl=off") : "", " loads=TMA",
@@ -3791,7 +3982,8 @@ inline bool pool_aligned(const at::Tensor& pool) {
 // The decode step: checks, the plan, y, one launch; the pool is read and written in place on the device
 // (indices included: nothing comes back to the host).
 at::Tensor run_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
-                      const at::Tensor& beta, const at::Tensor& pool, const at::Tensor* idx, int64_t nv) {
+                      const at::Tensor& beta, const at::Tensor& pool, const at::Tensor* idx, int64_t nv,
+                      int64_t persistent) {
   if (!check_shapes(q, k, v, gate, beta, false) || !check_pool(pool, idx, q, v) ||
       !check_no_grad(q, k, v, gate, beta, &pool, "state_pool", "gated_recurrence_decode_") ||
       !check_devices(q, k, v, gate, beta) ||
@@ -3799,7 +3991,8 @@ at::Tensor run_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor
     return at::Tensor();
   const c10::cuda::CUDAGuard guard(q.device());
   Plan pl;
-  if (!plan_decode(shape_of(q, v), dtype_of(q), pool_aligned(pool), device_limits(), nv, pl)) return at::Tensor();
+  if (!plan_decode(shape_of(q, v), dtype_of(q), pool_aligned(pool), device_limits(), nv, persistent, pl))
+    return at::Tensor();
   at::Tensor y = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());
   if (y.numel() == 0) return y;  // (before unit_ready: an empty call builds nothing)
   if (!unit_ready(pl)) return at::Tensor();
@@ -3816,9 +4009,10 @@ at::Tensor run_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   return y;
 }
 
-std::string plan_decode_text(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, int64_t dtype, int64_t nv) {
+std::string plan_decode_text(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, int64_t dtype, int64_t nv,
+                             int64_t persistent) {
   Plan pl;
-  return plan_decode(Shape{B, T, H, Dk, Dv}, static_cast<DType>(dtype), Dv % 4 == 0, device_limits(), nv, pl)
+  return plan_decode(Shape{B, T, H, Dk, Dv}, static_cast<DType>(dtype), Dv % 4 == 0, device_limits(), nv, persistent, pl)
              ? describe(pl) : std::string();
 }
 
@@ -3893,7 +4087,7 @@ std::vector<at::Tensor> op_forward_ex(const at::Tensor& q, const at::Tensor& k, 
 at::Tensor op_decode_(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
                       const at::Tensor& beta, const at::Tensor& state_pool, const c10::optional<at::Tensor>& state_indices) {
   const at::Tensor* idx = state_indices.has_value() && state_indices->defined() ? &*state_indices : nullptr;
-  at::Tensor y = run_decode(q, k, v, gate, beta, state_pool, idx, 0);
+  at::Tensor y = run_decode(q, k, v, gate, beta, state_pool, idx, 0, -1);
   if (!y.defined()) throw_last_error();
   return y;
 }
@@ -3939,13 +4133,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return out;
   });
   m.def("decode_", [](handle q, handle k, handle v, handle gate, handle beta, handle state_pool, handle state_indices,
-                       int64_t nv) {
+                       int64_t nv, int64_t persistent) {
     const at::Tensor *tq, *tk, *tv, *tg, *tb, *tp, *ti = nullptr;
     if (!gr::tensor_args({{q, "q"}, {k, "k"}, {v, "v"}, {gate, "gate"}, {beta, "beta"}, {state_pool, "state_pool"}},
                          {&tq, &tk, &tv, &tg, &tb, &tp}) ||
         (!state_indices.is_none() && !gr::tensor_args({{state_indices, "state_indices"}}, {&ti})))
       return at::Tensor();
-    return gr::run_decode(*tq, *tk, *tv, *tg, *tb, *tp, ti, nv);
+    return gr::run_decode(*tq, *tk, *tv, *tg, *tb, *tp, ti, nv, persistent);
   });
   m.def("plan", &gr::plan_text);
   m.def("plan_decode", &gr::plan_decode_text);
@@ -4248,12 +4442,17 @@ def gated_recurrence_decode_(q, k, v, gate, beta, state_pool, state_indices=None
         if state_indices is not None and not isinstance(state_indices, torch.Tensor):
             raise TypeError(f"state_indices must be a torch.Tensor, got {type(state_indices).__name__}")
         return _ops.decode_(q, k, v, gate, beta, state_pool, state_indices)
-    return _call(_core.decode_, q, k, v, gate, beta, state_pool, state_indices, 0)
+    return _call(_core.decode_, q, k, v, gate, beta, state_pool, state_indices, 0, -1)
 
 
-def _decode_with(q, k, v, gate, beta, state_pool, state_indices=None, nv=0):
-    """Test and benchmark hook: the decode step with a chosen column tile (NV = 32 or 128; 0: planned)."""
-    return _call(_core.decode_, q, k, v, gate, beta, state_pool, state_indices, int(nv))
+def _persistent_code(persistent):
+    return -1 if persistent is None else int(bool(persistent))
+
+
+def _decode_with(q, k, v, gate, beta, state_pool, state_indices=None, nv=0, persistent=None):
+    """Test and benchmark hook: the decode step with a chosen kernel: decode_kernel's column tile (nv = 32
+    or 128; 0: planned) or decode_persistent forced on (True) or off (False); None: planned."""
+    return _call(_core.decode_, q, k, v, gate, beta, state_pool, state_indices, int(nv), _persistent_code(persistent))
 
 
 _DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
@@ -4267,11 +4466,11 @@ def plan(B, T, H, Dk, Dv, dtype="float32", numerics="accurate"):
     return _plan_on(B, T, H, Dk, Dv, dtype, numerics=numerics)
 
 
-def plan_decode(B, T, H, Dk, Dv, dtype="float32", nv=0):
-    """The decode step's launch for this shape and input dtype, with a contiguous pool, as text (nv: a
-    forced column tile, as _decode_with)."""
+def plan_decode(B, T, H, Dk, Dv, dtype="float32", nv=0, persistent=None):
+    """The decode step's launch for this shape and input dtype, with a contiguous pool, as text (nv and
+    persistent: a forced kernel, as _decode_with)."""
     return _call(lambda *a: _core.plan_decode(*a) or None, int(B), int(T), int(H), int(Dk), int(Dv), _dtype_code(dtype),
-                 int(nv))
+                 int(nv), _persistent_code(persistent))
 
 
 def _dtype_code(dtype):

@@ -2,7 +2,9 @@
 back. Against the float64 loop for every dtype and odd head sizes; index dtypes and strides; padded (-1),
 out-of-range and duplicate rows; bitwise equal to the recurrent kernel's final state and to T calls of one
 step; a long prefill then 100 steps; strided pools and inputs; CUDA graphs and allocations; a pool past
-2^31 elements; empty calls. (Argument checks and plan_decode are test_decode_errors'.)"""
+2^31 elements; empty calls. Each test runs twice: as planned, and with decode_persistent forced wherever it
+serves the call (its planned shapes are large); the two kernels against each other bitwise at the end.
+(Argument checks and plan_decode are test_decode_errors'.)"""
 import pytest
 import torch
 
@@ -20,7 +22,27 @@ NAN = float("nan")
 DECODE_STATE_TOL = STATE_TOL[FP32]
 
 
+KERNEL = {"forced": None}
+
+
+@pytest.fixture(autouse=True, params=[None, True], ids=["planned", "persistent"])
+def kernel(request):
+    """decode() as planned, or with decode_persistent wherever it serves the call."""
+    KERNEL["forced"] = request.param
+    yield request.param
+    KERNEL["forced"] = None
+
+
+def ring_serves(pool, Dk):
+    """decode_persistent's conditions (plan_decode): D_k <= 128 and 16-byte pool rows with unit column
+    stride (on a GPU with its shared memory: every one these tests run on)."""
+    return Dk <= 128 and pool.stride(3) == 1 and pool.shape[3] % 4 == 0 and pool.data_ptr() % 16 == 0 and \
+        all(s % 4 == 0 for s in pool.stride()[:3])
+
+
 def decode(sol, xs, pool, idx=None):
+    if KERNEL["forced"] and ring_serves(pool, xs[0].shape[3]):
+        return sol._decode_with(*xs, pool, idx, persistent=True)
     return sol.gated_recurrence_decode_(*xs, pool, idx)
 
 
@@ -498,12 +520,12 @@ def test_no_host_synchronization(sol):
     """The indices stay on the device: under sync-debug mode "error" a call (and a graph-free second one) runs."""
     xs = inputs(3, 1, 2, 32, 32, dtype=BF16)
     pool, idx, idx32 = torch.randn(4, 2, 32, 32, device="cuda"), index([3, -1, 0]), index([0, 1, 2], torch.int32)
-    sol.gated_recurrence_decode_(*xs, pool, idx)  # built and planned before the mode is on (the indices' copies sync too)
+    decode(sol, xs, pool, idx)  # built and planned before the mode is on (the indices' copies sync too)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        sol.gated_recurrence_decode_(*xs, pool, idx)
-        sol.gated_recurrence_decode_(*xs, pool, idx32)
+        decode(sol, xs, pool, idx)
+        decode(sol, xs, pool, idx32)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
@@ -526,3 +548,34 @@ def test_non_finite_inputs_as_the_float64_loop(sol, where):
     assert torch.equal(pool[idx].isnan(), rs.isnan()) and torch.equal(pool[idx].isinf(), rs.isinf())
     finite = ry.isfinite()
     assert rel_l2(y[finite], ry[finite]) <= TOL[FP32]
+
+
+# ---- decode_persistent against decode_kernel, bitwise
+# (B, T, H, D_k, D_v): items (rows x heads x 128-column tiles) beyond the 132 blocks, so each block walks
+# several and the ring's two buffers alternate; D_k and D_v short of the tile; two column tiles.
+RING_SHAPES = [(70, 1, 4, 128, 128), (37, 3, 4, 100, 200), (300, 2, 1, 7, 36), (5, 1, 3, 64, 256)]
+
+
+@pytest.mark.parametrize("shape", RING_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_persistent_equals_the_tile_kernel_bitwise(sol, kernel, dtype, shape):
+    """The same update and every sum in the same order as decode_kernel's 128-column tile: y and the pool
+    bitwise its, with padded (-1), out-of-range and duplicate rows mixed in, int32 indices, an inf in k and
+    a NaN gate in some rows (their patterns come along), every unindexed slot a NaN sentinel."""
+    if kernel:
+        pytest.skip("forces both kernels itself")
+    B, T, H, Dk, Dv = shape
+    P = B + 3
+    rows = torch.randperm(P)[:B]
+    rows[1], rows[2], rows[3] = -1, P + 7, rows[0]  # padding, out of range, a duplicate of row 0
+    idx = rows.to(device="cuda", dtype=torch.int32)
+    xs = inputs(B, T, H, Dk, Dv, dtype=dtype)
+    xs[1][4, 0, 0, 3] = float("inf")
+    xs[3][B - 1, T - 1, 0] = NAN
+    tile = pool_of(P, H, Dk, Dv, [r for r in rows.tolist() if 0 <= r < P])
+    ring = tile.clone()
+    assert "decode_persistent" in sol.plan_decode(B, T, H, Dk, Dv, dtype, persistent=True)
+    want = sol._decode_with(*xs, tile, idx, nv=128)
+    got = sol._decode_with(*xs, ring, idx, persistent=True)
+    assert same_bits(got, want) and same_bits(ring, tile)
+    assert torch.isnan(got[[2, 3]]).all() and torch.equal(got[1], torch.zeros_like(got[1]))

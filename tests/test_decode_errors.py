@@ -144,21 +144,56 @@ PLAN_SHAPES = [(64, 1, 32, 128, 128), (1, 1, 1, 1, 1), (3, 4, 2, 33, 100), (2, 1
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("shape", PLAN_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_plan_decode_names_the_decode_unit(sol, shape, dtype):
-    """The decode kernel, its source and unit, and a grid, for every dtype (a name or a torch dtype)."""
+    """A decode kernel, its source and unit, and a grid, for every dtype (a name or a torch dtype)."""
     for name in (dtype, getattr(torch, dtype)):
         text = sol.plan_decode(*shape, name)
-        assert text.startswith("decode (DECODE_SRC, unit decode)"), text
+        assert re.match(r"decode(_persistent)? \(DECODE_SRC, unit decode\)", text), text
         assert "unit decode" in text and re.search(r"\bgrid=\d+", text), text
 
 
+SMS = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+
+
 def test_plan_decode_grid_of_the_serving_shape(sol):
-    """B = 64, H = 32, D_k = D_v = 128, T = 1 (2048 rows and heads, over two an SM): a block a (row, head)
-    with all 128 state columns, 256 threads; B = 1 (32 heads): 32-column tiles, 128 blocks."""
+    """B = 64, H = 32, D_k = D_v = 128, T = 1 (2048 rows and heads, over two an SM): decode_persistent,
+    a block an SM; without it, a block a (row, head) with all 128 state columns; B = 1 (32 heads):
+    32-column tiles, 128 blocks."""
     for dtype in ("float32", "bfloat16"):
-        assert "NV=128" in sol.plan_decode(64, 1, 32, 128, 128, dtype) and \
-            "grid=2048x256" in sol.plan_decode(64, 1, 32, 128, 128, dtype)
-        assert "NV=32" in sol.plan_decode(1, 1, 32, 128, 128, dtype) and \
-            "grid=128x256" in sol.plan_decode(1, 1, 32, 128, 128, dtype)
+        text = sol.plan_decode(64, 1, 32, 128, 128, dtype)
+        assert text.startswith("decode_persistent ") and f"grid={SMS}x256" in text and "smem=131072" in text, text
+        text = sol.plan_decode(64, 1, 32, 128, 128, dtype, persistent=False)
+        assert text.startswith("decode ") and "NV=128" in text and "grid=2048x256" in text, text
+        text = sol.plan_decode(1, 1, 32, 128, 128, dtype)
+        assert text.startswith("decode ") and "NV=32" in text and "grid=128x256" in text, text
+
+
+@pytest.mark.parametrize("shape,grid", [((1, 1, 3, 7, 8), 3), ((2, 1, 1, 128, 256), 4), ((64, 1, 32, 100, 128), SMS)],
+                         ids=["3-items", "4-items", "many"])
+def test_plan_decode_forced_persistent_grid(sol, shape, grid):
+    """Forced on, decode_persistent runs min(items, SMs) blocks (items: rows x heads x 128-column tiles)."""
+    text = sol.plan_decode(*shape, "bfloat16", persistent=True)
+    assert text.startswith("decode_persistent ") and f"grid={grid}x256" in text, text
+
+
+@pytest.mark.parametrize("shape,nv,match", [((4, 1, 2, 256, 128), 0, "D_k <= 128"), ((4, 1, 2, 64, 126), 0, "aligned"),
+                                            ((4, 1, 2, 64, 128), 32, "own tile")],
+                         ids=["dk256", "dv126", "with-nv32"])
+def test_plan_decode_refuses_persistent_where_it_cannot_run(sol, shape, nv, match):
+    with pytest.raises(ValueError, match=match):
+        sol.plan_decode(*shape, "float32", nv=nv, persistent=True)
+
+
+def test_plan_decode_persistent_needs_a_pool_that_allows_it(sol):
+    """A misaligned pool (a GPU call) at the serving shape: planned, the tile kernel; forced, a ValueError."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    B, H, D = 64, 4, 128
+    xs = inputs(B, 1, H, D, D)
+    big = torch.randn(B * H * D * D + 1, device="cuda")
+    pool = big[1:].view(B, H, D, D)
+    sol.gated_recurrence_decode_(*xs, pool)
+    with pytest.raises(ValueError, match="aligned"):
+        sol._decode_with(*xs, pool, persistent=True)
 
 
 @pytest.mark.parametrize("nv,grid", [(32, 8192), (128, 2048)], ids=["nv32", "nv128"])

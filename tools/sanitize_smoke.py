@@ -14,15 +14,17 @@ import solution  # noqa: E402
 
 
 def decode_smoke():
-    """The decode step: both column tiles, the 16-byte and the scalar pool path, padded, out-of-range and
-    duplicate rows, several steps."""
+    """The decode step: both column tiles and decode_persistent (with more items than blocks too), the
+    16-byte and the scalar pool path, padded, out-of-range and duplicate rows, several steps."""
     for dtype in (torch.float32, torch.bfloat16):
-        for B, T, H, Dk, Dv in [(3, 2, 2, 128, 128), (2, 1, 3, 33, 100), (1, 3, 1, 7, 5)]:
+        for B, T, H, Dk, Dv in [(3, 2, 2, 128, 128), (2, 1, 3, 33, 100), (1, 3, 1, 7, 5), (70, 2, 4, 100, 200)]:
             xs = reference.make_inputs(B, T, H, Dk, Dv, dtype=dtype, device="cuda")
             pool = torch.randn(B + 2, H, Dk, Dv, device="cuda")
-            idx = torch.tensor([B + 1, -1, 0][:B], device="cuda")
+            idx = torch.tensor(([B + 1, -1, 0] + list(range(1, B - 2)))[:B], device="cuda")
             for nv in (32, 128):
                 solution._decode_with(*xs, pool, idx, nv=nv)
+            if Dv % 4 == 0:
+                solution._decode_with(*xs, pool, idx, persistent=True)
             solution._decode_with(*xs, pool.transpose(2, 3).contiguous().transpose(2, 3), idx)  # scalar path
             if B >= 2:
                 solution._decode_with(*xs, pool, torch.tensor([5, -2] + [1] * (B - 2), device="cuda"))  # out of range
