@@ -1,9 +1,9 @@
 """Benchmark: ours vs eager reference vs torch.compile vs fla, same run, KernelBench timing.
 
     python bench.py --out DIR [--shapes S0,S1,...] [--sweep] [--configs] [--compile] [--eager-max-s 1.0]
-                    [--decode] [--benchmarks BENCHMARKS.md] [--from-json DIR/bench.json]
+                    [--decode] [--varlen] [--benchmarks BENCHMARKS.md] [--from-json DIR/bench.json]
 
-An empty --shapes ("") measures no shape (with --decode: the decode table alone).
+An empty --shapes ("") measures no shape (with --decode or --varlen: those tables alone).
 
 --sweep adds the T sweeps (B=1, H=8, D=128, fp32 and bf16, T = 256 .. 65536) and DIR/bench.png, time
 against T on log-log axes for ours, fla, eager and the floor, both dtypes.
@@ -35,6 +35,20 @@ output_final_state=True, S_0 prepared outside the timed region, no scatter back)
 fused_recurrent_simple_gla from the same S_0, and y's rel-L2 against naive.recurrent_naive in float64
 (B <= 64). bench.json's "decode" (rows) and "decode_floor" (floor_call at B = 1, timed alike).
 
+--varlen adds table V1, packed variable-length prefill: 64 sequences of lengths torch.randint(1, 4097, (64,))
+from a CPU generator seeded 0 (140210 tokens, longest 4034), H = 32, D_k = D_v = 128, bf16 inputs drawn as
+reference.make_inputs draws them, int32 cu_seqlens. Rows, all in one process, timed in 3 interleaved rounds of
+KernelBench medians (fla's rows first each round; a row's time is the median of its three): ours
+gated_recurrence(cu_seqlens=..., max_seqlen=..., cu_seqlens_cpu=...) (the serving case), ours with cu_seqlens
+alone (its one device-to-host copy included), ours on the same tokens as one dense (32, ceil(total / 32)) batch
+(the uniform comparison, target: varlen <= 1.15x it), that batch forced to the kernel the varlen plan takes when
+the dense plan takes another (_gated_recurrence_with), fla's chunk_simple_gla with int64 cu_seqlens on the
+packed tensors (and with cu_seqlens_cpu too where that fla takes it) and on the dense batch; each row's memory
+floor (q, k, v, gate, beta read and y written over the run's copy bandwidth) and plan (plan(..., varlen=True)
+with B = sequences and T = the longest). Unless --no-check, y's rel-L2 against the float64 loop on the first 4
+sequences truncated to 512 tokens (ours and fla) and whether the unhinted call is bitwise the hinted one.
+bench.json's "varlen".
+
 --benchmarks FILE puts the tables (with the command, date, card and torch version) into FILE between
 the lines BEGIN_MARK and END_MARK, leaving the rest of the file alone. --from-json FILE skips the
 measurements and regenerates the table (and, with --sweep, the plot) from an earlier bench.json, so
@@ -44,6 +58,7 @@ import argparse
 import json
 import os
 import shlex
+import statistics
 import sys
 import time
 
@@ -333,15 +348,205 @@ def decode_markdown(rows, floor=None, copy_TBps=None):
     return "\n".join(out)
 
 
+VARLEN_N = 64  # sequences of table V1
+VARLEN_MAX_LEN = 4096  # lengths: torch.randint(1, VARLEN_MAX_LEN + 1, (VARLEN_N,)), CPU generator seeded 0
+VARLEN_SHAPE = (32, 128, 128, torch.bfloat16)  # H, D_k, D_v, dtype of q, k, v, gate, beta
+VARLEN_UNIFORM_B = 32  # the uniform comparison: the same tokens as this many sequences of equal length
+VARLEN_ROUNDS = 3  # interleaved rounds; a row's time is the median of its rounds' KernelBench medians
+VARLEN_CHECK_SEQS, VARLEN_CHECK_T = 4, 512  # the float64 check: the first sequences, each truncated
+
+
+def varlen_lengths():
+    """Table V1's sequence lengths (int64, CPU): the issue's draw, about 140K tokens in all."""
+    return torch.randint(1, VARLEN_MAX_LEN + 1, (VARLEN_N,), generator=torch.Generator().manual_seed(0))
+
+
+def varlen_inputs(lengths, gen):
+    """Table V1's inputs from one draw of VARLEN_UNIFORM_B * T_u tokens (T_u = ceil(total / VARLEN_UNIFORM_B)):
+    the packed (1, total, H, D) tensors, a copy of its first total tokens (storage of their own), with
+    cu_seqlens (int32 on the device and on the host), and the uniform dense batch (VARLEN_UNIFORM_B, T_u, H, D)
+    of all of them (the same tokens and T_u * VARLEN_UNIFORM_B - total more)."""
+    H, Dk, Dv, dtype = VARLEN_SHAPE
+    total = int(lengths.sum())
+    Tu = -(-total // VARLEN_UNIFORM_B)
+    xs = reference.make_inputs(1, VARLEN_UNIFORM_B * Tu, H, Dk, Dv, dtype=dtype, device="cuda", generator=gen)
+    packed = [x[:, :total].clone() for x in xs]
+    dense = [x.view(VARLEN_UNIFORM_B, Tu, *x.shape[2:]) for x in xs]
+    cu_cpu = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]).to(torch.int32)
+    return packed, dense, cu_cpu.cuda(), cu_cpu, Tu
+
+
+def fla_varlen_peer():
+    """fla's chunk_simple_gla on packed sequences as fn(q, k * beta, v, log(gate), cu_seqlens int64[, host
+    copy]) -> y, and whether this fla takes cu_seqlens_cpu; (None, False) when fla is missing."""
+    if os.environ.get("BENCH_NO_FLA") == "1":
+        return None, False
+    from importlib.util import find_spec
+    if find_spec("fla") is None:
+        print("fla not importable: fla varlen peers skipped", file=sys.stderr)
+        return None, False
+    import inspect
+
+    from fla.ops.simple_gla import chunk_simple_gla
+    try:
+        takes_cpu = "cu_seqlens_cpu" in inspect.signature(chunk_simple_gla).parameters
+    except (TypeError, ValueError):
+        takes_cpu = False
+
+    def call(q, kb, v, g, cu, cu_cpu=None):
+        extra = {"cu_seqlens_cpu": cu_cpu} if cu_cpu is not None else {}
+        return chunk_simple_gla(q, kb, v, g=g, scale=1.0, cu_seqlens=cu, output_final_state=False, **extra)[0]
+    return call, takes_cpu
+
+
+def varlen_check(y, packed, cu_cpu, refs=None):
+    """rel-L2 of y (packed) against the float64 loop on the first VARLEN_CHECK_SEQS sequences, each truncated
+    to its first VARLEN_CHECK_T tokens (y's first tokens depend on those alone), and those references (given:
+    reused)."""
+    spans = []
+    for i in range(min(VARLEN_CHECK_SEQS, cu_cpu.numel() - 1)):
+        s = int(cu_cpu[i])
+        spans.append((s, min(int(cu_cpu[i + 1]), s + VARLEN_CHECK_T)))
+    if refs is None:
+        refs = [reference64([x[:, s:e] for x in packed]) for s, e in spans]
+    return rel_l2(torch.cat([y[:, s:e] for s, e in spans], 1), torch.cat(refs, 1)), refs
+
+
+def varlen_rows(sol, rates, args):
+    """Table V1: packed variable-length prefill (VARLEN_N sequences, VARLEN_SHAPE), ours with and without the
+    host hints, ours on the uniform dense batch (planned, and forced to the kernel the varlen plan takes when
+    that differs), fla on the packed tensors and on the uniform batch. All rows in one process, VARLEN_ROUNDS
+    interleaved rounds of KernelBench medians (fla first each round); returns bench.json's "varlen"."""
+    import inspect
+    if "cu_seqlens" not in inspect.signature(sol.gated_recurrence).parameters:
+        sys.exit("--varlen: solution.gated_recurrence takes no cu_seqlens")
+    H, Dk, Dv, dtype = VARLEN_SHAPE
+    lengths = varlen_lengths()
+    total, max_len = int(lengths.sum()), int(lengths.max())
+    packed, dense, cu, cu_cpu, Tu = varlen_inputs(lengths, torch.Generator().manual_seed(0))
+    hints = {"cu_seqlens": cu, "max_seqlen": max_len, "cu_seqlens_cpu": cu_cpu}
+    plan_varlen = sol.plan(VARLEN_N, max_len, H, Dk, Dv, dtype, varlen=True) or "-"
+    plan_uniform = sol.plan(VARLEN_UNIFORM_B, Tu, H, Dk, Dv, dtype) or "-"
+    kernel_varlen, kernel_uniform = plan_varlen.split()[0], plan_uniform.split()[0]
+    out = {"N": VARLEN_N, "H": H, "D_k": Dk, "D_v": Dv, "dtype": str(dtype).replace("torch.", ""),
+           "lengths": lengths.tolist(), "total": total, "max_seqlen": max_len, "uniform_B": VARLEN_UNIFORM_B,
+           "uniform_T": Tu, "rounds": VARLEN_ROUNDS, "trials": args.trials, "plan_varlen": plan_varlen,
+           "plan_uniform": plan_uniform, "kernel_varlen": kernel_varlen, "kernel_uniform": kernel_uniform}
+
+    ours_hints = lambda *x: sol.gated_recurrence(*x, **hints)  # noqa: E731
+    ours_plain = lambda *x: sol.gated_recurrence(*x, cu_seqlens=cu)  # noqa: E731
+    # (key, what, fn, args, tokens, plan); the table's order: ours, then fla
+    rows = [("ours_varlen_hints", "ours varlen, max_seqlen + cu_seqlens_cpu hints", ours_hints, packed, total,
+             plan_varlen),
+            ("ours_varlen", "ours varlen, no hints (one device-to-host copy)", ours_plain, packed, total, plan_varlen),
+            ("ours_uniform", f"ours uniform dense batch ({VARLEN_UNIFORM_B}, {Tu}), planned", sol.gated_recurrence,
+             dense, VARLEN_UNIFORM_B * Tu, plan_uniform)]
+    if kernel_varlen not in (kernel_uniform, "-") and hasattr(sol, "_gated_recurrence_with"):
+        forced = lambda *x: sol._gated_recurrence_with(*x, kernel=kernel_varlen)  # noqa: E731
+        try:
+            forced(*dense)
+            rows.append(("ours_uniform_kernel", f"ours uniform dense batch ({VARLEN_UNIFORM_B}, {Tu}), forced to "
+                         f"{kernel_varlen} (varlen's kernel)", forced, dense, VARLEN_UNIFORM_B * Tu,
+                         f"{kernel_varlen} forced (`_gated_recurrence_with(kernel=\"{kernel_varlen}\")`)"))
+        except (ValueError, RuntimeError) as e:
+            print(f"  dense batch forced to {kernel_varlen} skipped: {e}", flush=True)
+    fla, fla_takes_cpu = fla_varlen_peer()
+    out["fla_takes_cu_seqlens_cpu"] = fla_takes_cpu
+    fla_rows = []
+    if fla is not None:
+        cu64, cu64_cpu = cu.long(), cu_cpu.long()
+        fpacked, fdense = fla_prep(*packed), fla_prep(*dense)
+        fla_rows.append(("fla_varlen", "fla chunk_simple_gla, varlen (cu_seqlens int64)",
+                         lambda *x: fla(*x, cu64), fpacked, total, "-"))
+        if fla_takes_cpu:
+            fla_rows.append(("fla_varlen_hints", "fla chunk_simple_gla, varlen, cu_seqlens_cpu given",
+                             lambda *x: fla(*x, cu64, cu64_cpu), fpacked, total, "-"))
+        fla_rows.append(("fla_uniform", f"fla chunk_simple_gla, uniform dense batch ({VARLEN_UNIFORM_B}, {Tu})",
+                         lambda *x: fla(*x, None), fdense, VARLEN_UNIFORM_B * Tu, "-"))
+    if args.check:
+        y = ours_hints(*packed)
+        out["ours_err"], refs = varlen_check(y, packed, cu_cpu)
+        out["no_hints_bitwise"] = bool(torch.equal(ours_plain(*packed), y))
+        if fla is not None:
+            yf = fla(*fla_prep(*packed), cu.long())
+            out["fla_err"] = varlen_check(yf, packed, cu_cpu, refs)[0]
+            del yf
+        out["check"] = {"seqs": len(refs), "max_T": VARLEN_CHECK_T, "tokens": sum(r.shape[1] for r in refs)}
+        print(json.dumps({k: out[k] for k in ("ours_err", "fla_err", "no_hints_bitwise") if k in out}), flush=True)
+        del y, refs
+        torch.cuda.empty_cache()
+    order = fla_rows + rows  # measured: fla first each round
+    times = {key: [] for key, *_ in order}
+    for r in range(VARLEN_ROUNDS):
+        for key, what, fn, xs, *_ in order:
+            times[key].append(kernelbench_time(fn, xs, trials=args.trials)["median"])
+            print(f"  V1 round {r} {key}: {times[key][-1]:.3f} ms", flush=True)
+    out["rows"] = []
+    for key, what, fn, xs, tokens, plan_text in rows + fla_rows:
+        row = {"key": key, "what": what, "ms": statistics.median(times[key]), "ms_rounds": times[key],
+               "tokens": tokens, "mem_floor_ms": floors_ms(1, tokens, H, Dk, out["dtype"], rates)[0],
+               "plan": plan_text}
+        out["rows"].append(row)
+        print(json.dumps(row), flush=True)
+    return out
+
+
+VARLEN_UNIFORM_OF = {"ours_varlen_hints": "ours_uniform", "ours_varlen": "ours_uniform", "ours_uniform": "ours_uniform",
+                     "ours_uniform_kernel": "ours_uniform", "fla_varlen": "fla_uniform",
+                     "fla_varlen_hints": "fla_uniform", "fla_uniform": "fla_uniform"}
+
+
+def varlen_markdown(v, copy_TBps=None):
+    """Table V1 with its header (the method, the check) and the same-kernel ratio."""
+    ms = {r["key"]: r["ms"] for r in v["rows"]}
+    bw = f" ({copy_TBps:.2f} TB/s)" if copy_TBps else ""
+    errs = [f"{name} {v[k]:.1e}" for name, k in (("ours", "ours_err"), ("fla", "fla_err")) if k in v]
+    if errs:
+        chk = v.get("check", {})
+        check = (f"y err = rel-L2 against the float64 loop on the first {chk.get('seqs', VARLEN_CHECK_SEQS)} "
+                 f"sequences, each truncated to {chk.get('max_T', VARLEN_CHECK_T)} tokens: " + ", ".join(errs)
+                 + ("; no hints bitwise the hinted call" if v.get("no_hints_bitwise") else
+                    "; no hints NOT bitwise the hinted call" if "no_hints_bitwise" in v else "") + ".")
+    else:
+        check = "no correctness check (--no-check)."
+    pad = v["uniform_B"] * v["uniform_T"] - v["total"]
+    out = [f"Packed variable-length prefill V1, `gated_recurrence(cu_seqlens=...)` ({v['N']} sequences, lengths "
+           f"`torch.randint(1, {VARLEN_MAX_LEN + 1}, ({v['N']},))` seeded 0: {v['total']} tokens, longest "
+           f"{v['max_seqlen']}; H = {v['H']}, D_k = {v['D_k']}, D_v = {v['D_v']}, {v['dtype']} inputs, int32 "
+           f"cu_seqlens): KernelBench median with L2 flush, the median of {v['rounds']} interleaved rounds' medians "
+           f"({v['trials']} trials each, fla first each round); uniform = the same tokens as {v['uniform_B']} "
+           f"sequences of T = ceil({v['total']} / {v['uniform_B']}) = {v['uniform_T']} in one dense batch ({pad} "
+           "tokens more); / uniform = the row over the uniform batch of the same library (ours: target <= 1.15); "
+           "/ fla varlen = the row over fla's chunk_simple_gla on the packed tensors (int64 cu_seqlens); memory "
+           f"floor = the bytes of q, k, v, gate, beta read and y written / copy bandwidth of the same run{bw}; "
+           + check, ""]
+    out += ["| V1 row | ms | tokens | / uniform | / fla varlen | memory floor ms | plan |",
+            "|---|---|---|---|---|---|---|"]
+    for r in v["rows"]:
+        uni, fla = ms.get(VARLEN_UNIFORM_OF.get(r["key"], "")), ms.get("fla_varlen")
+        cells = [r["what"], f"{r['ms']:.3f}", str(r["tokens"]), f"{r['ms'] / uni:.2f}x" if uni else "-",
+                 f"{r['ms'] / fla:.2f}x" if fla else "-", f"{r['mem_floor_ms']:.3f}", r["plan"]]
+        out.append("| " + " | ".join(cells) + " |")
+    notes = [f"Plans: varlen `{v['plan_varlen']}`; uniform `{v['plan_uniform']}`."]
+    if v["kernel_varlen"] == v["kernel_uniform"]:
+        notes.append(f"Both take {v['kernel_varlen']}: the uniform row is the same-kernel comparison.")
+    elif "ours_uniform_kernel" in ms and "ours_varlen_hints" in ms:
+        notes.append(f"Same kernel ({v['kernel_varlen']}): ours varlen with hints / the uniform batch forced to it = "
+                     f"{ms['ours_varlen_hints'] / ms['ours_uniform_kernel']:.2f}x.")
+    return "\n".join(out + [""] + [" ".join(notes)])
+
+
 def tables(result):
-    """bench.md: the shapes table (when the run measured shapes), the floor table and the decode table when
-    the run has them."""
+    """bench.md: the shapes table (when the run measured shapes), the floor table, the decode table and the
+    varlen table when the run has them."""
     parts = [markdown(result["rows"])] if result.get("rows") else []
     if result.get("floor"):
         parts.append(floor_markdown(result["floor"]))
     if result.get("decode"):
         parts.append(decode_markdown(result["decode"], result.get("decode_floor"),
                                      result.get("rates", {}).get("copy_TBps")))
+    if result.get("varlen"):
+        parts.append(varlen_markdown(result["varlen"], result.get("rates", {}).get("copy_TBps")))
     return "\n\n".join(parts)
 
 
@@ -449,6 +654,8 @@ def main():
     ap.add_argument("--eager-max-s", type=float, default=1.0, help="skip eager where one call would take longer")
     ap.add_argument("--no-check", dest="check", action="store_false")
     ap.add_argument("--decode", action="store_true", help="add table D1, the in-place decode step at B = 1 .. 512")
+    ap.add_argument("--varlen", action="store_true",
+                    help="add table V1, packed variable-length prefill (64 sequences, H = 32, D = 128, bf16)")
     ap.add_argument("--benchmarks", help="a BENCHMARKS.md whose generated section gets the table")
     ap.add_argument("--from-json", help="regenerate the table and plot from this bench.json; measure nothing")
     args = ap.parse_args()
@@ -491,6 +698,9 @@ def measure(args):
         result["configs"] = config_sweep(sol, args)
     if args.decode:
         result["decode"], result["decode_floor"] = decode_rows(sol, result["rates"])
+    if args.varlen:
+        result["varlen"] = varlen_rows(sol, result["rates"], args)
+        torch.cuda.empty_cache()
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "bench.json"), "w") as f:
         json.dump(result, f, indent=1, default=str)

@@ -60,6 +60,10 @@ barrier schedule and the state update; each family supplies its staging and matr
 has its own schedule (the state lives in registers) on the same segments (execute_chunks). Decays are direct
 products of gates (never logs or quotients), so gates of 0, < 0 and > 1 are exact everywhere.
 D_k padded to 64 or 128 with 16-byte aligned rows runs a chunk instantiation with D_k compiled in.
+Packed variable-length sequences (cu_seqlens) run on recurrent, chunk_tf32 and chunk_bf16 (with segments
+too): a block reads its sequence's bounds on the device (seq_range) and walks only its steps; the grid
+holds a capacity of segments a sequence, each sequence takes what it needs. parallel and chunk_sm90 take
+no cu_seqlens (bfloat16 varlen runs chunk_bf16).
 
 API:
     y = gated_recurrence(q, k, v, gate, beta)                                   # accurate numerics
@@ -69,7 +73,10 @@ API:
     y = ModelNew()(q, k, v, gate, beta)   # KernelBench: Model's numerics (float16/bfloat16: "reference")
     y = gated_recurrence_decode_(q, k, v, gate, beta, state_pool, state_indices)   # decode, pool in place
         state_pool: (P, H, D_k, D_v) float32; state_indices: (B,) int32/int64 (-1: padded row) or None (P = B)
-    plan(B, T, H, D_k, D_v, dtype="float32", numerics="accurate")   # the launch a call gets, as text
+    y, S = gated_recurrence(q, k, v, gate, beta, cu_seqlens=cu, max_seqlen=m, output_final_state=True)
+        packed: q (1, T_total, H, D_k), cu (N + 1,) int32/int64 on q's device; S_0, S: (N, H, D_k, D_v);
+        hints max_seqlen / cu_seqlens_cpu: no synchronization (without: cu is read back once)
+    plan(B, T, H, D_k, D_v, dtype="float32", numerics="accurate", varlen=False)   # a call's launch, as text
     plan_decode(B, T, H, D_k, D_v, dtype="float32")               # the decode step's launch, as text
     torch.compile(ModelNew(), fullgraph=True)   # traced through torch.ops.<_OPS_NS>.forward / forward_ex
     build()  /  build("chunk_bf16")             # compile units ahead of their first use (servers, benchmarks)
@@ -169,6 +176,8 @@ struct Problem {
   bool g32, b32;  // gate / beta are float32 (beside 16-bit q, k, v; with float32 inputs it folds away)
   // decode: s_in == s_out is the pool of P states (ssi), row b's slot idx[b * idx_stride] (or b without idx)
   const void* idx = nullptr; int64_t idx_stride = 0; int64_t P = 0; bool idx64 = false;
+  // varlen: one packed row of T tokens (the .b strides zero), b indexes sequences [cu[b], cu[b + 1])
+  const void* cu = nullptr; int64_t cu_stride = 0; bool cu64 = false;
 };
 
 // Everything a launch depends on, decided once by make_plan() (host) and only executed by a unit.
@@ -193,6 +202,7 @@ struct Plan {
   bool vec_qk, vec_v, vec_y;  // 16-byte accesses legal for q and k / v / y
   bool pdl;              // programmatic dependent launches: parallel; segment_scan and the output phase
   int64_t work_floats;   // workspace: (nseg - 1) segment states and decays a (b, h)
+  bool varlen;           // packed sequences (cu_seqlens): b is a sequence, nseg a capacity (seg_count)
 };
 
 // parallel: prod-g doubles, then k (L rows), q (kParallelRows) and v (L rows) in the staged dtype (esize: the input
@@ -296,6 +306,25 @@ struct GateSeq {
     else f(static_cast<const scalar_t*>(p));
   }
 };
+
+// Sequence b's steps: [0, T) of its own row, or with cu_seqlens (varlen) [cu[b], cu[b + 1]) of the one
+// packed row, clamped into [0, T) so that bad offsets never move an access out of bounds.
+struct SeqRange { int64_t bos; int len; };
+template <int = 0>
+__device__ __forceinline__ SeqRange seq_range(const Problem& p, int64_t b) {
+  if (p.cu == nullptr) return {0, p.T};
+  int64_t s, e;
+  if (p.cu64) {
+    s = static_cast<const int64_t*>(p.cu)[b * p.cu_stride];
+    e = static_cast<const int64_t*>(p.cu)[(b + 1) * p.cu_stride];
+  } else {
+    s = static_cast<const int*>(p.cu)[b * p.cu_stride];
+    e = static_cast<const int*>(p.cu)[(b + 1) * p.cu_stride];
+  }
+  s = min(max(s, (int64_t)0), (int64_t)p.T);
+  e = min(max(e, s), (int64_t)p.T);
+  return {s, (int)(e - s)};
+}
 
 // V consecutive elements of a row: 16 bytes when vectorised, else one.
 template <typename scalar_t, bool VEC>
@@ -652,6 +681,8 @@ __global__ void __launch_bounds__(kMaxThreads) recurrent_kernel(const RecurrentP
   blk /= p.col_blocks;
   const int h = blk % p.H;
   const int b = blk / p.H;
+  const SeqRange sr = seq_range(p, b);  // varlen: the sequence's steps of the packed row
+  const int T = sr.len;
 
   const int tid = threadIdx.x;
   const int col = tid / G;
@@ -662,12 +693,12 @@ __global__ void __launch_bounds__(kMaxThreads) recurrent_kernel(const RecurrentP
   const int i0 = lane * R;
   const int rows = max(0, min(R, p.Dk - i0));
 
-  const scalar_t* q = static_cast<const scalar_t*>(p.q) + b * p.sq.b + h * p.sq.h;
-  const scalar_t* k = static_cast<const scalar_t*>(p.k) + b * p.sk.b + h * p.sk.h;
-  const scalar_t* v = static_cast<const scalar_t*>(p.v) + b * p.sv.b + h * p.sv.h + j0 * p.sv.d;
-  const GateSeq<scalar_t, !ROUND> gate(p.gate, b * p.sg.b + h * p.sg.h, p.g32);  // "reference": one dtype
-  const GateSeq<scalar_t, !ROUND> beta(p.beta, b * p.sb.b + h * p.sb.h, p.b32);
-  scalar_t* y = static_cast<scalar_t*>(p.y) + b * p.sy.b + h * p.sy.h + (j0 + col) * p.sy.d;
+  const scalar_t* q = static_cast<const scalar_t*>(p.q) + b * p.sq.b + sr.bos * p.sq.t + h * p.sq.h;
+  const scalar_t* k = static_cast<const scalar_t*>(p.k) + b * p.sk.b + sr.bos * p.sk.t + h * p.sk.h;
+  const scalar_t* v = static_cast<const scalar_t*>(p.v) + b * p.sv.b + sr.bos * p.sv.t + h * p.sv.h + j0 * p.sv.d;
+  const GateSeq<scalar_t, !ROUND> gate(p.gate, b * p.sg.b + sr.bos * p.sg.t + h * p.sg.h, p.g32);  // "reference": one dtype
+  const GateSeq<scalar_t, !ROUND> beta(p.beta, b * p.sb.b + sr.bos * p.sb.t + h * p.sb.h, p.b32);
+  scalar_t* y = static_cast<scalar_t*>(p.y) + b * p.sy.b + sr.bos * p.sy.t + h * p.sy.h + (j0 + col) * p.sy.d;
 
   // Padding columns are never staged: zero them (all of shared memory) once.
   const int smem_floats = p.TC * (2 * kp + p.JB + 2);
@@ -683,8 +714,8 @@ __global__ void __launch_bounds__(kMaxThreads) recurrent_kernel(const RecurrentP
     if constexpr (ROUND) S[r] = round_to<scalar_t>(S[r]);  // the loop holds its state in scalar_t
   }
 
-  for (int t0 = 0; t0 < p.T; t0 += p.TC) {
-    const int tc = min(p.TC, p.T - t0);
+  for (int t0 = 0; t0 < T; t0 += p.TC) {
+    const int tc = min(p.TC, T - t0);
     if (t0 > 0) __syncthreads();  // the previous chunk is fully consumed
     gate.visit([&](auto gp) {  // issued first: in flight with q, k, v
       beta.visit([&](auto bp) {
@@ -709,10 +740,14 @@ __global__ void __launch_bounds__(kMaxThreads) recurrent_kernel(const RecurrentP
       run_steps<scalar_t, R, G>(S, q_s + i0, k_s + i0, v_s + col, g_s, b_s, y + t0 * p.sy.t, p.sy.t, tc, kp, p.JB,
                                 rows, lane == 0 && col < nv);
   }
+  // (an empty varlen sequence leaves its initial state as given: "reference" rounded its copy in S)
   if (p.s_out != nullptr && owner)
 #pragma unroll
     for (int r = 0; r < R; ++r)
-      if (r < rows) p.s_out[b * p.sso.b + h * p.sso.h + (i0 + r) * p.sso.i + (j0 + col) * p.sso.j] = S[r];
+      if (r < rows)
+        p.s_out[b * p.sso.b + h * p.sso.h + (i0 + r) * p.sso.i + (j0 + col) * p.sso.j] =
+            T > 0 || !ROUND || p.s_in == nullptr ? S[r]
+                                                 : p.s_in[b * p.ssi.b + h * p.ssi.h + (i0 + r) * p.ssi.i + (j0 + col) * p.ssi.j];
 }
 
 // ROUND: the reference unit's instantiations (numerics "reference"); the core has the others.
@@ -1414,10 +1449,20 @@ struct ChunkParams : Problem {
   float* seg_decays;  // (B, H, nseg - 1)
 };
 
-// The block's coordinates and pointers.
+// Segments of a sequence of len steps: the plan's nseg, or in varlen (nseg then a capacity) as many
+// segments of seg_chunks chunks as it needs, at least one, the last taking any chunks beyond the capacity.
+template <int = 0>
+__device__ __forceinline__ int seg_count(const ChunkParams& p, int len) {
+  if (p.cu == nullptr) return p.nseg;
+  const int chunks = (len + kChunk - 1) / kChunk;
+  return max(1, min(p.nseg, (chunks + p.seg_chunks - 1) / p.seg_chunks));
+}
+
+// The block's coordinates and pointers; len and nseg_n: its sequence's steps and segments (varlen: the
+// sequence's own; else T and nseg).
 template <typename scalar_t>
 struct ChunkBlock {
-  int vt, seg, h, b, j0, nv;
+  int vt, seg, h, b, j0, nv, len, nseg_n;
   int64_t bh;
   const scalar_t *q, *k, *v;
   GateSeq<scalar_t> gate, beta;
@@ -1433,13 +1478,18 @@ struct ChunkBlock {
     j0 = vt * NV;
     nv = min(NV, p.Dv - j0);
     bh = (int64_t)b * p.H + h;
-    q = static_cast<const scalar_t*>(p.q) + b * p.sq.b + h * p.sq.h;
-    k = static_cast<const scalar_t*>(p.k) + b * p.sk.b + h * p.sk.h;
-    v = static_cast<const scalar_t*>(p.v) + b * p.sv.b + h * p.sv.h + j0 * p.sv.d;
-    gate = GateSeq<scalar_t>(p.gate, b * p.sg.b + h * p.sg.h, p.g32);
-    beta = GateSeq<scalar_t>(p.beta, b * p.sb.b + h * p.sb.h, p.b32);
-    y = static_cast<scalar_t*>(p.y) + b * p.sy.b + h * p.sy.h + j0 * p.sy.d;
+    const SeqRange sr = seq_range(p, b);
+    len = sr.len;
+    nseg_n = seg_count(p, len);
+    q = static_cast<const scalar_t*>(p.q) + b * p.sq.b + sr.bos * p.sq.t + h * p.sq.h;
+    k = static_cast<const scalar_t*>(p.k) + b * p.sk.b + sr.bos * p.sk.t + h * p.sk.h;
+    v = static_cast<const scalar_t*>(p.v) + b * p.sv.b + sr.bos * p.sv.t + h * p.sv.h + j0 * p.sv.d;
+    gate = GateSeq<scalar_t>(p.gate, b * p.sg.b + sr.bos * p.sg.t + h * p.sg.h, p.g32);
+    beta = GateSeq<scalar_t>(p.beta, b * p.sb.b + sr.bos * p.sb.t + h * p.sb.h, p.b32);
+    y = static_cast<scalar_t*>(p.y) + b * p.sy.b + sr.bos * p.sy.t + h * p.sy.h + j0 * p.sy.d;
   }
+  // varlen: past its sequence's segments (the grid holds the capacity), a block has nothing to do
+  __device__ __forceinline__ bool idle(const ChunkParams& p) const { return seg >= nseg_n - (p.mode != 0 ? 1 : 0); }
   __device__ __forceinline__ float* segment_state(const ChunkParams& p, int s) const {
     return p.seg_states + (bh * (p.nseg - 1) + s) * ((int64_t)p.Dk * p.Dv);
   }
@@ -1475,7 +1525,7 @@ __device__ __forceinline__ void leave_state(const State& st, const ChunkParams& 
                                             float seg_decay) {
   float* dst = nullptr;
   StateStrides ds{0, 0, 0, 0};
-  if (p.mode == 0 && cb.seg == p.nseg - 1 && p.s_out != nullptr) {
+  if (p.mode == 0 && cb.seg == cb.nseg_n - 1 && p.s_out != nullptr) {
     dst = p.s_out; ds = p.sso;
   } else if (p.mode != 0) {
     dst = cb.segment_state(p, cb.seg);
@@ -1483,9 +1533,14 @@ __device__ __forceinline__ void leave_state(const State& st, const ChunkParams& 
     if (cb.vt == 0 && threadIdx.x == 0) p.seg_decays[cb.bh * (p.nseg - 1) + cb.seg] = seg_decay;
   }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  // An empty (varlen) sequence ran no chunk: its initial state as given (the family's copy of it may be
+  // rounded, chunk_bf16's split, and was never synchronized).
   if (dst != nullptr)
     for (int i = warp; i < p.Dk; i += warps)
-      for (int j = lane; j < cb.nv; j += 32) dst[cb.b * ds.b + cb.h * ds.h + i * ds.i + (cb.j0 + j) * ds.j] = st.get(i, j);
+      for (int j = lane; j < cb.nv; j += 32)
+        dst[cb.b * ds.b + cb.h * ds.h + i * ds.i + (cb.j0 + j) * ds.j] =
+            cb.len > 0 ? st.get(i, j)
+            : p.s_in != nullptr ? p.s_in[cb.b * p.ssi.b + cb.h * p.ssi.h + i * p.ssi.i + (cb.j0 + j) * p.ssi.j] : 0.f;
 }
 
 // Gate and beta of step t0 + i into g, b: 1 and 0 (an identity step) past the sequence's end.
@@ -1560,13 +1615,14 @@ __device__ __forceinline__ void run_chunks(const ChunkParams& p, const ChunkBloc
   // S update: row block mi of S, n-tiles n0 .. n0 + sgn - 1 (of 8 columns), ssplit strips per row block.
   const int MI = f.DKP / 16, ssplit = s_splits(MI, NT8, WARPS);
   const int sgn = NT8 / ssplit, s_tasks = MI * ssplit;
-  const bool keep_state = p.mode != 0 || (cb.seg == p.nseg - 1 && p.s_out != nullptr);
-  const int c_begin = cb.seg * p.seg_chunks;
-  const int c_end = min(c_begin + p.seg_chunks, (p.T + C - 1) / C);
+  const bool last_seg = cb.seg == cb.nseg_n - 1;
+  const bool keep_state = p.mode != 0 || (last_seg && p.s_out != nullptr);
+  const int chunks = (cb.len + C - 1) / C, c_begin = cb.seg * p.seg_chunks;
+  const int c_end = last_seg ? chunks : min(c_begin + p.seg_chunks, chunks);
   float seg_decay = 1.f;
   f.begin(c_begin, c_end, warp, lane);
   for (int ch = c_begin; ch < c_end; ++ch) {
-    const int t0 = ch * C, tc = min(C, p.T - t0), set = (ch - c_begin) & 1;
+    const int t0 = ch * C, tc = min(C, cb.len - t0), set = (ch - c_begin) & 1;
     const bool vbad = __syncthreads_or(f.stage(ch, c_end, set, t0, tc, warp, lane));  // B1
     const GateTables gt = f.tables(set);
     const float chunk_decay = gt.rowd[C - 1];
@@ -1607,20 +1663,21 @@ __global__ void __launch_bounds__(kMaxThreads) segment_scan_kernel(const ChunkPa
   const int64_t bh = e / per_head, ij = e - bh * per_head;
   const int i = (int)(ij / p.Dv), j = (int)(ij - (ij / p.Dv) * p.Dv);
   const int b = (int)(bh / p.H), h = (int)(bh - (bh / p.H) * p.H);
+  const int nseg = seg_count(p, seq_range(p, b).len);  // varlen: this sequence's segments
   float S = p.s_in != nullptr ? p.s_in[b * p.ssi.b + h * p.ssi.h + i * p.ssi.i + j * p.ssi.j] : 0.f;
   float* st = p.seg_states + bh * (p.nseg - 1) * per_head + ij;
   const float* dec = p.seg_decays + bh * (p.nseg - 1);
   // Eight segments' loads before their stores: one memory round trip per eight segments, not one
   // per segment (a load after a store to the same array is not moved above it by the compiler).
   constexpr int U = 8;
-  for (int s0 = 0; s0 < p.nseg - 1; s0 += U) {
+  for (int s0 = 0; s0 < nseg - 1; s0 += U) {
     float x[U], d[U];
 #pragma unroll
     for (int u = 0; u < U; ++u)
-      if (s0 + u < p.nseg - 1) { x[u] = st[(s0 + u) * per_head]; d[u] = dec[s0 + u]; }
+      if (s0 + u < nseg - 1) { x[u] = st[(s0 + u) * per_head]; d[u] = dec[s0 + u]; }
 #pragma unroll
     for (int u = 0; u < U; ++u)
-      if (s0 + u < p.nseg - 1) {
+      if (s0 + u < nseg - 1) {
         S = fmaf(d[u], S, x[u]);
         st[(s0 + u) * per_head] = S;
       }
@@ -1844,6 +1901,7 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_tf32_kernel(const ChunkP
   griddep_wait<>();
   griddep_launch<>();
   const ChunkBlock<scalar_t> cb(p, NV);
+  if (cb.idle(p)) return;
   ChunkTF32<scalar_t, NV, DK> f(p, cb, chunk_tf32_smem_buf);
   run_chunks<NV>(p, cb, f);
 }
@@ -2077,7 +2135,7 @@ struct ChunkBF16 {
 
   // Chunk ch into staging buffer sb by cp.async, its gate and beta into g_next, b_next (warp GW).
   __device__ __forceinline__ void issue(int ch, int sb, int warp, int lane) {
-    const int t0 = ch * C, tc = min(C, p.T - t0);
+    const int t0 = ch * C, tc = min(C, cb.len - t0);
     bf16* Qb = qbuf(sb);
     g_next = 1.f;
     b_next = 0.f;
@@ -2240,6 +2298,7 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_bf16_kernel(const ChunkP
   griddep_wait<>();  // the output phase after segment_scan (pdl)
   griddep_launch<>();
   const ChunkBlock<__nv_bfloat16> cb(p, NV);
+  if (cb.idle(p)) return;
   ChunkBF16<NV, DK> f(p, cb, chunk_bf16_smem_buf);
   run_chunks<NV>(p, cb, f);
 }
@@ -3726,6 +3785,9 @@ bool plan_parallel(const Shape& s, const Layout& lay, const DeviceLimits& lim, c
 // run chunk_sm90 where use_sm90 allows (Hopper), else chunk_bf16.
 // reference: numerics "reference" (the PyTorch loop's rounding, one step at a time), which only the
 // recurrent kernel has.
+// varlen (cu_seqlens; s.B = sequences, s.T = the longest, or its hint): the recurrent and the mma.sync
+// chunk kernels (segments of a fixed size, s.T's, capacity nseg: each sequence takes what it needs);
+// parallel (shared memory sized by T) and chunk_sm90 (TMA tiles would cross sequence boundaries) do not.
 // decode: a block a (row, head, NV state columns), R = 32-row passes a thread (D_k rounded up to 32, 64,
 // 128, 256); 16-byte pool accesses when the pool's rows allow them. NV = 128 (whole rows, twice the state in
 // flight an SM) once there are two such blocks an SM, else 32 (four times the blocks, for few rows). There,
@@ -3774,12 +3836,15 @@ bool plan_decode(const Shape& s, DType dt, bool pool_vec, const DeviceLimits& li
 }
 
 bool make_plan(const Shape& s, DType dt, const Layout& lay, const DeviceLimits& lim, const std::string& kernel,
-               const std::vector<int64_t>& config, bool reference, Plan& pl) {
+               const std::vector<int64_t>& config, bool reference, Plan& pl, bool varlen = false) {
   pl = Plan{};
   pl.dtype = dt;
-  const Kernel chunked = dt != DType::bf16          ? Kernel::chunk_tf32
-                        : use_sm90(s, dt, lay, lim) ? Kernel::chunk_sm90
-                                                    : Kernel::chunk_bf16;
+  pl.varlen = varlen;
+  const Kernel chunked = dt != DType::bf16                     ? Kernel::chunk_tf32
+                        : !varlen && use_sm90(s, dt, lay, lim) ? Kernel::chunk_sm90
+                                                               : Kernel::chunk_bf16;
+  GR_REQUIRE("ValueError", !varlen || (kernel != "parallel" && kernel != "chunk_sm90"), kernel,
+             " does not take cu_seqlens (recurrent, chunked, chunk_tf32 and chunk_bf16 do)");
   if (reference) {
     GR_REQUIRE("ValueError", kernel.empty() || kernel == "recurrent", "numerics='reference' runs the recurrent "
                "kernel only (it rounds one step at a time), got kernel '", kernel, "'");
@@ -3791,7 +3856,9 @@ bool make_plan(const Shape& s, DType dt, const Layout& lay, const DeviceLimits& 
   if (kernel.empty()) {
     GR_REQUIRE("ValueError", config.empty(), "config needs an explicit kernel");
     // below sm_80 (no mma.sync for TF32 or bf16) long sequences take the recurrent kernel
-    pl.kernel = use_chunked(s) && lim.arch >= 80 ? chunked : use_parallel(s) ? Kernel::parallel : Kernel::recurrent;
+    pl.kernel = use_chunked(s) && lim.arch >= 80   ? chunked
+                : !varlen && use_parallel(s)         ? Kernel::parallel
+                                                     : Kernel::recurrent;
   } else if (kernel == "recurrent" || kernel == "chunked" || kernel == "parallel") {
     pl.kernel = kernel == "chunked" ? chunked : kernel == "parallel" ? Kernel::parallel : Kernel::recurrent;
   } else if (kernel == "chunk_tf32") {
@@ -3819,6 +3886,7 @@ bool make_plan(const Shape& s, DType dt, const Layout& lay, const DeviceLimits& 
     g_error.clear();  // the planned kernel does not fit this device: the recurrent kernel serves
     pl = Plan{};
     pl.dtype = dt;
+    pl.varlen = varlen;
     pl.kernel = Kernel::recurrent;
   }
   return plan_recurrent(s, lay, lim, config, pl);
@@ -3854,6 +3922,8 @@ std::string describe(const Plan& pl) {
              " segments=", pl.nseg, pl.nseg > 1 ? cat(" + segment_scan", pl.pdl ? " pdl=on" : " pdl=off") : "",
              " loads=", pl.vec_qk && pl.vec_v && pl.vec_y ? "16B" : pl.vec_qk || pl.vec_v || pl.vec_y ? "mixed" : "scalar",
              pl.work_floats > 0 ? cat(" workspace=", pl.work_floats * 4, "B") : "");
+  if (pl.varlen)
+    s += pl.kernel == Kernel::recurrent ? " varlen" : " varlen (segments: a capacity; a sequence takes what it needs)";
   return s + cat(" grid=", pl.blocks, "x", pl.kernel == Kernel::chunk_sm90 ? (int)kSm90Threads : (int)kMaxThreads,
                  " smem=", (int64_t)pl.smem);
 }
@@ -3973,6 +4043,114 @@ bool run_ex(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
   return true;
 }
 
+// ---- variable-length prefill (cu_seqlens): N sequences packed into one row of T tokens.
+// cu_seqlens' values on the host (a CPU tensor, any stride): 0 first, non-decreasing, T last; the longest.
+bool check_cu_values(const at::Tensor& c, const char* name, int64_t tokens, int64_t& longest) {
+  const int64_t n = c.size(0), st = c.stride(0);
+  const bool wide = c.scalar_type() == at::kLong;
+  const void* base = c.data_ptr();
+  auto at_ = [&](int64_t i) {
+    return wide ? static_cast<const int64_t*>(base)[i * st] : (int64_t) static_cast<const int*>(base)[i * st];
+  };
+  GR_REQUIRE("ValueError", at_(0) == 0, name, "[0] must be 0, got ", at_(0));
+  longest = 0;
+  for (int64_t i = 1; i < n; ++i) {
+    GR_REQUIRE("ValueError", at_(i) >= at_(i - 1), name, " must be non-decreasing: ", name, "[", i, "] = ", at_(i),
+               " is below ", name, "[", i - 1, "] = ", at_(i - 1));
+    longest = std::max(longest, at_(i) - at_(i - 1));
+  }
+  GR_REQUIRE("ValueError", at_(n - 1) == tokens, name, "[-1] must be the packed length T = ", tokens, " (q.shape[1]), got ",
+             at_(n - 1));
+  return true;
+}
+
+// What needs no device: cu_seqlens' dtype and shape, the packed batch, the state's shape, the hints (the
+// values of cu_seqlens_cpu included). Sets the longest sequence where a hint tells it (else -1).
+bool check_varlen(const at::Tensor& q, const at::Tensor& v, const at::Tensor& cu, const at::Tensor* cu_cpu,
+                  int64_t max_seqlen, const at::Tensor* s_in, int64_t& longest) {
+  const auto ct = cu.scalar_type();
+  GR_REQUIRE("TypeError", ct == at::kInt || ct == at::kLong, "cu_seqlens must be int32 or int64, got ", dtype_str(ct));
+  GR_REQUIRE("ValueError", cu.dim() == 1 && cu.size(0) >= 1, "cu_seqlens must be 1-D with N + 1 >= 1 entries, got shape ",
+             shape_str(cu.sizes()));
+  GR_REQUIRE("ValueError", q.size(0) == 1, "with cu_seqlens, q, k, v, gate and beta are packed as (1, T_total, H, ...), "
+             "got q of shape ", shape_str(q.sizes()));
+  const int64_t N = cu.size(0) - 1, T = q.size(1);
+  GR_REQUIRE("ValueError", N > 0 || T == 0, "cu_seqlens has no sequence (shape (1,)) but q packs T = ", T, " tokens");
+  if (s_in != nullptr) {
+    GR_REQUIRE("TypeError", s_in->scalar_type() == at::kFloat, "initial_state must be float32, got ",
+               dtype_str(s_in->scalar_type()));
+    const int64_t want[4] = {N, q.size(2), q.size(3), v.size(3)};
+    GR_REQUIRE("ValueError", s_in->sizes() == at::IntArrayRef(want, 4), "initial_state must be (N, H, D_k, D_v) = ",
+               shape_str(at::IntArrayRef(want, 4)), " with cu_seqlens (N + 1 entries), got ", shape_str(s_in->sizes()));
+  }
+  GR_REQUIRE("ValueError", max_seqlen >= -1, "max_seqlen must be >= 0, got ", max_seqlen);
+  longest = max_seqlen;
+  if (cu_cpu != nullptr) {
+    const auto st = cu_cpu->scalar_type();
+    GR_REQUIRE("TypeError", st == at::kInt || st == at::kLong, "cu_seqlens_cpu must be int32 or int64, got ", dtype_str(st));
+    GR_REQUIRE("ValueError", cu_cpu->is_cpu(), "cu_seqlens_cpu must be a CPU tensor (the host copy of cu_seqlens), "
+               "got a tensor on ", device_str(*cu_cpu));
+    GR_REQUIRE("ValueError", cu_cpu->sizes() == cu.sizes(), "cu_seqlens_cpu must have cu_seqlens' shape ",
+               shape_str(cu.sizes()), ", got ", shape_str(cu_cpu->sizes()));
+    int64_t exact = 0;
+    if (!check_cu_values(*cu_cpu, "cu_seqlens_cpu", T, exact)) return false;
+    GR_REQUIRE("ValueError", max_seqlen < 0 || exact <= max_seqlen, "max_seqlen = ", max_seqlen,
+               " is below the longest sequence of cu_seqlens_cpu, ", exact);
+    longest = exact;
+  }
+  return true;
+}
+
+// gated_recurrence with cu_seqlens: y (1, T, H, D_v) and, with want_final, the (N, H, D_k, D_v) final
+// states. With a hint (max_seqlen or cu_seqlens_cpu) nothing is read back from the device; without one,
+// cu_seqlens is copied to the host once (a synchronization) and its values checked.
+bool run_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
+                const at::Tensor& beta, const at::Tensor& cu, const c10::optional<at::Tensor>& initial_state,
+                bool want_final, int64_t max_seqlen, const c10::optional<at::Tensor>& cu_seqlens_cpu,
+                const std::string& kernel, const std::vector<int64_t>& config, bool reference,
+                std::vector<at::Tensor>& out) {
+  if (!check_shapes(q, k, v, gate, beta, reference)) return false;
+  c10::cuda::OptionalCUDAGuard guard;
+  if (q.is_cuda()) guard.set_device(q.device());
+  const at::Tensor* s_in = initial_state.has_value() && initial_state->defined() ? &*initial_state : nullptr;
+  const at::Tensor* cu_cpu = cu_seqlens_cpu.has_value() && cu_seqlens_cpu->defined() ? &*cu_seqlens_cpu : nullptr;
+  int64_t longest = -1;
+  if (!check_varlen(q, v, cu, cu_cpu, max_seqlen, s_in, longest) || !check_no_grad(q, k, v, gate, beta, s_in) ||
+      !check_devices(q, k, v, gate, beta))
+    return false;
+  GR_REQUIRE("ValueError", cu.device() == q.device(), "cu_seqlens is on ", device_str(cu), " but q is on ",
+             device_str(q), "; it belongs on q's device (a CPU copy goes in cu_seqlens_cpu)");
+  GR_REQUIRE("ValueError", !s_in || s_in->device() == q.device(), "initial_state is on ", device_str(*s_in),
+             " but q is on ", device_str(q));
+  const int64_t N = cu.size(0) - 1, T = q.size(1), H = q.size(2), Dk = q.size(3), Dv = v.size(3);
+  if (longest < 0) {  // no hint: the documented read-back
+    const at::Tensor host = cu.to(at::kCPU);
+    if (!check_cu_values(host, "cu_seqlens", T, longest)) return false;
+  }
+  Plan pl;
+  if (!make_plan(Shape{N, longest, H, Dk, Dv}, dtype_of(q), layout_of(q, k, v, gate, beta), device_limits(), kernel,
+                 config, reference, pl, true) ||
+      !unit_ready(pl))
+    return false;
+  at::Tensor y = at::empty({1, T, H, Dv}, q.options());
+  at::Tensor fin;
+  if (want_final)
+    fin = T == 0 ? (s_in ? s_in->clone(at::MemoryFormat::Contiguous) : at::zeros({N, H, Dk, Dv}, q.options().dtype(at::kFloat)))
+                 : at::empty({N, H, Dk, Dv}, q.options().dtype(at::kFloat));
+  if (y.numel() > 0) {
+    Problem pr = problem_of(q, k, v, gate, beta, y, s_in, want_final ? &fin : nullptr);
+    pr.sq.b = pr.sk.b = pr.sv.b = pr.sy.b = pr.sg.b = pr.sb.b = 0;  // one packed row; b is the sequence
+    pr.BH = N * H;
+    pr.cu = cu.data_ptr();
+    pr.cu64 = cu.scalar_type() == at::kLong;
+    pr.cu_stride = cu.stride(0);
+    if (!execute(pl, pr, q)) return false;
+  }
+  out.push_back(y);
+  if (want_final) out.push_back(fin);
+  return true;
+}
+
 // 16-byte pool accesses: unit column stride, D_v a multiple of 4, every row on a 16-byte boundary.
 inline bool pool_aligned(const at::Tensor& pool) {
   return pool.stride(3) == 1 && pool.size(3) % 4 == 0 && reinterpret_cast<uintptr_t>(pool.data_ptr()) % 16 == 0 &&
@@ -4020,7 +4198,7 @@ std::string plan_decode_text(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_
 // With sms, smem and arch all given (nonzero), for a device with those limits instead (tests: the plan
 // of every GPU family fits it).
 std::string plan_text(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, int64_t dtype, int64_t sms,
-                      int64_t smem, int64_t arch, bool reference) {
+                      int64_t smem, int64_t arch, bool reference, bool varlen) {
   const Shape s{B, T, H, Dk, Dv};
   if (!check_sizes(s)) return std::string();
   const DType dt = static_cast<DType>(dtype);
@@ -4029,7 +4207,7 @@ std::string plan_text(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, i
   const DeviceLimits lim = sms > 0 && smem > 0 && arch > 0 ? DeviceLimits{sms, (size_t)smem, arch >= 90, (int)arch}
                                                            : device_limits();
   Plan pl;
-  return make_plan(s, dt, lay, lim, kPlanned, kNoConfig, reference, pl) ? describe(pl) : std::string();
+  return make_plan(s, dt, lay, lim, kPlanned, kNoConfig, reference, pl, varlen) ? describe(pl) : std::string();
 }
 
 }  // namespace gr
@@ -4084,6 +4262,18 @@ std::vector<at::Tensor> op_forward_ex(const at::Tensor& q, const at::Tensor& k, 
   return out;
 }
 
+std::vector<at::Tensor> op_forward_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                          const at::Tensor& gate, const at::Tensor& beta, const at::Tensor& cu_seqlens,
+                                          const c10::optional<at::Tensor>& initial_state, bool want_final,
+                                          int64_t max_seqlen, const c10::optional<at::Tensor>& cu_seqlens_cpu,
+                                          c10::string_view kernel, at::IntArrayRef config, bool reference) {
+  std::vector<at::Tensor> out;
+  if (!run_varlen(q, k, v, gate, beta, cu_seqlens, initial_state, want_final, max_seqlen, cu_seqlens_cpu,
+                  std::string(kernel), config.vec(), reference, out))
+    throw_last_error();
+  return out;
+}
+
 at::Tensor op_decode_(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
                       const at::Tensor& beta, const at::Tensor& state_pool, const c10::optional<at::Tensor>& state_indices) {
   const at::Tensor* idx = state_indices.has_value() && state_indices->defined() ? &*state_indices : nullptr;
@@ -4097,6 +4287,9 @@ TORCH_LIBRARY(GR_OPS_NS, m) {
   m.def("forward(Tensor q, Tensor k, Tensor v, Tensor gate, Tensor beta, bool reference) -> Tensor");
   m.def("forward_ex(Tensor q, Tensor k, Tensor v, Tensor gate, Tensor beta, Tensor? initial_state, bool want_final, "
         "str kernel, int[] config, bool reference) -> Tensor[]");
+  m.def("forward_varlen(Tensor q, Tensor k, Tensor v, Tensor gate, Tensor beta, Tensor cu_seqlens, "
+        "Tensor? initial_state, bool want_final, int max_seqlen, Tensor? cu_seqlens_cpu, str kernel, int[] config, "
+        "bool reference) -> Tensor[]");
   // (a!): the pool is written in place (functionalization and torch.compile see the mutation)
   m.def("decode_(Tensor q, Tensor k, Tensor v, Tensor gate, Tensor beta, Tensor(a!) state_pool, "
         "Tensor? state_indices) -> Tensor");
@@ -4104,12 +4297,14 @@ TORCH_LIBRARY(GR_OPS_NS, m) {
 TORCH_LIBRARY_IMPL(GR_OPS_NS, CUDA, m) {
   m.impl("forward", &gr::op_forward);
   m.impl("forward_ex", &gr::op_forward_ex);
+  m.impl("forward_varlen", &gr::op_forward_varlen);
   m.impl("decode_", &gr::op_decode_);
 }
 // CPU tensors reach the same checks, which refuse them by name (ValueError), as the eager call does.
 TORCH_LIBRARY_IMPL(GR_OPS_NS, CPU, m) {
   m.impl("forward", &gr::op_forward);
   m.impl("forward_ex", &gr::op_forward_ex);
+  m.impl("forward_varlen", &gr::op_forward_varlen);
   m.impl("decode_", &gr::op_decode_);
 }
 
@@ -4130,6 +4325,22 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       return out;
     const c10::optional<at::Tensor> s0 = ts != nullptr ? c10::optional<at::Tensor>(*ts) : c10::nullopt;
     if (!gr::run_ex(*tq, *tk, *tv, *tg, *tb, s0, want_final, kernel, config, reference, out)) out.clear();
+    return out;
+  });
+  m.def("forward_varlen", [](handle q, handle k, handle v, handle gate, handle beta, handle cu_seqlens,
+                             handle initial_state, bool want_final, int64_t max_seqlen, handle cu_seqlens_cpu,
+                             const std::string& kernel, const std::vector<int64_t>& config, bool reference) {
+    std::vector<at::Tensor> out;
+    const at::Tensor *tq, *tk, *tv, *tg, *tb, *tc, *ts = nullptr, *th = nullptr;
+    if (!gr::tensor_args({{q, "q"}, {k, "k"}, {v, "v"}, {gate, "gate"}, {beta, "beta"}, {cu_seqlens, "cu_seqlens"}},
+                         {&tq, &tk, &tv, &tg, &tb, &tc}) ||
+        (!initial_state.is_none() && !gr::tensor_args({{initial_state, "initial_state"}}, {&ts})) ||
+        (!cu_seqlens_cpu.is_none() && !gr::tensor_args({{cu_seqlens_cpu, "cu_seqlens_cpu"}}, {&th})))
+      return out;
+    const c10::optional<at::Tensor> s0 = ts != nullptr ? c10::optional<at::Tensor>(*ts) : c10::nullopt;
+    const c10::optional<at::Tensor> host = th != nullptr ? c10::optional<at::Tensor>(*th) : c10::nullopt;
+    if (!gr::run_varlen(*tq, *tk, *tv, *tg, *tb, *tc, s0, want_final, max_seqlen, host, kernel, config, reference, out))
+      out.clear();
     return out;
   });
   m.def("decode_", [](handle q, handle k, handle v, handle gate, handle beta, handle state_pool, handle state_indices,
@@ -4384,7 +4595,8 @@ def _forward_ex_fake(q, k, v, gate, beta, initial_state, want_final, kernel, con
     return [y, q.new_empty((q.shape[0], q.shape[2], q.shape[3], v.shape[3]), dtype=torch.float32)]
 
 
-def gated_recurrence(q, k, v, gate, beta, initial_state=None, output_final_state=False, numerics="accurate"):
+def gated_recurrence(q, k, v, gate, beta, initial_state=None, output_final_state=False, numerics="accurate",
+                     cu_seqlens=None, max_seqlen=None, cu_seqlens_cpu=None):
     """y (B, T, H, D_v) of the gated recurrence, in q's dtype. See the module docstring.
 
     initial_state: optional (B, H, D_k, D_v) float32 state S_0 (default zero). With
@@ -4392,7 +4604,23 @@ def gated_recurrence(q, k, v, gate, beta, initial_state=None, output_final_state
     numerics: "accurate" (fp32 arithmetic, y rounded once to the input dtype) or "reference" (the
     PyTorch loop's rounding in the input dtype, one step at a time: what reference.py's Model computes
     in float16 or bfloat16).
+
+    Variable-length (packed) sequences: cu_seqlens, int32 or int64 (N + 1,) on q's device, 0 first,
+    non-decreasing, T_total last; q, k, v packed as (1, T_total, H, D), gate and beta as (1, T_total, H);
+    sequence n is steps cu_seqlens[n] .. cu_seqlens[n + 1] - 1, from initial_state[n] ((N, H, D_k, D_v))
+    or zero, its final state S[n] of (N, H, D_k, D_v) (an empty sequence's: its initial state). Host hints,
+    as serving stacks hold them: max_seqlen (the longest sequence; plans only: a value too small stays
+    exact) and cu_seqlens_cpu (a CPU copy, whose values are checked). With either, the call never waits
+    on the GPU (CUDA-graph capturable); cu_seqlens' values are then not checked on the device: offsets are
+    clamped into the packed row (no access out of bounds), y and the states of bad offsets unspecified.
+    With neither, cu_seqlens is copied to the host once (a synchronization) and checked there.
+    Forward only, as the dense call.
     """
+    if cu_seqlens is not None:
+        return _gated_recurrence_with(q, k, v, gate, beta, None, (), initial_state, output_final_state, numerics,
+                                      cu_seqlens, max_seqlen, cu_seqlens_cpu)
+    if max_seqlen is not None or cu_seqlens_cpu is not None:
+        raise ValueError("max_seqlen and cu_seqlens_cpu are hints for cu_seqlens, which is None")
     if torch.compiler.is_compiling():  # traced: the registered operators (eager keeps the cheaper pybind calls)
         return _traced_call(q, k, v, gate, beta, initial_state, output_final_state, numerics)
     if initial_state is None and not output_final_state:
@@ -4400,16 +4628,64 @@ def gated_recurrence(q, k, v, gate, beta, initial_state=None, output_final_state
     return _gated_recurrence_with(q, k, v, gate, beta, None, (), initial_state, output_final_state, numerics)
 
 
+def _max_seqlen_code(max_seqlen):
+    """max_seqlen as the core's int (-1: no hint)."""
+    if max_seqlen is None:
+        return -1
+    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int):
+        raise TypeError(f"max_seqlen must be an int or None, got {type(max_seqlen).__name__}")
+    if max_seqlen < 0:
+        raise ValueError(f"max_seqlen must be >= 0, got {max_seqlen}")
+    return max_seqlen
+
+
+def _varlen_call(q, k, v, gate, beta, kernel, config, initial_state, output_final_state, numerics, cu_seqlens,
+                 max_seqlen, cu_seqlens_cpu):
+    """gated_recurrence with cu_seqlens: the pybind function eagerly, the registered operator traced."""
+    args = (cu_seqlens, initial_state, bool(output_final_state), _max_seqlen_code(max_seqlen), cu_seqlens_cpu,
+            kernel or "", [int(x) for x in config], _reference(numerics))
+    if torch.compiler.is_compiling():
+        for x, name in ((q, "q"), (k, "k"), (v, "v"), (gate, "gate"), (beta, "beta"), (cu_seqlens, "cu_seqlens")):
+            if not isinstance(x, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        for x, name in ((initial_state, "initial_state"), (cu_seqlens_cpu, "cu_seqlens_cpu")):
+            if x is not None and not isinstance(x, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        return _ops.forward_varlen(q, k, v, gate, beta, *args)
+    return _call(_core.forward_varlen, q, k, v, gate, beta, *args)
+
+
 def _gated_recurrence_with(q, k, v, gate, beta, kernel=None, config=(), initial_state=None,
-                           output_final_state=False, numerics="accurate"):
+                           output_final_state=False, numerics="accurate", cu_seqlens=None, max_seqlen=None,
+                           cu_seqlens_cpu=None):
     """Test and benchmark hook: a chosen kernel ("recurrent", "parallel", "chunked" (the planned chunk
     kernel), "chunk_tf32", "chunk_bf16") and configuration ((R, G, JB, TC) for recurrent, (NV,) for
-    parallel, (NV, segments) for the chunk kernels, () for the planned one)."""
+    parallel, (NV, segments) for the chunk kernels, () for the planned one); cu_seqlens and its hints as
+    gated_recurrence's."""
     if kernel is not None and not isinstance(kernel, str):
         raise TypeError(f"kernel must be a string or None, got {type(kernel).__name__}")
-    out = _call(_core.forward_ex, q, k, v, gate, beta, initial_state, bool(output_final_state), kernel or "",
-                [int(x) for x in config], _reference(numerics))
+    if cu_seqlens is not None:
+        out = _varlen_call(q, k, v, gate, beta, kernel, config, initial_state, output_final_state, numerics,
+                           cu_seqlens, max_seqlen, cu_seqlens_cpu)
+    else:
+        if max_seqlen is not None or cu_seqlens_cpu is not None:
+            raise ValueError("max_seqlen and cu_seqlens_cpu are hints for cu_seqlens, which is None")
+        out = _call(_core.forward_ex, q, k, v, gate, beta, initial_state, bool(output_final_state), kernel or "",
+                    [int(x) for x in config], _reference(numerics))
     return (out[0], out[1]) if output_final_state else out[0]
+
+
+@_register_fake(f"{_OPS_NS}::forward_varlen")
+def _forward_varlen_fake(q, k, v, gate, beta, cu_seqlens, initial_state, want_final, max_seqlen, cu_seqlens_cpu,
+                         kernel, config, reference):
+    if q.device.type == "cuda":  # at trace time: the dtype's varlen chunk unit (or the reference one)
+        unit = "reference" if reference else re.search(r"unit (\w+)", plan(1, 4096, 1, 64, 64, q.dtype, varlen=True)).group(1)
+        if unit not in _units:
+            build(unit)
+    y = q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
+    if not want_final:
+        return [y]
+    return [y, q.new_empty((cu_seqlens.shape[0] - 1, q.shape[2], q.shape[3], v.shape[3]), dtype=torch.float32)]
 
 
 @_register_fake(f"{_OPS_NS}::decode_")
@@ -4458,12 +4734,12 @@ def _decode_with(q, k, v, gate, beta, state_pool, state_indices=None, nv=0, pers
 _DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
 
 
-def plan(B, T, H, Dk, Dv, dtype="float32", numerics="accurate"):
+def plan(B, T, H, Dk, Dv, dtype="float32", numerics="accurate", varlen=False):
     """The launch the dispatch picks for contiguous inputs of this shape and dtype (a torch dtype or
     its name), as text: kernel, source constant, unit, configuration, grid and shared memory. Gate and
     beta in that dtype: float32 gates beside 16-bit inputs take the parallel kernel's run-time
-    instantiation where this says "compiled"."""
-    return _plan_on(B, T, H, Dk, Dv, dtype, numerics=numerics)
+    instantiation where this says "compiled". varlen: a cu_seqlens call of B sequences, the longest T."""
+    return _plan_on(B, T, H, Dk, Dv, dtype, numerics=numerics, varlen=varlen)
 
 
 def plan_decode(B, T, H, Dk, Dv, dtype="float32", nv=0, persistent=None):
@@ -4480,11 +4756,11 @@ def _dtype_code(dtype):
     return _DTYPE_CODES[name]
 
 
-def _plan_on(B, T, H, Dk, Dv, dtype="float32", sms=0, smem=0, arch=0, numerics="accurate"):
+def _plan_on(B, T, H, Dk, Dv, dtype="float32", sms=0, smem=0, arch=0, numerics="accurate", varlen=False):
     """plan() for a device with these limits (SM count, opt-in shared memory a block, 10 * major +
     minor), or this one with zeros: tests check that each GPU family's plans fit it."""
     return _call(lambda *a: _core.plan(*a) or None, int(B), int(T), int(H), int(Dk), int(Dv), _dtype_code(dtype),
-                 int(sms), int(smem), int(arch), _reference(numerics))
+                 int(sms), int(smem), int(arch), _reference(numerics), bool(varlen))
 
 
 class ModelNew(torch.nn.Module):

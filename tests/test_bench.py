@@ -105,3 +105,70 @@ def test_decode_table_follows_the_other_tables():
     text = bench.tables(result)
     assert text.startswith(bench.markdown(result["rows"]) + "\n\n" + bench.floor_markdown(result["floor"]) + "\n\n")
     assert text.endswith(bench.decode_markdown(result["decode"], None, result["rates"]["copy_TBps"]))
+
+
+def varlen_result():
+    """A run of table V1 alone: ours (hinted, unhinted, uniform, uniform forced to varlen's kernel) and fla."""
+    plan_v = "chunk_bf16 (CHUNK_BF16_SRC, unit chunk_bf16) C=64 NV=64 D_k=128 compiled segments=1 grid=4096x256"
+    plan_u = "chunk_sm90 (CHUNK_SM90_SRC, unit chunk_sm90) C=64 D_k=128 compiled D_v=128 segments=1 grid=1024x384"
+
+    def row(key, what, ms, tokens, plan):
+        return {"key": key, "what": what, "ms": ms, "ms_rounds": [ms] * 3, "tokens": tokens,
+                "mem_floor_ms": tokens * 32 * (4 * 128 + 2) * 2 / 4.0e12 * 1e3, "plan": plan}
+    return {"command": "bench.py --shapes '' --varlen --trials 20 --out /root/out", "date": "2026-12-03",
+            "device": "NVIDIA H200", "torch": "2.11.0+cu130", "rows": [], "rates": {"copy_TBps": 4.0},
+            "varlen": {"N": 64, "H": 32, "D_k": 128, "D_v": 128, "dtype": "bfloat16", "lengths": [1] * 64,
+                       "total": 140210, "max_seqlen": 4034, "uniform_B": 32, "uniform_T": 4382, "rounds": 3,
+                       "trials": 20, "plan_varlen": plan_v, "plan_uniform": plan_u, "kernel_varlen": "chunk_bf16",
+                       "kernel_uniform": "chunk_sm90", "fla_takes_cu_seqlens_cpu": False, "ours_err": 1.7e-3,
+                       "fla_err": 2.9e-3, "no_hints_bitwise": True, "check": {"seqs": 4, "max_T": 512, "tokens": 2048},
+                       "rows": [row("ours_varlen_hints", "ours varlen, hints", 1.2, 140210, plan_v),
+                                row("ours_varlen", "ours varlen, no hints", 1.25, 140210, plan_v),
+                                row("ours_uniform", "ours uniform", 1.0, 140224, plan_u),
+                                row("ours_uniform_kernel", "ours uniform forced", 1.1, 140224, "chunk_bf16 forced"),
+                                row("fla_varlen", "fla varlen", 2.4, 140210, "-"),
+                                row("fla_uniform", "fla uniform", 2.0, 140224, "-")]}}
+
+
+def test_varlen_table_from_json(tmp_path, monkeypatch):
+    """--from-json of a --varlen run alone: bench.md and the generated section hold table V1 (its header, the
+    ratios to the uniform batch of the same library and to fla varlen, both plans, the same-kernel ratio)."""
+    result = varlen_result()
+    src = tmp_path / "bench.json"
+    src.write_text(json.dumps(result))
+    path = tmp_path / "BENCHMARKS.md"
+    shutil.copy(os.path.join(ROOT, "BENCHMARKS.md"), path)
+    monkeypatch.setattr(sys, "argv", ["bench.py", "--from-json", str(src), "--out", str(tmp_path / "out"),
+                                      "--benchmarks", str(path)])
+    bench.main()
+    md = (tmp_path / "out" / "bench.md").read_text()
+    assert md.startswith("Packed variable-length prefill V1, `gated_recurrence(cu_seqlens=...)` (64 sequences")
+    assert "140210 tokens, longest 4034" in md and "ceil(140210 / 32) = 4382 in one dense batch (14 tokens more)" in md
+    assert "copy bandwidth of the same run (4.00 TB/s)" in md
+    assert "first 4 sequences, each truncated to 512 tokens: ours 1.7e-03, fla 2.9e-03" in md
+    assert "| V1 row | ms | tokens | / uniform | / fla varlen | memory floor ms | plan |" in md
+    floor = 140210 * 32 * 514 * 2 / 4.0e12 * 1e3
+    assert f"| ours varlen, hints | 1.200 | 140210 | 1.20x | 0.50x | {floor:.3f} | chunk_bf16 (CHUNK_BF16_SRC" in md
+    assert "| ours uniform forced | 1.100 | 140224 | 1.10x | 0.46x |" in md
+    assert "| fla varlen | 2.400 | 140210 | 1.20x | 1.00x |" in md
+    assert "Plans: varlen `chunk_bf16 (CHUNK_BF16_SRC" in md and "uniform `chunk_sm90 (CHUNK_SM90_SRC" in md
+    assert "ours varlen with hints / the uniform batch forced to it = 1.09x." in md
+    assert "| shape |" not in md and "Decode step D1" not in md
+    section = path.read_text().split(bench.BEGIN_MARK)[1].split(bench.END_MARK)[0]
+    assert md.strip() in section and result["command"] in section
+
+
+def test_varlen_table_comes_last():
+    """With shapes, the floor table, decode and varlen in one result, table V1 comes after D1."""
+    result = shapes_only()
+    result["decode"] = decode_result()["decode"]
+    result["varlen"] = varlen_result()["varlen"]
+    text = bench.tables(result)
+    assert text.endswith("\n\n" + bench.varlen_markdown(result["varlen"], result["rates"]["copy_TBps"]))
+    assert text.index("Decode step D1") < text.index("Packed variable-length prefill V1")
+
+
+def test_varlen_lengths_are_the_issue_draw():
+    lengths = bench.varlen_lengths()
+    assert lengths.shape == (64,) and int(lengths.min()) >= 1 and int(lengths.max()) <= 4096
+    assert int(lengths.sum()) == 140210 and int(lengths.max()) == 4034

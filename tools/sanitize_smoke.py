@@ -1,7 +1,7 @@
 """Small calls for compute-sanitizer (memcheck / racecheck / synccheck): every kernel and dtype, padded rows and
 columns, several chunks and segments, initial and final states, strided and aligned layouts.
 
-    compute-sanitizer --tool memcheck python tools/sanitize_smoke.py [--sm90-only | --decode-only]
+    compute-sanitizer --tool memcheck python tools/sanitize_smoke.py [--sm90-only | --decode-only | --varlen-only]
 """
 import os
 import sys
@@ -30,6 +30,29 @@ def decode_smoke():
                 solution._decode_with(*xs, pool, torch.tensor([5, -2] + [1] * (B - 2), device="cuda"))  # out of range
                 solution._decode_with(*xs, pool, torch.tensor([0, 0] + [1] * (B - 2), device="cuda", dtype=torch.int32))  # duplicate
 
+
+def varlen_smoke():
+    """Packed sequences (cu_seqlens) on every kernel that takes them: lengths 0, 1, ragged and several chunks,
+    segments (the capacity larger than some sequences need), states, int32 and int64 offsets."""
+    lens = [0, 1, 70, 33, 0, 150, 5]
+    for dtype in (torch.float32, torch.bfloat16):
+        kernel = "chunk_bf16" if dtype == torch.bfloat16 else "chunk_tf32"
+        for Dk, Dv in [(33, 40), (64, 64)]:
+            T = sum(lens)
+            xs = reference.make_inputs(1, T, 2, Dk, Dv, dtype=dtype, device="cuda")
+            cu = torch.tensor([0] + lens, device="cuda").cumsum(0)
+            s0 = torch.randn(len(lens), 2, Dk, Dv, device="cuda")
+            for name, cfg in [("recurrent", ()), (kernel, (64, 1)), (kernel, (32, 3)), (None, ())]:
+                solution._gated_recurrence_with(*xs, kernel=name, config=cfg, initial_state=s0, output_final_state=True,
+                                                cu_seqlens=cu.to(torch.int32), max_seqlen=max(lens))
+                solution._gated_recurrence_with(*xs, kernel=name, config=cfg, cu_seqlens=cu, max_seqlen=max(lens))
+
+
+if "--varlen-only" in sys.argv:
+    varlen_smoke()
+    torch.cuda.synchronize()
+    print("sanitize smoke (varlen only): done")
+    sys.exit(0)
 
 if "--decode-only" in sys.argv:
     decode_smoke()
@@ -110,5 +133,6 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16):
     solution.gated_recurrence(*xs, numerics="reference", initial_state=torch.randn(1, 2, 33, 20, device="cuda"),
                               output_final_state=True)
 decode_smoke()
+varlen_smoke()
 torch.cuda.synchronize()
 print("sanitize smoke: done")
