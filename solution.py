@@ -1452,22 +1452,26 @@ struct ChunkParams : Problem {
 // Segments of a sequence of len steps: the plan's nseg, or in varlen (nseg then a capacity) as many
 // segments of seg_chunks chunks as it needs, at least one, the last taking any chunks beyond the capacity.
 template <int = 0>
-__device__ __forceinline__ int seg_count(const ChunkParams& p, int len) {
-  if (p.cu == nullptr) return p.nseg;
+__device__ __forceinline__ int seg_count(const ChunkParams& p, int len, bool varlen = true) {
+  if (!varlen || p.cu == nullptr) return p.nseg;
   const int chunks = (len + kChunk - 1) / kChunk;
   return max(1, min(p.nseg, (chunks + p.seg_chunks - 1) / p.seg_chunks));
 }
 
 // The block's coordinates and pointers; len and nseg_n: its sequence's steps and segments (varlen: the
-// sequence's own; else T and nseg).
+// sequence's own; else T and nseg). varlen is a compile-time constant at every construction (the kernels'
+// VARLEN): the dense instantiations keep T and nseg as kernel parameters, which cost no registers (at
+// the 128-register cap a per-block length cost chunk_tf32 2-5%).
 template <typename scalar_t>
 struct ChunkBlock {
   int vt, seg, h, b, j0, nv, len, nseg_n;
   int64_t bh;
+  bool varlen;
   const scalar_t *q, *k, *v;
   GateSeq<scalar_t> gate, beta;
   scalar_t* y;
-  __device__ __forceinline__ ChunkBlock(const ChunkParams& p, int NV) : gate(p.gate, 0, p.g32), beta(p.beta, 0, p.b32) {
+  __device__ __forceinline__ ChunkBlock(const ChunkParams& p, int NV, bool varlen_)
+      : varlen(varlen_), gate(p.gate, 0, p.g32), beta(p.beta, 0, p.b32) {
     int blk = blockIdx.x;
     vt = blk % p.vtiles;
     blk /= p.vtiles;
@@ -1478,9 +1482,9 @@ struct ChunkBlock {
     j0 = vt * NV;
     nv = min(NV, p.Dv - j0);
     bh = (int64_t)b * p.H + h;
-    const SeqRange sr = seq_range(p, b);
+    const SeqRange sr = varlen ? seq_range(p, b) : SeqRange{0, p.T};
     len = sr.len;
-    nseg_n = seg_count(p, len);
+    nseg_n = seg_count(p, len, varlen);
     q = static_cast<const scalar_t*>(p.q) + b * p.sq.b + sr.bos * p.sq.t + h * p.sq.h;
     k = static_cast<const scalar_t*>(p.k) + b * p.sk.b + sr.bos * p.sk.t + h * p.sk.h;
     v = static_cast<const scalar_t*>(p.v) + b * p.sv.b + sr.bos * p.sv.t + h * p.sv.h + j0 * p.sv.d;
@@ -1489,7 +1493,9 @@ struct ChunkBlock {
     y = static_cast<scalar_t*>(p.y) + b * p.sy.b + sr.bos * p.sy.t + h * p.sy.h + j0 * p.sy.d;
   }
   // varlen: past its sequence's segments (the grid holds the capacity), a block has nothing to do
-  __device__ __forceinline__ bool idle(const ChunkParams& p) const { return seg >= nseg_n - (p.mode != 0 ? 1 : 0); }
+  __device__ __forceinline__ bool idle(const ChunkParams& p) const {
+    return varlen && seg >= nseg_n - (p.mode != 0 ? 1 : 0);
+  }
   __device__ __forceinline__ float* segment_state(const ChunkParams& p, int s) const {
     return p.seg_states + (bh * (p.nseg - 1) + s) * ((int64_t)p.Dk * p.Dv);
   }
@@ -1533,14 +1539,18 @@ __device__ __forceinline__ void leave_state(const State& st, const ChunkParams& 
     if (cb.vt == 0 && threadIdx.x == 0) p.seg_decays[cb.bh * (p.nseg - 1) + cb.seg] = seg_decay;
   }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-  // An empty (varlen) sequence ran no chunk: its initial state as given (the family's copy of it may be
-  // rounded, chunk_bf16's split, and was never synchronized).
-  if (dst != nullptr)
+  if (dst == nullptr) return;
+  if (cb.varlen && cb.len == 0) {
+    // an empty sequence ran no chunk: its initial state as given (the family's copy of it may be rounded,
+    // chunk_bf16's split, and no barrier followed its writes)
     for (int i = warp; i < p.Dk; i += warps)
       for (int j = lane; j < cb.nv; j += 32)
         dst[cb.b * ds.b + cb.h * ds.h + i * ds.i + (cb.j0 + j) * ds.j] =
-            cb.len > 0 ? st.get(i, j)
-            : p.s_in != nullptr ? p.s_in[cb.b * p.ssi.b + cb.h * p.ssi.h + i * p.ssi.i + (cb.j0 + j) * p.ssi.j] : 0.f;
+            p.s_in != nullptr ? p.s_in[cb.b * p.ssi.b + cb.h * p.ssi.h + i * p.ssi.i + (cb.j0 + j) * p.ssi.j] : 0.f;
+    return;
+  }
+  for (int i = warp; i < p.Dk; i += warps)
+    for (int j = lane; j < cb.nv; j += 32) dst[cb.b * ds.b + cb.h * ds.h + i * ds.i + (cb.j0 + j) * ds.j] = st.get(i, j);
 }
 
 // Gate and beta of step t0 + i into g, b: 1 and 0 (an identity step) past the sequence's end.
@@ -1684,14 +1694,15 @@ __global__ void __launch_bounds__(kMaxThreads) segment_scan_kernel(const ChunkPa
   }
 }
 
-// ---- a chunk plan's launches. Kernels::get<NV, DK>() names a family's instantiation.
+// ---- a chunk plan's launches. Kernels::get<NV, DK, VARLEN>() names a family's instantiation.
 template <typename Kernels>
 cudaError_t launch_chunk_kernel(const Plan& pl, const ChunkParams& p, int64_t blocks, bool pdl, cudaStream_t s) {
-#define GR_CASE(NV_, DK_)                                                            \
-  if (pl.NV == NV_ && pl.DK == DK_) {                                                \
-    static bool done[64] = {};                                                       \
-    const auto kernel = Kernels::template get<NV_, DK_>();                           \
-    const cudaError_t err = allow_smem(kernel, done);                                \
+#define GR_CASE(NV_, DK_)                                                                  \
+  if (pl.NV == NV_ && pl.DK == DK_) {                                                      \
+    static bool done[2][64] = {};                                                          \
+    const bool vl = p.cu != nullptr;                                                       \
+    const auto kernel = vl ? Kernels::template get<NV_, DK_, true>() : Kernels::template get<NV_, DK_, false>(); \
+    const cudaError_t err = allow_smem(kernel, done[vl]);                                  \
     return err != cudaSuccess ? err : launch_ex(kernel, dim3((unsigned)blocks), pl.smem, s, pdl, p); \
   }
   GR_CHUNK_INSTANCES(GR_CASE)
@@ -1894,13 +1905,14 @@ struct ChunkTF32 {
 };
 
 // DK: D_k padded to 16 as a compile-time constant (every loop unrolls), or 0 for any D_k at run time.
-template <typename scalar_t, int NV, int DK>
+// VARLEN: packed sequences (cu_seqlens), each block reading its own bounds.
+template <typename scalar_t, int NV, int DK, bool VARLEN>
 __global__ void __launch_bounds__(kMaxThreads, 2) chunk_tf32_kernel(const ChunkParams p) {
   extern __shared__ __align__(128) float chunk_tf32_smem_buf[];
   // The output phase after segment_scan starts early (pdl): it waits here for the scanned states.
   griddep_wait<>();
   griddep_launch<>();
-  const ChunkBlock<scalar_t> cb(p, NV);
+  const ChunkBlock<scalar_t> cb(p, NV, VARLEN);
   if (cb.idle(p)) return;
   ChunkTF32<scalar_t, NV, DK> f(p, cb, chunk_tf32_smem_buf);
   run_chunks<NV>(p, cb, f);
@@ -1908,8 +1920,8 @@ __global__ void __launch_bounds__(kMaxThreads, 2) chunk_tf32_kernel(const ChunkP
 
 template <typename scalar_t>
 struct ChunkTF32Kernels {
-  template <int NV, int DK>
-  static auto get() { return chunk_tf32_kernel<scalar_t, NV, DK>; }
+  template <int NV, int DK, bool VARLEN>
+  static auto get() { return chunk_tf32_kernel<scalar_t, NV, DK, VARLEN>; }
 };
 
 }  // namespace
@@ -2292,20 +2304,20 @@ struct ChunkBF16 {
   }
 };
 
-template <int NV, int DK>
+template <int NV, int DK, bool VARLEN>
 __global__ void __launch_bounds__(kMaxThreads, 2) chunk_bf16_kernel(const ChunkParams p) {
   extern __shared__ __align__(128) float chunk_bf16_smem_buf[];
   griddep_wait<>();  // the output phase after segment_scan (pdl)
   griddep_launch<>();
-  const ChunkBlock<__nv_bfloat16> cb(p, NV);
+  const ChunkBlock<__nv_bfloat16> cb(p, NV, VARLEN);
   if (cb.idle(p)) return;
   ChunkBF16<NV, DK> f(p, cb, chunk_bf16_smem_buf);
   run_chunks<NV>(p, cb, f);
 }
 
 struct ChunkBF16Kernels {
-  template <int NV, int DK>
-  static auto get() { return chunk_bf16_kernel<NV, DK>; }
+  template <int NV, int DK, bool VARLEN>
+  static auto get() { return chunk_bf16_kernel<NV, DK, VARLEN>; }
 };
 
 }  // namespace
@@ -2636,7 +2648,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1) chunk_sm90_kernel(const Chunk
   using L = Sm90Layout<DK>;
   griddep_wait<>();
   griddep_launch<>();
-  const ChunkBlock<bf16> cb(p, 128);
+  const ChunkBlock<bf16> cb(p, 128, false);  // (no cu_seqlens: make_plan)
   const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid >> 5, 0), lane = tid & 31;
   const int wg = warp >> 2, wl = warp & 3, g = lane >> 2, qd = lane & 3;
   constexpr int NKB = DK / 16;  // k-steps over D_k
@@ -3843,8 +3855,6 @@ bool make_plan(const Shape& s, DType dt, const Layout& lay, const DeviceLimits& 
   const Kernel chunked = dt != DType::bf16                     ? Kernel::chunk_tf32
                         : !varlen && use_sm90(s, dt, lay, lim) ? Kernel::chunk_sm90
                                                                : Kernel::chunk_bf16;
-  GR_REQUIRE("ValueError", !varlen || (kernel != "parallel" && kernel != "chunk_sm90"), kernel,
-             " does not take cu_seqlens (recurrent, chunked, chunk_tf32 and chunk_bf16 do)");
   if (reference) {
     GR_REQUIRE("ValueError", kernel.empty() || kernel == "recurrent", "numerics='reference' runs the recurrent "
                "kernel only (it rounds one step at a time), got kernel '", kernel, "'");
@@ -4067,7 +4077,9 @@ bool check_cu_values(const at::Tensor& c, const char* name, int64_t tokens, int6
 // What needs no device: cu_seqlens' dtype and shape, the packed batch, the state's shape, the hints (the
 // values of cu_seqlens_cpu included). Sets the longest sequence where a hint tells it (else -1).
 bool check_varlen(const at::Tensor& q, const at::Tensor& v, const at::Tensor& cu, const at::Tensor* cu_cpu,
-                  int64_t max_seqlen, const at::Tensor* s_in, int64_t& longest) {
+                  int64_t max_seqlen, const at::Tensor* s_in, const std::string& kernel, int64_t& longest) {
+  GR_REQUIRE("ValueError", kernel != "parallel" && kernel != "chunk_sm90", kernel,
+             " does not take cu_seqlens (recurrent, chunked, chunk_tf32 and chunk_bf16 do)");
   const auto ct = cu.scalar_type();
   GR_REQUIRE("TypeError", ct == at::kInt || ct == at::kLong, "cu_seqlens must be int32 or int64, got ", dtype_str(ct));
   GR_REQUIRE("ValueError", cu.dim() == 1 && cu.size(0) >= 1, "cu_seqlens must be 1-D with N + 1 >= 1 entries, got shape ",
@@ -4098,6 +4110,11 @@ bool check_varlen(const at::Tensor& q, const at::Tensor& v, const at::Tensor& cu
                " is below the longest sequence of cu_seqlens_cpu, ", exact);
     longest = exact;
   }
+  // on the host already (refused below as not on q's device): its values' errors come first
+  if (cu.is_cpu() && cu_cpu == nullptr) {
+    int64_t exact = 0;
+    if (!check_cu_values(cu, "cu_seqlens", T, exact)) return false;
+  }
   return true;
 }
 
@@ -4115,7 +4132,7 @@ bool run_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
   const at::Tensor* s_in = initial_state.has_value() && initial_state->defined() ? &*initial_state : nullptr;
   const at::Tensor* cu_cpu = cu_seqlens_cpu.has_value() && cu_seqlens_cpu->defined() ? &*cu_seqlens_cpu : nullptr;
   int64_t longest = -1;
-  if (!check_varlen(q, v, cu, cu_cpu, max_seqlen, s_in, longest) || !check_no_grad(q, k, v, gate, beta, s_in) ||
+  if (!check_varlen(q, v, cu, cu_cpu, max_seqlen, s_in, kernel, longest) || !check_no_grad(q, k, v, gate, beta, s_in) ||
       !check_devices(q, k, v, gate, beta))
     return false;
   GR_REQUIRE("ValueError", cu.device() == q.device(), "cu_seqlens is on ", device_str(cu), " but q is on ",
