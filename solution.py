@@ -60,10 +60,11 @@ barrier schedule and the state update; each family supplies its staging and matr
 has its own schedule (the state lives in registers) on the same segments (execute_chunks). Decays are direct
 products of gates (never logs or quotients), so gates of 0, < 0 and > 1 are exact everywhere.
 D_k padded to 64 or 128 with 16-byte aligned rows runs a chunk instantiation with D_k compiled in.
-Packed variable-length sequences (cu_seqlens) run on recurrent, chunk_tf32 and chunk_bf16 (with segments
-too): a block reads its sequence's bounds on the device (seq_range) and walks only its steps; the grid
-holds a capacity of segments a sequence, each sequence takes what it needs. parallel and chunk_sm90 take
-no cu_seqlens (bfloat16 varlen runs chunk_bf16).
+Packed variable-length sequences (cu_seqlens) run on recurrent and every chunk kernel (with segments too;
+the chunk kernels as VARLEN instantiations): a block reads its sequence's bounds on the device (seq_range)
+and walks only its steps; the grid holds a capacity of segments a sequence, each sequence takes what it
+needs; chunk_sm90 zeroes the rows of the next sequence in a ragged last tile and stores that tile's y by
+rows. parallel takes no cu_seqlens (its shared memory is sized by T).
 
 API:
     y = gated_recurrence(q, k, v, gate, beta)                                   # accurate numerics
@@ -1465,7 +1466,7 @@ __device__ __forceinline__ int seg_count(const ChunkParams& p, int len, bool var
 template <typename scalar_t>
 struct ChunkBlock {
   int vt, seg, h, b, j0, nv, len, nseg_n;
-  int64_t bh;
+  int64_t bh, bos;  // bos: the sequence's first step in the packed row (varlen; else 0)
   bool varlen;
   const scalar_t *q, *k, *v;
   GateSeq<scalar_t> gate, beta;
@@ -1484,6 +1485,7 @@ struct ChunkBlock {
     bh = (int64_t)b * p.H + h;
     const SeqRange sr = varlen ? seq_range(p, b) : SeqRange{0, p.T};
     len = sr.len;
+    bos = sr.bos;
     nseg_n = seg_count(p, len, varlen);
     q = static_cast<const scalar_t*>(p.q) + b * p.sq.b + sr.bos * p.sq.t + h * p.sq.h;
     k = static_cast<const scalar_t*>(p.k) + b * p.sk.b + sr.bos * p.sk.t + h * p.sk.h;
@@ -2638,7 +2640,7 @@ __device__ __forceinline__ void maxnreg_dec() {
 #endif
 }
 
-template <int DK>
+template <int DK, bool VARLEN>
 __global__ void __launch_bounds__(kSm90Threads, 1) chunk_sm90_kernel(const ChunkParams p,
                                                                      const __grid_constant__ Sm90Maps maps) {
 #if defined(__CUDA_ARCH__) && !defined(GR_WGMMA)
@@ -2648,13 +2650,17 @@ __global__ void __launch_bounds__(kSm90Threads, 1) chunk_sm90_kernel(const Chunk
   using L = Sm90Layout<DK>;
   griddep_wait<>();
   griddep_launch<>();
-  const ChunkBlock<bf16> cb(p, 128, false);  // (no cu_seqlens: make_plan)
+  const ChunkBlock<bf16> cb(p, 128, VARLEN);
+  if (cb.idle(p)) return;
   const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid >> 5, 0), lane = tid & 31;
   const int wg = warp >> 2, wl = warp & 3, g = lane >> 2, qd = lane & 3;
   constexpr int NKB = DK / 16;  // k-steps over D_k
   const bool outputs = p.mode == 0;
-  const bool keep_state = p.mode != 0 || (cb.seg == p.nseg - 1 && p.s_out != nullptr);
-  const int sb = cb.seg * p.seg_chunks * kChunk, se = min(sb + p.seg_chunks * kChunk, p.T);
+  const bool last_seg = cb.seg == cb.nseg_n - 1;
+  const bool keep_state = p.mode != 0 || (last_seg && p.s_out != nullptr);
+  // steps [sb, se) of the sequence; its TMA coordinates start at bos (varlen: the packed row's)
+  const int sb = cb.seg * p.seg_chunks * kChunk, se = last_seg ? cb.len : min(sb + p.seg_chunks * kChunk, cb.len);
+  const int tb0 = (int)cb.bos, bc = VARLEN ? 0 : cb.b;  // varlen: one packed row (b = 0 in the maps)
   const int nch = (se - sb + 63) / 64;
   auto raw = [&](int c) { return sm + (c % L::kStages) * L::kStage; };
   auto derived = [&](int c) { return sm + L::kDer0 + (c & 1) * L::kDer; };
@@ -2673,9 +2679,9 @@ __global__ void __launch_bounds__(kSm90Threads, 1) chunk_sm90_kernel(const Chunk
         unsigned char* st = raw(c);
         uint64_t* bar = bars + c % L::kStages;
         mbar_expect(bar, (outputs ? 2 * L::kQ : L::kQ) + L::kV);
-        if (outputs) tma_tile(st, &maps.q, t0, cb.h & maps.hm[0], cb.b & maps.bm[0], bar);
-        tma_tile(st + L::kQ, &maps.k, t0, cb.h & maps.hm[1], cb.b & maps.bm[1], bar);
-        tma_tile(st + 2 * L::kQ, &maps.v, t0, cb.h & maps.hm[2], cb.b & maps.bm[2], bar);
+        if (outputs) tma_tile(st, &maps.q, tb0 + t0, cb.h & maps.hm[0], bc & maps.bm[0], bar);
+        tma_tile(st + L::kQ, &maps.k, tb0 + t0, cb.h & maps.hm[1], bc & maps.bm[1], bar);
+        tma_tile(st + 2 * L::kQ, &maps.v, tb0 + t0, cb.h & maps.hm[2], bc & maps.bm[2], bar);
       }
     };
     float ng0 = 1.f, ng1 = 1.f, nb0 = 0.f, nb1 = 0.f;  // the next chunk's gates and betas (every aux warp)
@@ -2699,6 +2705,18 @@ __global__ void __launch_bounds__(kSm90Threads, 1) chunk_sm90_kernel(const Chunk
         stage(c + 1);
       }
       mbar_wait(bars + c % L::kStages, (c / L::kStages) & 1);  // chunk c staged
+      if (VARLEN && se - (sb + 64 * c) < 64) {
+        // The sequence's ragged last chunk: rows past it hold the next sequence's steps (dense: TMA's zero
+        // fill). Zeros there, as the masks and the identity steps assume: a finite product with a masked
+        // zero, never an inf or NaN of another sequence. The stage is (2 D_k / 8 + 16) groups of 1 KB
+        // (q, k, v in the core-matrix layout), each row 16 bytes of a group.
+        const int rem = se - (sb + 64 * c), rows = 64 - rem;
+        unsigned char* stw = raw(c);
+        for (int e = tid; e < rows * (2 * (DK / 8) + 16); e += 128)
+          *reinterpret_cast<uint4*>(stw + (e / rows) * 1024 + (rem + e % rows) * 16) = make_uint4(0, 0, 0, 0);
+        fence_async_smem();  // before the wgmmas (async proxy) read the stage
+        wg_barrier(0);
+      }
       const unsigned char* st = raw(c);
       unsigned char* der = derived(c);
       float* tb = reinterpret_cast<float*>(der + L::kTb);
@@ -2858,7 +2876,15 @@ __global__ void __launch_bounds__(kSm90Threads, 1) chunk_sm90_kernel(const Chunk
       }
       fence_async_smem();
       wg_barrier(wg);
-      if ((tid & 127) == 0) tma_store(&maps.y, ys, t0, 8 * cw, cb.h, cb.b);
+      if (VARLEN && se - t0 < 64) {
+        // the ragged last chunk of a packed sequence: only its own rows (a TMA store would write the next
+        // sequence's), 16 bytes a store from the staged core-matrix layout
+        for (int e = tid & 127; e < (se - t0) * 8; e += 128)
+          *reinterpret_cast<uint4*>(cb.y + (int64_t)(t0 + (e >> 3)) * p.sy.t + 64 * cw + 8 * (e & 7)) =
+              *reinterpret_cast<const uint4*>(ys + (e & 7) * 1024 + (e >> 3) * 16);
+      } else if ((tid & 127) == 0) {
+        tma_store(&maps.y, ys, tb0 + t0, 8 * cw, cb.h, bc);
+      }
     }
     // U = (V^T diag(w)) K in halves of 64 state rows (D_k), both in flight (y is out: its registers are
     // free); then S^T = gamma S^T + U.
@@ -2893,7 +2919,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1) chunk_sm90_kernel(const Chunk
   // The final state, or (state phase) the segment's own state contribution and gate product.
   float* dst = nullptr;
   StateStrides ds{0, 0, 0, 0};
-  if (p.mode == 0 && cb.seg == p.nseg - 1 && p.s_out != nullptr) { dst = p.s_out; ds = p.sso; }
+  if (p.mode == 0 && last_seg && p.s_out != nullptr) { dst = p.s_out; ds = p.sso; }
   else if (p.mode != 0) {
     dst = cb.segment_state(p, cb.seg);
     ds = {0, 0, p.Dv, 1};
@@ -2941,9 +2967,11 @@ CUresult tile_map(CUtensorMap* m, int& hmask, int& bmask, const void* base, int 
 template <>
 cudaError_t launch_chunk_kernel<ChunkSM90Kernels>(const Plan& pl, const ChunkParams& p, int64_t blocks, bool pdl,
                                                   cudaStream_t s) {
-  static bool done64[64] = {}, done128[64] = {};
-  const auto kernel = pl.DK == 64 ? chunk_sm90_kernel<64> : chunk_sm90_kernel<128>;
-  cudaError_t err = allow_smem(kernel, pl.DK == 64 ? done64 : done128);
+  static bool done[2][2][64] = {};
+  const bool vl = p.cu != nullptr;
+  const auto kernel = pl.DK == 64 ? (vl ? chunk_sm90_kernel<64, true> : chunk_sm90_kernel<64, false>)
+                                  : (vl ? chunk_sm90_kernel<128, true> : chunk_sm90_kernel<128, false>);
+  cudaError_t err = allow_smem(kernel, done[pl.DK == 64][vl]);
   if (err != cudaSuccess) return err;
   alignas(64) Sm90Maps maps;
   const int64_t B = p.BH / p.H;
@@ -3797,9 +3825,9 @@ bool plan_parallel(const Shape& s, const Layout& lay, const DeviceLimits& lim, c
 // run chunk_sm90 where use_sm90 allows (Hopper), else chunk_bf16.
 // reference: numerics "reference" (the PyTorch loop's rounding, one step at a time), which only the
 // recurrent kernel has.
-// varlen (cu_seqlens; s.B = sequences, s.T = the longest, or its hint): the recurrent and the mma.sync
-// chunk kernels (segments of a fixed size, s.T's, capacity nseg: each sequence takes what it needs);
-// parallel (shared memory sized by T) and chunk_sm90 (TMA tiles would cross sequence boundaries) do not.
+// varlen (cu_seqlens; s.B = sequences, s.T = the longest, or its hint): the recurrent and the chunk
+// kernels (segments of a fixed size, s.T's, capacity nseg: each sequence takes what it needs); parallel
+// (shared memory sized by T) does not.
 // decode: a block a (row, head, NV state columns), R = 32-row passes a thread (D_k rounded up to 32, 64,
 // 128, 256); 16-byte pool accesses when the pool's rows allow them. NV = 128 (whole rows, twice the state in
 // flight an SM) once there are two such blocks an SM, else 32 (four times the blocks, for few rows). There,
@@ -3852,9 +3880,9 @@ bool make_plan(const Shape& s, DType dt, const Layout& lay, const DeviceLimits& 
   pl = Plan{};
   pl.dtype = dt;
   pl.varlen = varlen;
-  const Kernel chunked = dt != DType::bf16                     ? Kernel::chunk_tf32
-                        : !varlen && use_sm90(s, dt, lay, lim) ? Kernel::chunk_sm90
-                                                               : Kernel::chunk_bf16;
+  const Kernel chunked = dt != DType::bf16          ? Kernel::chunk_tf32
+                        : use_sm90(s, dt, lay, lim) ? Kernel::chunk_sm90
+                                                    : Kernel::chunk_bf16;
   if (reference) {
     GR_REQUIRE("ValueError", kernel.empty() || kernel == "recurrent", "numerics='reference' runs the recurrent "
                "kernel only (it rounds one step at a time), got kernel '", kernel, "'");
@@ -4078,8 +4106,8 @@ bool check_cu_values(const at::Tensor& c, const char* name, int64_t tokens, int6
 // values of cu_seqlens_cpu included). Sets the longest sequence where a hint tells it (else -1).
 bool check_varlen(const at::Tensor& q, const at::Tensor& v, const at::Tensor& cu, const at::Tensor* cu_cpu,
                   int64_t max_seqlen, const at::Tensor* s_in, const std::string& kernel, int64_t& longest) {
-  GR_REQUIRE("ValueError", kernel != "parallel" && kernel != "chunk_sm90", kernel,
-             " does not take cu_seqlens (recurrent, chunked, chunk_tf32 and chunk_bf16 do)");
+  GR_REQUIRE("ValueError", kernel != "parallel", kernel,
+             " does not take cu_seqlens (recurrent, chunked, chunk_tf32, chunk_bf16 and chunk_sm90 do)");
   const auto ct = cu.scalar_type();
   GR_REQUIRE("TypeError", ct == at::kInt || ct == at::kLong, "cu_seqlens must be int32 or int64, got ", dtype_str(ct));
   GR_REQUIRE("ValueError", cu.dim() == 1 && cu.size(0) >= 1, "cu_seqlens must be 1-D with N + 1 >= 1 entries, got shape ",

@@ -568,3 +568,52 @@ def test_dynamo_traces_a_varlen_call_whole(sol):
     y, final = [node.meta["example_value"] for node in out[:2]]
     assert tuple(y.shape) == (1, sum(lengths), H, Dv) and y.dtype == BF16
     assert tuple(final.shape) == (len(lengths), H, Dk, Dv) and final.dtype == FP32
+
+
+# ---- chunk_sm90 (compute capability 9.0): TMA tiles of 64 steps inside one packed row
+SM90 = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                          reason="chunk_sm90 needs compute capability 9.0")
+# lengths around its chunk of 64: 0, 1, 63, 64, 65, 130 and 200 (= 3 x 64 + 8: its last tile holds 56 rows of
+# the next sequence, which the kernel must zero, and whose y rows it must not store)
+SM90_LENGTHS = [0, 64, 1, 200, 65, 0, 130, 63]
+
+
+@cuda
+@SM90
+@pytest.mark.parametrize("segments", [1, 2])
+@pytest.mark.parametrize("Dk", [64, 128])
+def test_chunk_sm90_varlen(sol, Dk, segments):
+    """chunk_sm90 with cu_seqlens (bf16, D_v = 128, with segments too) against the float64 loop per sequence;
+    with one segment bitwise one dense chunk_sm90 call a sequence (its zeroed rows are TMA's zero fill there)."""
+    H, Dv = 2, 128
+    xs, s0, ry, rs = reference_case(BF16, H, Dk, Dv, True, lengths=tuple(SM90_LENGTHS), seed=5)
+    poison_allocator()
+    y, final = varlen(sol, xs, offsets(SM90_LENGTHS), "chunk_sm90", (segments,), initial_state=s0,
+                      output_final_state=True, max_seqlen=max(SM90_LENGTHS))
+    check_result(y, final, xs, SM90_LENGTHS, s0, ry, rs)
+    if segments > 1:
+        return
+    for n, (a, b) in enumerate(spans(SM90_LENGTHS)):
+        if a == b:
+            continue
+        yd, sd = run(sol, [x[:, a:b] for x in xs], "chunk_sm90", (1,), initial_state=s0[n:n + 1],
+                     output_final_state=True)
+        assert same_bits(y[:, a:b], yd), f"sequence {n}: y"
+        assert same_bits(final[n:n + 1], sd), f"sequence {n}: final state"
+
+
+@cuda
+@SM90
+@pytest.mark.parametrize("where", ["k", "v"])
+def test_chunk_sm90_varlen_neighbour_inf(sol, where):
+    """An inf in the first row of the sequence after a ragged one (k or v, inside the ragged sequence's last
+    TMA tile): the ragged sequence stays finite and near the float64 loop."""
+    H, Dk, Dv = 2, 128, 128
+    xs = packed(SM90_LENGTHS, H, Dk, Dv, BF16, seed=6)
+    a = spans(SM90_LENGTHS)[4][0]  # the 65-step sequence, 8 rows after the 200-step one's last full tile
+    xs[1 if where == "k" else 2][0, a, 1, 3] = INF
+    ry, rs = per_sequence(xs, SM90_LENGTHS)
+    y, final = varlen(sol, xs, offsets(SM90_LENGTHS), "chunk_sm90", (1,), output_final_state=True)
+    s, e = spans(SM90_LENGTHS)[3]
+    assert torch.isfinite(y[:, s:e]).all() and torch.isfinite(final[3]).all()
+    assert rel_l2(y[:, s:e], ry[:, s:e]) <= TOL[BF16] and rel_l2(final[3], rs[3]) <= STATE_TOL[BF16]

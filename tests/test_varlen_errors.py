@@ -207,14 +207,11 @@ def test_bad_cu_seqlens_cpu_raises_named_error(sol, case):
 
 
 # ---- kernels that do not take cu_seqlens
-@pytest.mark.parametrize("kernel", ["parallel", "chunk_sm90"])
+@pytest.mark.parametrize("kernel", ["parallel"])
 def test_kernels_without_varlen_refuse_cu_seqlens(sol, kernel):
-    """parallel and chunk_sm90 have no varlen path: a ValueError mentioning cu_seqlens, before the device check
-    (chunk_sm90 on inputs it would otherwise take: bf16, D_k = D_v = 128), with or without hints."""
-    if kernel == "chunk_sm90":
-        xs = inputs(1, TOKENS, 1, 128, 128, dtype=torch.bfloat16, device="cpu", seed=0)
-    else:
-        xs = good()
+    """parallel has no varlen path (its shared memory is sized by T): a ValueError mentioning cu_seqlens,
+    before the device check, with or without hints."""
+    xs = good()
     for hints in ({}, {"max_seqlen": 3}, {"cu_seqlens_cpu": cu_of(GOOD_CU)}):
         with pytest.raises(ValueError, match=CU):
             sol._gated_recurrence_with(*xs, kernel=kernel, cu_seqlens=cu_of(GOOD_CU), **hints)
@@ -321,7 +318,7 @@ def test_no_sequences_or_no_heads_is_not_a_division_by_zero(sol):
 
 
 # ---- plan(..., varlen=True)
-VARLEN_KERNELS = ("recurrent", "chunk_tf32", "chunk_bf16")
+VARLEN_KERNELS = ("recurrent", "chunk_tf32", "chunk_bf16", "chunk_sm90")
 # (N, longest T, H, D_k, D_v): shapes the dense plan sends to parallel (SPEC, D_k >= T) and to chunk_sm90 (bf16,
 # D = 128), single tokens, many sequences, one very long one, T = 0.
 PLAN_SHAPES = [SPEC, (1, 1, 1, 1, 1), (9, 300, 2, 64, 64), (3, 63, 5, 33, 100), (1, 7, 1, 256, 7),
@@ -333,16 +330,18 @@ DTYPE_NAMES = ["float32", "float16", "bfloat16"]
 @pytest.mark.parametrize("dtype", DTYPE_NAMES)
 @pytest.mark.parametrize("shape", PLAN_SHAPES, ids=shape_id)
 def test_varlen_plan_names_a_varlen_kernel(sol, shape, dtype):
-    """A varlen plan says "varlen" and runs recurrent or the dtype's mma.sync chunk kernel (chunk_tf32 for float32
-    and float16, chunk_bf16 for bfloat16), never parallel or chunk_sm90; segment_scan exactly where it plans
-    segments; a torch dtype or its name alike."""
+    """A varlen plan says "varlen" and runs recurrent or the dtype's chunk kernel (chunk_tf32 for float32 and
+    float16; bfloat16 chunk_sm90 where the dense plan of the same shape takes it, else chunk_bf16), never
+    parallel; segment_scan exactly where it plans segments; a torch dtype or its name alike."""
     text = sol.plan(*shape, dtype, varlen=True)
     assert text == sol.plan(*shape, getattr(torch, dtype), varlen=True)
     assert "varlen" in text, text
-    assert not re.search(r"\bparallel\b|PARALLEL_SRC|chunk_sm90|CHUNK_SM90_SRC|unit chunk_sm90", text), text
+    assert not re.search(r"\bparallel\b|PARALLEL_SRC", text), text
     kernel = text.split()[0]
     assert kernel in VARLEN_KERNELS, text
-    if kernel != "recurrent":
+    if kernel == "chunk_sm90":
+        assert dtype == "bfloat16" and sol.plan(*shape, dtype).startswith("chunk_sm90"), text
+    elif kernel != "recurrent":
         assert kernel == CHUNK_KERNEL[getattr(torch, dtype)], text
         found = re.search(r"\bsegments=(\d+)", text)
         if found:

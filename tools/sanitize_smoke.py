@@ -46,6 +46,15 @@ def varlen_smoke():
                 solution._gated_recurrence_with(*xs, kernel=name, config=cfg, initial_state=s0, output_final_state=True,
                                                 cu_seqlens=cu.to(torch.int32), max_seqlen=max(lens))
                 solution._gated_recurrence_with(*xs, kernel=name, config=cfg, cu_seqlens=cu, max_seqlen=max(lens))
+    if torch.cuda.get_device_capability() == (9, 0):  # chunk_sm90: ragged tiles zeroed, their y stored by rows
+        lens = [0, 200, 65, 1, 64]
+        for Dk in (64, 128):
+            xs = reference.make_inputs(1, sum(lens), 2, Dk, 128, dtype=torch.bfloat16, device="cuda")
+            cu = torch.tensor([0] + lens, device="cuda").cumsum(0)
+            for cfg in ((1,), (2,)):
+                solution._gated_recurrence_with(*xs, kernel="chunk_sm90", config=cfg, cu_seqlens=cu, max_seqlen=200,
+                                                initial_state=torch.randn(len(lens), 2, Dk, 128, device="cuda"),
+                                                output_final_state=True)
 
 
 if "--varlen-only" in sys.argv:
