@@ -72,17 +72,22 @@ def decode_result():
                              "graph_us": 1.0, "host_us": 8.2, "graph_call_us": 2.2}}
 
 
-def test_decode_table_from_json(tmp_path, monkeypatch, capsys):
-    """--from-json of a --decode run alone: bench.md and the generated section hold table D1 (its header, the
-    rows, "-" where a row has no measurement, the launch floor) and no shapes table."""
+def from_json(tmp_path, monkeypatch, result):
+    """bench.py --from-json of `result` with --benchmarks on a copy of BENCHMARKS.md: (bench.md's text, the copy)."""
     src = tmp_path / "bench.json"
-    src.write_text(json.dumps(decode_result()))
+    src.write_text(json.dumps(result))
     path = tmp_path / "BENCHMARKS.md"
     shutil.copy(os.path.join(ROOT, "BENCHMARKS.md"), path)
     monkeypatch.setattr(sys, "argv", ["bench.py", "--from-json", str(src), "--out", str(tmp_path / "out"),
                                       "--benchmarks", str(path)])
     bench.main()
-    md = (tmp_path / "out" / "bench.md").read_text()
+    return (tmp_path / "out" / "bench.md").read_text(), path
+
+
+def test_decode_table_from_json(tmp_path, monkeypatch, capsys):
+    """--from-json of a --decode run alone: bench.md and the generated section hold table D1 (its header, the
+    rows, "-" where a row has no measurement, the launch floor) and no shapes table."""
+    md, path = from_json(tmp_path, monkeypatch, decode_result())
     assert md.startswith("Decode step D1, `gated_recurrence_decode_` (T = 1, H = 32, D_k = 128, D_v = 128, bfloat16")
     assert "copy bandwidth of the same run (4.05 TB/s)" in md
     assert ("| B | plan | ours KB us | ours graph us | TB/s | memory floor us | ours / floor | today's path us "
@@ -134,14 +139,7 @@ def test_varlen_table_from_json(tmp_path, monkeypatch):
     """--from-json of a --varlen run alone: bench.md and the generated section hold table V1 (its header, the
     ratios to the uniform batch of the same library and to fla varlen, both plans, the same-kernel ratio)."""
     result = varlen_result()
-    src = tmp_path / "bench.json"
-    src.write_text(json.dumps(result))
-    path = tmp_path / "BENCHMARKS.md"
-    shutil.copy(os.path.join(ROOT, "BENCHMARKS.md"), path)
-    monkeypatch.setattr(sys, "argv", ["bench.py", "--from-json", str(src), "--out", str(tmp_path / "out"),
-                                      "--benchmarks", str(path)])
-    bench.main()
-    md = (tmp_path / "out" / "bench.md").read_text()
+    md, path = from_json(tmp_path, monkeypatch, result)
     assert md.startswith("Packed variable-length prefill V1, `gated_recurrence(cu_seqlens=...)` (64 sequences")
     assert "140210 tokens, longest 4034" in md and "ceil(140210 / 32) = 4382 in one dense batch (14 tokens more)" in md
     assert "copy bandwidth of the same run (4.00 TB/s)" in md
