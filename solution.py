@@ -3504,11 +3504,13 @@ bool check_devices(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   return true;
 }
 
-bool check_state(const at::Tensor& s, const at::Tensor& q, const at::Tensor& v) {
+// The initial state: float32 (B, H, D_k, D_v), or with cu_seqlens (sequences >= 0) one state a sequence.
+bool check_state(const at::Tensor& s, const at::Tensor& q, const at::Tensor& v, int64_t sequences = -1) {
   GR_REQUIRE("TypeError", s.scalar_type() == at::kFloat, "initial_state must be float32, got ", dtype_str(s.scalar_type()));
-  const int64_t want[4] = {q.size(0), q.size(2), q.size(3), v.size(3)};
-  GR_REQUIRE("ValueError", s.sizes() == at::IntArrayRef(want, 4), "initial_state must be (B, H, D_k, D_v) = ",
-             shape_str(at::IntArrayRef(want, 4)), ", got ", shape_str(s.sizes()));
+  const int64_t want[4] = {sequences >= 0 ? sequences : q.size(0), q.size(2), q.size(3), v.size(3)};
+  GR_REQUIRE("ValueError", s.sizes() == at::IntArrayRef(want, 4), "initial_state must be ",
+             sequences >= 0 ? "(N, H, D_k, D_v) = " : "(B, H, D_k, D_v) = ", shape_str(at::IntArrayRef(want, 4)),
+             sequences >= 0 ? " with cu_seqlens (N + 1 entries)" : "", ", got ", shape_str(s.sizes()));
   return true;
 }
 
@@ -4035,6 +4037,14 @@ bool execute(const Plan& pl, const Problem& pr, const at::Tensor& like) {
 const std::string kPlanned;
 const std::vector<int64_t> kNoConfig;
 
+// The final states (B or N sequences): what the kernels write, or with no steps at all the initial ones
+// (a copy) or zeros, with no launch.
+at::Tensor final_states(int64_t B, int64_t T, const at::Tensor& q, const at::Tensor& v, const at::Tensor* s_in) {
+  if (T > 0) return at::empty({B, q.size(2), q.size(3), v.size(3)}, q.options().dtype(at::kFloat));
+  return s_in ? s_in->clone(at::MemoryFormat::Contiguous)
+              : at::zeros({B, q.size(2), q.size(3), v.size(3)}, q.options().dtype(at::kFloat));
+}
+
 // The hot path: checks, the plan, one output allocation, the plan's launches.
 at::Tensor run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
                const at::Tensor& beta, bool reference) {
@@ -4070,10 +4080,7 @@ bool run_ex(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
   if (!unit_ready(pl)) return false;
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Dk = q.size(3), Dv = v.size(3);
   at::Tensor y = at::empty({B, T, H, Dv}, q.options());
-  at::Tensor fin;
-  if (want_final)
-    fin = T == 0 ? (s_in ? s_in->clone(at::MemoryFormat::Contiguous) : at::zeros({B, H, Dk, Dv}, q.options().dtype(at::kFloat)))
-                 : at::empty({B, H, Dk, Dv}, q.options().dtype(at::kFloat));
+  at::Tensor fin = want_final ? final_states(B, T, q, v, s_in) : at::Tensor();
   if (y.numel() > 0 && !execute(pl, problem_of(q, k, v, gate, beta, y, s_in, want_final ? &fin : nullptr), q))
     return false;
   out.push_back(y);
@@ -4116,13 +4123,7 @@ bool check_varlen(const at::Tensor& q, const at::Tensor& v, const at::Tensor& cu
              "got q of shape ", shape_str(q.sizes()));
   const int64_t N = cu.size(0) - 1, T = q.size(1);
   GR_REQUIRE("ValueError", N > 0 || T == 0, "cu_seqlens has no sequence (shape (1,)) but q packs T = ", T, " tokens");
-  if (s_in != nullptr) {
-    GR_REQUIRE("TypeError", s_in->scalar_type() == at::kFloat, "initial_state must be float32, got ",
-               dtype_str(s_in->scalar_type()));
-    const int64_t want[4] = {N, q.size(2), q.size(3), v.size(3)};
-    GR_REQUIRE("ValueError", s_in->sizes() == at::IntArrayRef(want, 4), "initial_state must be (N, H, D_k, D_v) = ",
-               shape_str(at::IntArrayRef(want, 4)), " with cu_seqlens (N + 1 entries), got ", shape_str(s_in->sizes()));
-  }
+  if (s_in != nullptr && !check_state(*s_in, q, v, N)) return false;
   GR_REQUIRE("ValueError", max_seqlen >= -1, "max_seqlen must be >= 0, got ", max_seqlen);
   longest = max_seqlen;
   if (cu_cpu != nullptr) {
@@ -4178,10 +4179,7 @@ bool run_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
       !unit_ready(pl))
     return false;
   at::Tensor y = at::empty({1, T, H, Dv}, q.options());
-  at::Tensor fin;
-  if (want_final)
-    fin = T == 0 ? (s_in ? s_in->clone(at::MemoryFormat::Contiguous) : at::zeros({N, H, Dk, Dv}, q.options().dtype(at::kFloat)))
-                 : at::empty({N, H, Dk, Dv}, q.options().dtype(at::kFloat));
+  at::Tensor fin = want_final ? final_states(N, T, q, v, s_in) : at::Tensor();
   if (y.numel() > 0) {
     Problem pr = problem_of(q, k, v, gate, beta, y, s_in, want_final ? &fin : nullptr);
     pr.sq.b = pr.sk.b = pr.sv.b = pr.sy.b = pr.sg.b = pr.sb.b = 0;  // one packed row; b is the sequence
@@ -4588,15 +4586,18 @@ def _call(fn, *args):
     return out
 
 
-def _traced_call(q, k, v, gate, beta, initial_state, output_final_state, numerics):
-    """gated_recurrence through the registered operators, for torch.compile and torch.export (torch.ops
-    turns None into an undefined tensor and refuses floats as RuntimeError: types are checked first)."""
-    reference = _reference(numerics)
-    for x, name in ((q, "q"), (k, "k"), (v, "v"), (gate, "gate"), (beta, "beta")):
+def _require_tensors(required, optional=()):
+    """Before a registered operator (torch.ops turns None into an undefined tensor and refuses floats as
+    RuntimeError): a TypeError naming the first (value, name) that is not a tensor (optional ones may be None)."""
+    for x, name in list(required) + [(x, name) for x, name in optional if x is not None]:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if initial_state is not None and not isinstance(initial_state, torch.Tensor):
-        raise TypeError(f"initial_state must be a torch.Tensor, got {type(initial_state).__name__}")
+
+
+def _traced_call(q, k, v, gate, beta, initial_state, output_final_state, numerics):
+    """gated_recurrence through the registered operators, for torch.compile and torch.export."""
+    reference = _reference(numerics)
+    _require_tensors(((q, "q"), (k, "k"), (v, "v"), (gate, "gate"), (beta, "beta")), ((initial_state, "initial_state"),))
     if initial_state is None and not output_final_state:
         return _ops.forward(q, k, v, gate, beta, reference)
     out = _ops.forward_ex(q, k, v, gate, beta, initial_state, bool(output_final_state), "", [], reference)
@@ -4661,11 +4662,9 @@ def gated_recurrence(q, k, v, gate, beta, initial_state=None, output_final_state
     With neither, cu_seqlens is copied to the host once (a synchronization) and checked there.
     Forward only, as the dense call.
     """
-    if cu_seqlens is not None:
+    if cu_seqlens is not None or max_seqlen is not None or cu_seqlens_cpu is not None:  # (hints alone: refused there)
         return _gated_recurrence_with(q, k, v, gate, beta, None, (), initial_state, output_final_state, numerics,
                                       cu_seqlens, max_seqlen, cu_seqlens_cpu)
-    if max_seqlen is not None or cu_seqlens_cpu is not None:
-        raise ValueError("max_seqlen and cu_seqlens_cpu are hints for cu_seqlens, which is None")
     if torch.compiler.is_compiling():  # traced: the registered operators (eager keeps the cheaper pybind calls)
         return _traced_call(q, k, v, gate, beta, initial_state, output_final_state, numerics)
     if initial_state is None and not output_final_state:
@@ -4690,12 +4689,8 @@ def _varlen_call(q, k, v, gate, beta, kernel, config, initial_state, output_fina
     args = (cu_seqlens, initial_state, bool(output_final_state), _max_seqlen_code(max_seqlen), cu_seqlens_cpu,
             kernel or "", [int(x) for x in config], _reference(numerics))
     if torch.compiler.is_compiling():
-        for x, name in ((q, "q"), (k, "k"), (v, "v"), (gate, "gate"), (beta, "beta"), (cu_seqlens, "cu_seqlens")):
-            if not isinstance(x, torch.Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        for x, name in ((initial_state, "initial_state"), (cu_seqlens_cpu, "cu_seqlens_cpu")):
-            if x is not None and not isinstance(x, torch.Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        _require_tensors(((q, "q"), (k, "k"), (v, "v"), (gate, "gate"), (beta, "beta"), (cu_seqlens, "cu_seqlens")),
+                         ((initial_state, "initial_state"), (cu_seqlens_cpu, "cu_seqlens_cpu")))
         return _ops.forward_varlen(q, k, v, gate, beta, *args)
     return _call(_core.forward_varlen, q, k, v, gate, beta, *args)
 
@@ -4757,11 +4752,8 @@ def gated_recurrence_decode_(q, k, v, gate, beta, state_pool, state_indices=None
     final state then goes into the pool.
     """
     if torch.compiler.is_compiling():
-        for x, name in ((q, "q"), (k, "k"), (v, "v"), (gate, "gate"), (beta, "beta"), (state_pool, "state_pool")):
-            if not isinstance(x, torch.Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if state_indices is not None and not isinstance(state_indices, torch.Tensor):
-            raise TypeError(f"state_indices must be a torch.Tensor, got {type(state_indices).__name__}")
+        _require_tensors(((q, "q"), (k, "k"), (v, "v"), (gate, "gate"), (beta, "beta"), (state_pool, "state_pool")),
+                         ((state_indices, "state_indices"),))
         return _ops.decode_(q, k, v, gate, beta, state_pool, state_indices)
     return _call(_core.decode_, q, k, v, gate, beta, state_pool, state_indices, 0, -1)
 
