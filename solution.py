@@ -49,7 +49,10 @@ everything the launch depends on; plan(B, T, H, D_k, D_v, dtype) prints that rec
                   unit decode          T (small) steps of a batch   32 or 128 state columns) reads the row's state from
                   (built on first use) from a pool of states; few   a pool slot (indices read on the device), advances
                                        rows, or a pool without      T steps in registers with the recurrent kernel's
-                                       16-byte rows                 update, writes y and the state back.
+                                       16-byte rows                 update, writes y and the state back. Unit-stride
+                                                                    rows, D_k = 32, 64, 128 or 256 and whole 32-column
+                                                                    tiles take the "rows=full" instantiation (no
+                                                                    bounds, no stride products: few rows are latency).
     decode_persistent                  the decode step for many     the same step, bitwise, for memory's speed: one
                   DECODE_SRC,          rows (B*H >= 2 x SMs), D_k   block an SM walks the (row, head) items; the next
                   unit decode          <= 128, 16-byte pool rows    item's state streams into a shared-memory ring by
@@ -204,6 +207,7 @@ struct Plan {
   bool pdl;              // programmatic dependent launches: parallel; segment_scan and the output phase
   int64_t work_floats;   // workspace: (nseg - 1) segment states and decays a (b, h)
   bool varlen;           // packed sequences (cu_seqlens): b is a sequence, nseg a capacity (seg_count)
+  bool full;             // decode, 32-column tiles: unit-stride q, k, v rows, D_k = 32 R and whole tiles (no bounds)
 };
 
 // parallel: prod-g doubles, then k (L rows), q (kParallelRows) and v (L rows) in the staged dtype (esize: the input
@@ -3042,8 +3046,10 @@ __device__ __forceinline__ float gate_value(uint32_t bits, bool wide) {
 }
 
 // Step t's inputs for the thread's rows r0 + 32 r and columns jc + 32 m + e of row b, head h. Rows and
-// columns past D_k and D_v load element 0 (in bounds) and become zeros in decode_convert.
-template <typename scalar_t, int NP, int MC>
+// columns past D_k and D_v load element 0 (in bounds) and become zeros in decode_convert. FULL (the plan's
+// `full`): q, k and v rows of unit stride, D_k = 32 NP and whole tiles, so no bound and no stride product:
+// at few rows the step is a chain of dependent latencies, and every instruction on it counts.
+template <typename scalar_t, int NP, int MC, bool FULL = false>
 __device__ __forceinline__ void decode_load_raw(const Problem& p, int64_t b, int h, int r0, int jc, int64_t t,
                                                 DecodeRaw<scalar_t, NP, MC>& x) {
   const scalar_t* q = static_cast<const scalar_t*>(p.q) + b * p.sq.b + h * p.sq.h + t * p.sq.t;
@@ -3056,16 +3062,16 @@ __device__ __forceinline__ void decode_load_raw(const Problem& p, int64_t b, int
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int j = jc + 32 * m + e;
-      x.v[m][e] = v[(j < p.Dv ? j : 0) * p.sv.d];
+      x.v[m][e] = FULL ? v[j] : v[(j < p.Dv ? j : 0) * p.sv.d];
     }
 #pragma unroll
   for (int r = 0; r < NP; ++r) {
-    const int i = r0 + 32 * r < p.Dk ? r0 + 32 * r : 0;
-    x.k[r] = k[i * p.sk.d];
-    x.q[r] = q[i * p.sq.d];
+    const int i = FULL || r0 + 32 * r < p.Dk ? r0 + 32 * r : 0;
+    x.k[r] = FULL ? k[i] : k[i * p.sk.d];
+    x.q[r] = FULL ? q[i] : q[i * p.sq.d];
   }
 }
-template <typename scalar_t, int NP, int MC>
+template <typename scalar_t, int NP, int MC, bool FULL = false>
 __device__ __forceinline__ void decode_convert(const Problem& p, int r0, int jc, const DecodeRaw<scalar_t, NP, MC>& x,
                                                DecodeStep<NP, MC>& s) {
   s.g = gate_value<scalar_t>(x.g, p.g32);
@@ -3073,27 +3079,27 @@ __device__ __forceinline__ void decode_convert(const Problem& p, int r0, int jc,
 #pragma unroll
   for (int m = 0; m < MC; ++m)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) s.bv[m][e] = jc + 32 * m + e < p.Dv ? bt * to_float(x.v[m][e]) : 0.f;
+    for (int e = 0; e < 4; ++e) s.bv[m][e] = FULL || jc + 32 * m + e < p.Dv ? bt * to_float(x.v[m][e]) : 0.f;
 #pragma unroll
   for (int r = 0; r < NP; ++r) {
-    const bool in = r0 + 32 * r < p.Dk;
+    const bool in = FULL || r0 + 32 * r < p.Dk;
     s.k[r] = in ? to_float(x.k[r]) : 0.f;
     s.q[r] = in ? to_float(x.q[r]) : 0.f;
   }
 }
-template <typename scalar_t, int NP, int MC>
+template <typename scalar_t, int NP, int MC, bool FULL = false>
 __device__ __forceinline__ void decode_load_step(const Problem& p, int64_t b, int h, int r0, int jc, int64_t t,
                                                  DecodeStep<NP, MC>& s) {
   DecodeRaw<scalar_t, NP, MC> x;
-  decode_load_raw<scalar_t>(p, b, h, r0, jc, t, x);
-  decode_convert<scalar_t>(p, r0, jc, x, s);
+  decode_load_raw<scalar_t, NP, MC, FULL>(p, b, h, r0, jc, t, x);
+  decode_convert<scalar_t, NP, MC, FULL>(p, r0, jc, x, s);
 }
 
 // One step's y for the columns jt + [0, 32 MC): the thread's row sums (acc) over the warp's 4 row groups
 // by shuffles, then over the 8 warps in a fixed order through red (y is the same whatever B, T or the
 // grid). Its barrier also orders the reads of the other red buffer (the step before) before the next
 // step rewrites it. Rows that do not run (own false) write fill.
-template <int MC, typename scalar_t>
+template <int MC, bool FULL = false, typename scalar_t>
 __device__ __forceinline__ void decode_write_y(float (&acc)[MC][4], float (&red)[kMaxThreads / 32][32 * MC],
                                                scalar_t* y, int jt, int Dv, int64_t sd, bool own, float fill) {
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -3109,11 +3115,11 @@ __device__ __forceinline__ void decode_write_y(float (&acc)[MC][4], float (&red)
     for (int m = 0; m < MC; ++m)
       *reinterpret_cast<float4*>(&red[warp][32 * m + 4 * lane]) = make_float4(acc[m][0], acc[m][1], acc[m][2], acc[m][3]);
   __syncthreads();
-  if (tid < 32 * MC && jt + tid < Dv) {
+  if (tid < 32 * MC && (FULL || jt + tid < Dv)) {
     float sum = 0.f;
 #pragma unroll
     for (int w = 0; w < kMaxThreads / 32; ++w) sum += red[w][tid];
-    y[(jt + tid) * sd] = from_float<scalar_t>(own ? sum : fill);
+    y[FULL ? jt + tid : (jt + tid) * sd] = from_float<scalar_t>(own ? sum : fill);
   }
 }
 
@@ -3122,7 +3128,7 @@ __device__ __forceinline__ void decode_write_y(float (&acc)[MC][4], float (&red)
 // the state in flight an SM, for many rows; plan_decode picks).
 template <int NP, int MC>
 constexpr int kDecodeBlocks = MC == 1 ? (NP <= 4 ? 4 : 2) : (NP <= 4 ? 2 : 1);  // blocks an SM (registers)
-template <typename scalar_t, int NP, int MC, bool VEC>
+template <typename scalar_t, int NP, int MC, bool VEC, bool FULL>
 __global__ void __launch_bounds__(kMaxThreads, kDecodeBlocks<NP, MC>) decode_kernel(const DecodeParams p) {
   __shared__ __align__(16) float red[2][kMaxThreads / 32][32 * MC];  // a step's y partials, a warp's row
   griddep_wait<>();    // the previous kernel (often the last step's) wrote the pool or the inputs
@@ -3133,6 +3139,9 @@ __global__ void __launch_bounds__(kMaxThreads, kDecodeBlocks<NP, MC>) decode_ker
   const int h = blk % p.H, b = blk / p.H;
   const int tid = threadIdx.x, r0 = tid >> 3;
   const int jt = 32 * MC * tile, jc = jt + 4 * (tid & 7);  // column 0 of chunk m: jc + 32 m
+  // Step 0's inputs first: their addresses need no index, so their loads overlap the index's round trip.
+  DecodeRaw<scalar_t, NP, MC> x0;
+  if (p.T > 0) decode_load_raw<scalar_t, NP, MC, FULL>(p, b, h, r0, jc, 0, x0);
   const int64_t slot = slot_of(p, b);
   const bool valid = slot >= 0 && slot < p.P;
   float* pool = p.s_out + (valid ? slot : 0) * p.ssi.b + h * p.ssi.h;  // 64-bit offsets: pools past 2^31
@@ -3144,7 +3153,7 @@ __global__ void __launch_bounds__(kMaxThreads, kDecodeBlocks<NP, MC>) decode_ker
       const int i = r0 + 32 * r, j = jc + 32 * m;
       if constexpr (VEC) {  // D_v % 4 == 0, unit column stride, 16-byte aligned rows
         float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (valid && i < p.Dk && j < p.Dv) x = *reinterpret_cast<const float4*>(pool + i * p.ssi.i + j);
+        if (valid && (FULL || (i < p.Dk && j < p.Dv))) x = *reinterpret_cast<const float4*>(pool + i * p.ssi.i + j);
         S[r][m][0] = x.x; S[r][m][1] = x.y; S[r][m][2] = x.z; S[r][m][3] = x.w;
       } else {
 #pragma unroll
@@ -3154,7 +3163,7 @@ __global__ void __launch_bounds__(kMaxThreads, kDecodeBlocks<NP, MC>) decode_ker
     }
   scalar_t* y = static_cast<scalar_t*>(p.y) + b * p.sy.b + h * p.sy.h;
   DecodeStep<NP, MC> x;
-  if (p.T > 0) decode_load_step<scalar_t>(p, b, h, r0, jc, 0, x);  // in flight with the state's loads
+  if (p.T > 0) decode_convert<scalar_t, NP, MC, FULL>(p, r0, jc, x0, x);
   // A slot that an earlier row also names (a usage error) stays that row's: this row writes nothing (its
   // state loads above may overlap the owner's stores; the values are discarded).
   bool dup = false;
@@ -3164,12 +3173,12 @@ __global__ void __launch_bounds__(kMaxThreads, kDecodeBlocks<NP, MC>) decode_ker
   // Rows that do not run: -1 (padding) gives zeros, any other unusable slot NaN (visible without a sync).
   const float fill = slot == -1 ? 0.f : __int_as_float(0x7fffffff);
   for (int t = 0; t < p.T; ++t) {
-    if (t > 0) decode_load_step<scalar_t>(p, b, h, r0, jc, t, x);
+    if (t > 0) decode_load_step<scalar_t, NP, MC, FULL>(p, b, h, r0, jc, t, x);
     float acc[MC][4] = {};
     if (own) {
 #pragma unroll
       for (int r = 0; r < NP; ++r)
-        if (r0 + 32 * r < p.Dk) {  // padded rows stay out: 0 * inf would be NaN
+        if (FULL || r0 + 32 * r < p.Dk) {  // padded rows stay out: 0 * inf would be NaN
 #pragma unroll
           for (int m = 0; m < MC; ++m)
 #pragma unroll
@@ -3179,18 +3188,18 @@ __global__ void __launch_bounds__(kMaxThreads, kDecodeBlocks<NP, MC>) decode_ker
             }
         }
     }
-    decode_write_y<MC>(acc, red[t & 1], y + t * p.sy.t, jt, p.Dv, p.sy.d, own, fill);
+    decode_write_y<MC, FULL>(acc, red[t & 1], y + t * p.sy.t, jt, p.Dv, p.sy.d, own, fill);
   }
   if (!own) return;
 #pragma unroll
   for (int r = 0; r < NP; ++r) {
     const int i = r0 + 32 * r;
-    if (i >= p.Dk) continue;
+    if (!FULL && i >= p.Dk) continue;
 #pragma unroll
     for (int m = 0; m < MC; ++m) {
       const int j = jc + 32 * m;
       if constexpr (VEC) {
-        if (j < p.Dv)
+        if (FULL || j < p.Dv)
           *reinterpret_cast<float4*>(pool + i * p.ssi.i + j) = make_float4(S[r][m][0], S[r][m][1], S[r][m][2], S[r][m][3]);
       } else {
 #pragma unroll
@@ -3320,9 +3329,16 @@ cudaError_t launch_decode(const Plan& pl, const Problem& pr, cudaStream_t s) {
   }
 #define GR_CASE(NP_, MC_)                                                                                  \
   if (pl.R == NP_ && pl.NV == 32 * MC_)                                                                    \
-    return pl.vec ? launch_ex(decode_kernel<scalar_t, NP_, MC_, true>, grid, 0, s, pl.pdl, p)              \
-                  : launch_ex(decode_kernel<scalar_t, NP_, MC_, false>, grid, 0, s, pl.pdl, p);
+    return pl.vec ? launch_ex(decode_kernel<scalar_t, NP_, MC_, true, false>, grid, 0, s, pl.pdl, p)       \
+                  : launch_ex(decode_kernel<scalar_t, NP_, MC_, false, false>, grid, 0, s, pl.pdl, p);
+#define GR_FULL(NP_) \
+  if (pl.R == NP_) return launch_ex(decode_kernel<scalar_t, NP_, 1, true, true>, grid, 0, s, pl.pdl, p);
+  if (pl.full) {  // (plan_decode: NV = 32 and a 16-byte pool)
+    GR_FULL(1) GR_FULL(2) GR_FULL(4) GR_FULL(8)
+    return cudaErrorInvalidValue;
+  }
   GR_CASE(1, 1) GR_CASE(2, 1) GR_CASE(4, 1) GR_CASE(8, 1) GR_CASE(1, 4) GR_CASE(2, 4) GR_CASE(4, 4)
+#undef GR_FULL
 #undef GR_CASE
   return cudaErrorInvalidValue;
 }
@@ -3837,8 +3853,8 @@ bool plan_parallel(const Shape& s, const Layout& lay, const DeviceLimits& lim, c
 // one an item) walking the items with the next state in flight. nv > 0 forces a tile of decode_kernel,
 // persistent 0 / 1 forbids / forces decode_persistent (-1: planned; tests, benchmarks). No workspace and
 // nothing read back: nothing to allocate or synchronize (CUDA-graph capturable).
-bool plan_decode(const Shape& s, DType dt, bool pool_vec, const DeviceLimits& lim, int64_t nv, int64_t persistent,
-                 Plan& pl) {
+bool plan_decode(const Shape& s, DType dt, bool pool_vec, bool rows_unit, const DeviceLimits& lim, int64_t nv,
+                 int64_t persistent, Plan& pl) {
   if (!check_sizes(s)) return false;
   GR_REQUIRE("ValueError", nv == 0 || nv == 32 || nv == 128, "decode: NV must be 32 or 128 (0: planned), got ", nv);
   GR_REQUIRE("ValueError", persistent >= -1 && persistent <= 1, "decode: persistent must be -1 (planned), 0 or 1, got ",
@@ -3870,6 +3886,7 @@ bool plan_decode(const Shape& s, DType dt, bool pool_vec, const DeviceLimits& li
     pl.R = pow2_at_least(ceil_div(s.Dk, 32));
     pl.blocks = s.B * s.H * pl.vtiles;
     GR_REQUIRE("ValueError", pl.blocks <= INT32_MAX, "decode: B * H * ceil(D_v / NV) must be below 2^31, got ", pl.blocks);
+    pl.full = pl.NV == 32 && pool_vec && rows_unit && s.Dk == 32 * pl.R && s.Dv % 32 == 0;
   }
   pl.DKP = (int)s.Dk;
   pl.vec = pool_vec;
@@ -3949,7 +3966,8 @@ std::string describe(const Plan& pl) {
     s += cat("row_tiles=", pl.rtiles, " NV=", pl.NV, " D_k=", pl.DKP, pl.DK > 0 ? " compiled" : " run-time",
              " split=", 1 << pl.sp_log, pl.vec ? " loads=16B" : " loads=scalar", pl.pdl ? " pdl=on" : " pdl=off");
   else if (pl.kernel == Kernel::decode)
-    s += cat("NV=", pl.NV, " D_k=", pl.DKP, " row_passes=", pl.R, pl.vec ? " pool=16B" : " pool=scalar", pl.pdl ? " pdl=on" : " pdl=off");
+    s += cat("NV=", pl.NV, " D_k=", pl.DKP, " row_passes=", pl.R, pl.vec ? " pool=16B" : " pool=scalar",
+             pl.full ? " rows=full" : "", pl.pdl ? " pdl=on" : " pdl=off");
   else if (pl.kernel == Kernel::decode_persistent)
     s += cat("NV=", pl.NV, " D_k=", pl.DKP, " blocks=min(items, SMs) ring=2x", kRingD * kRingD * 4, "B cp.async",
              pl.pdl ? " pdl=on" : " pdl=off");
@@ -4212,7 +4230,8 @@ at::Tensor run_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor
     return at::Tensor();
   const c10::cuda::CUDAGuard guard(q.device());
   Plan pl;
-  if (!plan_decode(shape_of(q, v), dtype_of(q), pool_aligned(pool), device_limits(), nv, persistent, pl))
+  const bool rows_unit = q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1;  // (y is ours: contiguous)
+  if (!plan_decode(shape_of(q, v), dtype_of(q), pool_aligned(pool), rows_unit, device_limits(), nv, persistent, pl))
     return at::Tensor();
   at::Tensor y = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());
   if (y.numel() == 0) return y;  // (before unit_ready: an empty call builds nothing)
@@ -4233,7 +4252,8 @@ at::Tensor run_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor
 std::string plan_decode_text(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, int64_t dtype, int64_t nv,
                              int64_t persistent) {
   Plan pl;
-  return plan_decode(Shape{B, T, H, Dk, Dv}, static_cast<DType>(dtype), Dv % 4 == 0, device_limits(), nv, persistent, pl)
+  return plan_decode(Shape{B, T, H, Dk, Dv}, static_cast<DType>(dtype), Dv % 4 == 0, true, device_limits(), nv, persistent,
+                     pl)
              ? describe(pl) : std::string();
 }
 

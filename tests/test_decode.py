@@ -579,3 +579,29 @@ def test_persistent_equals_the_tile_kernel_bitwise(sol, kernel, dtype, shape):
     got = sol._decode_with(*xs, ring, idx, persistent=True)
     assert same_bits(got, want) and same_bits(ring, tile)
     assert torch.isnan(got[[2, 3]]).all() and torch.equal(got[1], torch.zeros_like(got[1]))
+
+
+# ---- the full-rows path (plan "rows=full": unit-stride q, k, v rows, D_k = 32 R, whole 32-column tiles)
+# against the general instantiation, bitwise: the same inputs with their rows at stride 2 take the latter.
+@pytest.mark.parametrize("shape", [(1, 1, 32, 128, 128), (3, 2, 2, 64, 96), (2, 1, 3, 256, 32), (5, 3, 1, 32, 64)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_full_rows_path_equals_the_general_path_bitwise(sol, kernel, dtype, shape):
+    if kernel:
+        pytest.skip("compares two instantiations of decode_kernel itself")
+    B, T, H, Dk, Dv = shape
+    P = B + 2
+    assert "rows=full" in sol.plan_decode(B, T, H, Dk, Dv, dtype)
+    rows = torch.randperm(P)[:B]
+    if B > 2:
+        rows[1], rows[2] = -1, rows[0]  # padding and a duplicate of row 0
+    idx = rows.to("cuda")
+    xs = inputs(B, T, H, Dk, Dv, dtype=dtype)
+    xs[3][0, T - 1, 0] = NAN
+    wide = [torch.stack([x, torch.full_like(x, NAN)], dim=-1).flatten(-2)[..., ::2] if x.dim() == 4 else x for x in xs]
+    assert all(w.stride(3) == 2 for w in wide[:3]) and all(torch.equal(w, x) for w, x in zip(wide[:3], xs[:3]))
+    full = pool_of(P, H, Dk, Dv, [r for r in rows.tolist() if r >= 0])
+    general = full.clone()
+    y_full = sol._decode_with(*xs, full, idx, nv=32)
+    y_general = sol._decode_with(*wide, general, idx, nv=32)
+    assert same_bits(y_full, y_general) and same_bits(full, general)
