@@ -1,5 +1,5 @@
 """TF32 wgmma probes for the fp32 chunk_sm90 (docs/sm90-tf32-design.md, section 5, "Session A: probes").
-sm_90a only; one standalone script, run from the repository root. Not yet run on a device.
+sm_90a only; one standalone script, run from the repository root. First run: fifteenth session (dev/README.md).
 
 Run order (A6 first so the go/no-go lands even if a later probe faults; then safest to riskiest, since an
 illegal address poisons the CUDA context and every later probe is then reported as skipped):
