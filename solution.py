@@ -2363,9 +2363,28 @@ def _wgmma(n, rs, tb, zero):
 # chunk_sm90's wgmma instructions (n, RS, B MN-major, zero), generated: each spells out its accumulators.
 WGMMA_FORMS = ((64, False, 0, True), (64, False, 0, False), (64, True, 0, True), (64, True, 0, False),
                (64, True, 1, True), (64, True, 1, False))
+# The warpgroup's fence, commit and wait around asynchronous wgmma (dev/tf32_probe.py builds on them too).
+WGMMA_SYNC_SRC = r"""
+__device__ __forceinline__ void wg_fence() {
+#ifdef GR_WGMMA
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wg_commit() {
+#ifdef GR_WGMMA
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+#ifdef GR_WGMMA
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+"""
 WGMMA_SRC = ("\n// ===================================== wgmma: chunk_sm90's instructions, generated ===========\n"
              "#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n#define GR_WGMMA 1\n#endif\nnamespace gr {\nnamespace {\n" +
-             "".join(_wgmma(*f) for f in WGMMA_FORMS) + "}  // namespace\n}  // namespace gr\n")
+             WGMMA_SYNC_SRC + "".join(_wgmma(*f) for f in WGMMA_FORMS) + "}  // namespace\n}  // namespace gr\n")
 
 CHUNK_SM90_SRC = r"""
 // ===================================== chunk_sm90: bfloat16 chunks of 64 on Hopper wgmma =======
@@ -2396,23 +2415,6 @@ namespace gr {
 namespace {
 
 using bf16 = __nv_bfloat16;
-
-__device__ __forceinline__ void wg_fence() {
-#ifdef GR_WGMMA
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wg_commit() {
-#ifdef GR_WGMMA
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-#endif
-}
-template <int N>
-__device__ __forceinline__ void wg_wait() {
-#ifdef GR_WGMMA
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-#endif
-}
 // Thread-written shared memory that wgmma (the async proxy) reads next.
 __device__ __forceinline__ void fence_async_smem() {
 #ifdef GR_WGMMA

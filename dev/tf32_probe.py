@@ -137,22 +137,7 @@ namespace {
 
 WGMMA_FORMS
 
-__device__ __forceinline__ void wg_fence() {
-#ifdef GR_WGMMA
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wg_commit() {
-#ifdef GR_WGMMA
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-#endif
-}
-template <int N>
-__device__ __forceinline__ void wg_wait() {
-#ifdef GR_WGMMA
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-#endif
-}
+WGMMA_SYNC  // (solution.py's warpgroup fence, commit and wait)
 // Thread-written shared memory that the async proxy (wgmma, TMA) touches next.
 __device__ __forceinline__ void fence_async_smem() {
 #ifdef GR_WGMMA
@@ -1091,10 +1076,21 @@ def _summarise_ptxas(log):
     return {"kernels": rows, "warnings": warnings}
 
 
+def wgmma_sync_src():
+    """solution.py's WGMMA_SYNC_SRC (the warpgroup fence, commit and wait), read from its source text: importing
+    solution would compile its core unit, which a probe does not need."""
+    import ast
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "solution.py")
+    for node in ast.parse(open(path).read()).body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "WGMMA_SYNC_SRC":
+            return ast.literal_eval(node.value)
+    raise RuntimeError("solution.py has no WGMMA_SYNC_SRC")
+
+
 def build(verbose=False):
     """Compiles (or loads from TORCH_EXTENSIONS_DIR) the extension `tf32_probe` for sm_90a. No device query.
     Returns (module, ptxas summary); the log of a fresh build is kept beside the module."""
-    cuda = CUDA_SRC.replace("WGMMA_FORMS", WGMMA_SRC)
+    cuda = CUDA_SRC.replace("WGMMA_FORMS", WGMMA_SRC).replace("WGMMA_SYNC", wgmma_sync_src())
     flags = ["-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "--ptxas-options=-v"]
     lean = {"no_implicit_headers": True} if "no_implicit_headers" in inspect.signature(load_inline).parameters else {}
     t0 = time.time()
