@@ -2363,7 +2363,8 @@ def _wgmma(n, rs, tb, zero):
 # chunk_sm90's wgmma instructions (n, RS, B MN-major, zero), generated: each spells out its accumulators.
 WGMMA_FORMS = ((64, False, 0, True), (64, False, 0, False), (64, True, 0, True), (64, True, 0, False),
                (64, True, 1, True), (64, True, 1, False))
-# The warpgroup's fence, commit and wait around asynchronous wgmma (dev/tf32_probe.py builds on them too).
+# The warpgroup's fence, commit and wait around asynchronous wgmma, and the setmaxnreg moves of a
+# warp-specialised kernel's registers (dev/tf32_probe.py builds on them too).
 WGMMA_SYNC_SRC = r"""
 __device__ __forceinline__ void wg_fence() {
 #ifdef GR_WGMMA
@@ -2379,6 +2380,18 @@ template <int N>
 __device__ __forceinline__ void wg_wait() {
 #ifdef GR_WGMMA
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void maxnreg_inc() {
+#ifdef GR_WGMMA
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+template <int N>
+__device__ __forceinline__ void maxnreg_dec() {
+#ifdef GR_WGMMA
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 #endif
 }
 """
@@ -2633,18 +2646,6 @@ static_assert(kAuxRegs * 128 + kConsumerRegs * 256 <= 168 * kSm90Threads, "the s
 enum : int { kBarFull = 4, kBarDone = 8 };
 __device__ __forceinline__ void bar_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
 __device__ __forceinline__ void bar_wait(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
-template <int N>
-__device__ __forceinline__ void maxnreg_inc() {
-#ifdef GR_WGMMA
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
-#endif
-}
-template <int N>
-__device__ __forceinline__ void maxnreg_dec() {
-#ifdef GR_WGMMA
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
-#endif
-}
 
 template <int DK, bool VARLEN>
 __global__ void __launch_bounds__(kSm90Threads, 1) chunk_sm90_kernel(const ChunkParams p,

@@ -137,7 +137,7 @@ namespace {
 
 WGMMA_FORMS
 
-WGMMA_SYNC  // (solution.py's warpgroup fence, commit and wait)
+WGMMA_SYNC  // (solution.py's warpgroup fence, commit, wait and setmaxnreg moves)
 // Thread-written shared memory that the async proxy (wgmma, TMA) touches next.
 __device__ __forceinline__ void fence_async_smem() {
 #ifdef GR_WGMMA
@@ -153,18 +153,6 @@ __device__ __forceinline__ void acc_fence(float (&d)[N]) {
 }
 __device__ __forceinline__ void wg_barrier(int wg) {  // the 128 threads of one warpgroup
   asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
-}
-template <int N>
-__device__ __forceinline__ void maxnreg_inc() {
-#ifdef GR_WGMMA
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
-#endif
-}
-template <int N>
-__device__ __forceinline__ void maxnreg_dec() {
-#ifdef GR_WGMMA
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
-#endif
 }
 
 // No-swizzle K-major descriptor: start >> 4, LBO (core matrices adjacent in K) >> 4 at bit 16, SBO
