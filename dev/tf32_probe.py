@@ -44,14 +44,14 @@ A1. TMA: the 5-d fp32 map {4, T, D/4, H, B} with box {4, 64, 32, 1, 1} at T = 70
     completes (a deadline in the kernel reports a timeout instead of hanging).
 
     python3 dev/tf32_probe.py [--trials N] [--only A6,A2] [--chunks 1000]   (writes $OUT/tf32_probe.json)
-    python3 dev/tf32_probe.py --build-only   (compiles only, no GPU needed; prints the ptxas registers/spills)
+    python3 dev/tf32_probe.py --build-only   (compiles only, no GPU needed; prints the ptxas registers/spills;
+                                             CUDA_HOME=/usr/local/cuda where torch guesses /usr/local from a wrapper)
 
 Build: load_inline, -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 --ptxas-options=-v; the ptxas log of a
 fresh build is kept beside the module (ptxas_log.txt) and summarised (registers, spills, warnings) on every run.
 """
 import argparse
 import inspect
-import json
 import os
 import re
 import shutil
@@ -61,36 +61,14 @@ import tempfile
 import time
 import traceback
 
-
-def _find_cuda_home(default="/usr/local/cuda"):
-    """As solution.py: the first of CUDA_HOME, CUDA_PATH, the folder above the real nvcc, `default` that has
-    bin/nvcc and include/cuda_runtime_api.h (torch alone may pick /usr/local from an nvcc wrapper script)."""
-    nvcc = shutil.which("nvcc")
-    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"),
-                 os.path.dirname(os.path.dirname(os.path.realpath(nvcc))) if nvcc else None, default):
-        if home and os.path.isfile(os.path.join(home, "bin", "nvcc")) and \
-                os.path.isfile(os.path.join(home, "include", "cuda_runtime_api.h")):
-            return home
-    return None
-
-
-_CUDA_HOME = _find_cuda_home()
-if _CUDA_HOME:
-    os.environ["CUDA_HOME"] = _CUDA_HOME  # before torch.utils.cpp_extension reads it
-
-import torch  # noqa: E402
-from torch.utils.cpp_extension import load_inline  # noqa: E402
+import torch
+from torch.utils.cpp_extension import load_inline
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 from timing import kernelbench_time, rel_l2  # noqa: E402
+from tools.common import save  # noqa: E402
 
 RESULT = {}
-
-
-def save(name, obj):
-    """obj as indented JSON in $OUT/name (the current folder without OUT), as dev/wgmma_probe.py does."""
-    with open(os.path.join(os.environ.get("OUT", "."), name), "w") as f:
-        json.dump(obj, f, indent=1, default=str)
 
 
 # ---------------------------------------------------------------------------------------------
