@@ -116,6 +116,17 @@ namespace {
 WGMMA_FORMS
 
 WGMMA_SYNC  // (solution.py's warpgroup fence, commit, wait and setmaxnreg moves)
+// One k-step of an RS product in TERMS TF32 terms: hi hi (+ hi lo + lo hi); the first k-step overwrites d.
+template <int TERMS, int N>
+__device__ __forceinline__ void rs_terms(float (&d)[N], const uint32_t (&ah)[4], const uint32_t (&al)[4], uint64_t bh,
+                                         uint64_t bl, bool first) {
+  if (first) wg_rs_z(d, ah, bh);
+  else wg_rs(d, ah, bh, 1);
+  if constexpr (TERMS == 3) {
+    wg_rs(d, ah, bl, 1);
+    wg_rs(d, al, bh, 1);
+  }
+}
 // Thread-written shared memory that the async proxy (wgmma, TMA) touches next.
 __device__ __forceinline__ void fence_async_smem() {
 #ifdef GR_WGMMA
@@ -270,12 +281,7 @@ __device__ __forceinline__ void aux_loop(unsigned char* sm, int nchunks, float* 
       }
       wg_fence();
       const uint64_t bh = sm_desc(sm + kQSH + 2048 * kb, 1024, 128), bl = sm_desc(sm + kQSL + 2048 * kb, 1024, 128);
-      if (kb == 0) wg_rs_z(P, ah, bh);
-      else wg_rs(P, ah, bh, 1);
-      if constexpr (TERMS == 3) {
-        wg_rs(P, ah, bl, 1);
-        wg_rs(P, al, bh, 1);
-      }
+      rs_terms<TERMS>(P, ah, al, bh, bl, kb == 0);
       wg_commit();
     }
     wg_wait<0>();
@@ -304,12 +310,7 @@ __device__ __forceinline__ void u_product(float (&S)[64], const float (&vf)[8][4
     wg_fence();
     const uint64_t bh = sm_desc(sm + kKTH + 1024 * H + 4128 * kb, 2064, 128),
                    bl = sm_desc(sm + kKTL + 1024 * H + 4128 * kb, 2064, 128);
-    if (kb == 0) wg_rs_z(U, ah, bh);
-    else wg_rs(U, ah, bh, 1);
-    if constexpr (TERMS == 3) {
-      wg_rs(U, ah, bl, 1);
-      wg_rs(U, al, bh, 1);
-    }
+    rs_terms<TERMS>(U, ah, al, bh, bl, kb == 0);
     wg_commit();
   }
   wg_wait<0>();
@@ -367,12 +368,7 @@ __device__ __forceinline__ void consumer_loop(unsigned char* sm, int cw, int nch
         split4<TERMS, IR>(x, ah, al);
         wg_fence();
         const uint64_t bh = sm_desc(sm + kQSH + 2048 * kb, 1024, 128), bl = sm_desc(sm + kQSL + 2048 * kb, 1024, 128);
-        if (kb == 0) wg_rs_z(Y, ah, bh);
-        else wg_rs(Y, ah, bh, 1);
-        if constexpr (TERMS == 3) {
-          wg_rs(Y, ah, bl, 1);
-          wg_rs(Y, al, bh, 1);
-        }
+        rs_terms<TERMS>(Y, ah, al, bh, bl, kb == 0);
         wg_commit();
       }
       wg_wait<0>();
