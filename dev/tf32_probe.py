@@ -67,6 +67,7 @@ from torch.utils.cpp_extension import load_inline
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 from timing import kernelbench_time, rel_l2  # noqa: E402
 from tools.common import save  # noqa: E402
+from tools.sm90_build import build, print_build, solution_constant  # noqa: E402
 
 RESULT = {}
 
@@ -992,119 +993,6 @@ def a6_units(aux, cons, terms):
 FLOP_UNIT = 2 * 64 * 64 * 8  # one m64n64k8
 
 
-def _nvcc_version(home):
-    nvcc = os.path.join(home or "/usr/local/cuda", "bin", "nvcc")
-    out = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout if os.path.exists(nvcc) else ""
-    found = re.search(r"release (\d+)\.(\d+)", out)
-    return (int(found.group(1)), int(found.group(2))) if found else None
-
-
-def _summarise_ptxas(log):
-    """Per entry function: registers, stack, spills; and every warning line. From nvcc --ptxas-options=-v."""
-    rows, cur = [], None
-    for line in log.splitlines():
-        m = re.search(r"Compiling entry function '([^']+)'", line)
-        if m:
-            cur = {"kernel": m.group(1)}
-            rows.append(cur)
-            continue
-        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
-        if m and cur is not None:
-            cur.update(stack=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3)))
-        m = re.search(r"Used (\d+) registers", line)
-        if m and cur is not None:
-            cur["registers"] = int(m.group(1))
-    names = [r["kernel"] for r in rows]
-    if names and shutil.which("c++filt"):
-        out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True).stdout.splitlines()
-        if len(out) == len(names):
-            for r, n in zip(rows, out):
-                r["kernel"] = re.sub(r"^(void )?tp::\(anonymous namespace\)::", "", n)
-    demangled = {}
-    mangled = sorted(set(re.findall(r"'(_Z[^']+)'", log)))
-    if mangled and shutil.which("c++filt"):
-        out = subprocess.run(["c++filt"], input="\n".join(mangled), capture_output=True, text=True).stdout.splitlines()
-        if len(out) == len(mangled):
-            demangled = {m: re.sub(r"^(void )?tp::\(anonymous namespace\)::|\(.*$", "", d) for m, d in zip(mangled, out)}
-    warnings = []
-    for ln in log.splitlines():
-        if not re.search(r"warning|C75\d\d", ln, re.I):
-            continue
-        ln = re.sub(r"^ptxas info\s*:\s*", "", ln.strip())
-        ln = re.sub(r"'(_Z[^']+)'", lambda m: demangled.get(m.group(1), m.group(1)), ln)
-        ln = re.sub(r" in around line \d+", "", ln)
-        if ln not in warnings:
-            warnings.append(ln)
-    return {"kernels": rows, "warnings": warnings}
-
-
-def wgmma_sync_src():
-    """solution.py's WGMMA_SYNC_SRC (the warpgroup fence, commit and wait), read from its source text: importing
-    solution would compile its core unit, which a probe does not need."""
-    import ast
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "solution.py")
-    for node in ast.parse(open(path).read()).body:
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "WGMMA_SYNC_SRC":
-            return ast.literal_eval(node.value)
-    raise RuntimeError("solution.py has no WGMMA_SYNC_SRC")
-
-
-def build(verbose=False):
-    """Compiles (or loads from TORCH_EXTENSIONS_DIR) the extension `tf32_probe` for sm_90a. No device query.
-    Returns (module, ptxas summary); the log of a fresh build is kept beside the module."""
-    cuda = CUDA_SRC.replace("WGMMA_FORMS", WGMMA_SRC).replace("WGMMA_SYNC", wgmma_sync_src())
-    flags = ["-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "--ptxas-options=-v"]
-    lean = {"no_implicit_headers": True} if "no_implicit_headers" in inspect.signature(load_inline).parameters else {}
-    t0 = time.time()
-    sys.stdout.flush()
-    with tempfile.TemporaryFile() as tmp:
-        # torch prints the ninja / nvcc output (the ptxas lines) to fd 1 only when verbose: capture it there.
-        saved = os.dup(1)
-        os.dup2(tmp.fileno(), 1)
-        err = None
-        try:
-            mod = load_inline("tf32_probe", cpp_sources=HOST_SRC, cuda_sources=cuda, functions=FUNCTIONS,
-                              extra_cflags=["-O3"], extra_cuda_cflags=flags, verbose=True, **lean)
-        except Exception as e:  # noqa: BLE001 (printed below with the build log)
-            err = e
-        finally:
-            sys.stdout.flush()
-            os.dup2(saved, 1)
-            os.close(saved)
-        tmp.seek(0)
-        log = tmp.read().decode(errors="replace")
-    if err is not None:
-        print(log)
-        raise err
-    path = os.path.join(os.path.dirname(mod.__file__), "ptxas_log.txt")
-    fresh = "ptxas info" in log
-    if fresh:
-        with open(path, "w") as f:
-            f.write(log)
-    elif os.path.exists(path):
-        with open(path) as f:
-            log = f.read()
-    if verbose:
-        print(log)
-    summary = _summarise_ptxas(log)
-    summary["fresh_build"] = fresh
-    summary["build_s"] = round(time.time() - t0, 1)
-    summary["module"] = mod.__file__
-    return mod, summary
-
-
-def print_build(summary):
-    print(f"build: {'compiled' if summary['fresh_build'] else 'cached'} in {summary['build_s']} s ({summary['module']})")
-    if not summary["kernels"]:
-        print("  (no ptxas log: delete the cached build to see registers and spills)")
-    for r in summary["kernels"]:
-        print(f"  {r.get('registers', '?'):>4} regs  stack {r.get('stack', '?'):>4}  spill st/ld "
-              f"{r.get('spill_stores', '?')}/{r.get('spill_loads', '?')}  {r['kernel']}")
-    for w in summary["warnings"]:
-        print(f"  WARNING {w}")
-    print(f"  ptxas warnings: {len(summary['warnings'])}", flush=True)
-
-
 # ---------------------------------------------------------------------------------------------
 # The probes (each returns a JSON-able dict and prints one line a result)
 # ---------------------------------------------------------------------------------------------
@@ -1369,7 +1257,8 @@ def main():
     unknown = only - {name for name, _ in PROBES}
     if unknown:
         ap.error(f"unknown probes {sorted(unknown)}")
-    mod, summary = build(verbose=args.verbose_build)
+    cuda = CUDA_SRC.replace("WGMMA_FORMS", WGMMA_SRC).replace("WGMMA_SYNC", solution_constant("WGMMA_SYNC_SRC"))
+    mod, summary = build("tf32_probe", HOST_SRC, cuda, FUNCTIONS, "tp", verbose=args.verbose_build)
     print_build(summary)
     RESULT["build"] = summary
     if args.build_only:

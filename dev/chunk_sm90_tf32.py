@@ -1,0 +1,855 @@
+"""Kernel v0 of the fp32 Hopper chunked kernel: TF32 wgmma, warp-specialised (docs/sm90-tf32-design.md,
+section 5, "Session B"). sm_90a only; one standalone script, run from the repository root.
+
+What it is: fp32 q, k, v (B, T, H, 128) contiguous, gate and beta (B, T, H) fp32, any T >= 1, S_0 = 0. One
+CTA of 384 threads a (b, h) (no segments), chunks of C = 64, the state S^T (D_v x D_k, fp32) in the
+consumers' wgmma-shaped registers for the whole sequence. 3xTF32 (hi hi + hi lo + lo hi; hi rounded by
+solution.py's integer round_tf32, lo = x - hi passed raw) on all four products:
+  aux warpgroup (WG0, setmaxnreg 88)  one thread issues the TMA loads (q and k on one mbarrier, v on
+      another); the four warps write the chunk's gate tables (computed in double, each value rounded once
+      to fp32: G, W, gamma, and the masked-decay tables of chunk_sm90's write_tables64); transpose-split
+      raw k into K^T hi / lo; split q in place into QS hi / lo; P^T = K Q^T (RS m64n64k8, A = K rows by LDS
+      from K^T, B = QS); P' = masked, decayed, beta-scaled P, split, stored [t][s].
+  consumers (WG1, WG2, setmaxnreg 208), warpgroup cw keeps dv rows 64 cw .. 64 cw + 63 of S^T; per chunk:
+      O1  = S^T Q^T            RS m64n64k8: A = the state registers picked {c[4kb], c[4kb+2], c[4kb+1],
+                               c[4kb+3]} and split a k-step at a time (4 k-steps in flight)
+      Y   = O1 diag(G)         staged (fp32) into this warpgroup's dv half of the V tile once the warp's
+                               V^T fragments are in registers (so Y is not live through U)
+      U   = (V^T diag w) K     RS m64n128k8, one N = 128 product: A = V^T fragments (32 scalar LDS) times
+                               w, split; B = K^T (sigma rows); then S = fmaf(gamma, S, U), U fresh from 0
+      Z   = V^T P'^T           RS m64n64k8 from zero; y = staged Y + Z in place, one TMA store a WG
+Layouts (bytes; "core-matrix" = no-swizzle K-major, a core matrix 8 rows x 16 B, SBO 128 everywhere):
+  QS.hi  [dk/4][t][dk%4], LBO 1024: q by TMA (5-d box {4, 64, 32, 1, 1}), then rounded in place
+  QS.lo  same: raw k by TMA (the landing zone), then q - hi
+  KT.hi/lo  element (n, s) at (s/4) 2064 + 16 n + 4 (s%4), n the sigma row of dk (dk = 8 (n/8) +
+            sigma(n%8), sigma = [0,4,1,5,2,6,3,7]); LBO 2064 (padded: the transposing stores, lane = s,
+            hit 32 banks); so the state's physical column p holds dk 8 (p/8) + sigma(p%8)
+  PP.hi/lo  P' element (t, s) at (s/4) 1040 + 16 t + 4 (s%4), LBO 1040; blocks s > t zeroed once
+  VR     [dv/4][s][dv%4] (TMA), then y staging: WG cw's half (16 KB) is y's TMA store box {4, 64, 16, 1, 1}
+  TB x 2 gate tables (1488 floats a slot); 2 mbarriers.  Total 209,728 B (the design's section 3).
+Protocol (named barriers; 1..3 a warpgroup's own; the others 384 threads: the aux arrives / both consumers
+sync, or both consumers arrive / the aux syncs). Aux, chunk c:
+   1. [c > 0] sync Q_DONE(c-1) (both O1 done); TMA q_c -> QS.hi, k_c -> QS.lo
+   2. tables of c (slot c % 2: free, the consumers finished chunk c - 2 before VR_DONE(c-2))
+   3. wait q/k; [c > 0] sync KT_DONE(c-1) (U done); k -> K^T; q split; arrive FULL_QK(c)
+   4. [c > 0] sync VR_DONE(c-1) (chunk c-1 finished, y read by its store: PP and VR free); TMA v_c -> VR
+   5. P^T = K Q^T; P' -> PP; arrive FULL_P(c)
+ Consumer, chunk c: sync FULL_QK; O1; arrive Q_DONE; Y *= G; wait v; V^T fragments; stage Y; U; arrive
+ KT_DONE; S update; sync FULL_P; Z; y; TMA store, its read waited; arrive VR_DONE.
+ Every arrival of a barrier is matched by its sync before the next arrival (each producer's next arrival
+ follows a sync that needs the other side's previous sync), so one id a signal suffices.
+Deviations from the design: (a) Y is staged in the V tile before U (not kept live through U: A6 spilled
+84 B in the design's order) and PV accumulates a fresh Z added to it; (b) U is one N = 128 product (A6's
+fastest); (c) PP and VR are released together by VR_DONE (one barrier fewer); (d) the gate tables are the
+bf16 kernel's table set computed in double (masked-decay entries across blocks are ROWF * SOUTB: two fp32
+factors each rounded once).
+Not done yet (v0): segments, initial state, the NaN / inf fallback of v (ignored: a non-finite v gives a
+non-finite y where P' masked zeros meet it), fp16 inputs, D_k != 128, strided inputs, the PV triangle
+skip, racecheck / memcheck runs. The final state IS written (optional) and checked.
+First device run and its numbers: dev/README.md; the gap to A6's 6.1-7.2 us a chunk is the serial chain this
+v0 keeps (k transpose and q split between U(c-1) and O1(c); v(c) issued only after chunk c-1's y store has read
+VR): the first thing to profile (design section 5, session C).
+Debug: TK_BOUNDED_WAIT (on by default) bounds every mbarrier wait (about 2 s of clock64) and reports a
+timeout in an error flag instead of hanging (named barriers always complete since every thread goes on).
+
+    python3 dev/chunk_sm90_tf32.py [--trials 20] [--no-timing] [--no-baseline]   (writes $OUT/chunk_sm90_tf32.json)
+    python3 dev/chunk_sm90_tf32.py --build-only   (compiles only, no GPU needed; prints ptxas registers/spills)
+"""
+import argparse
+import math
+import os
+import sys
+import time
+import traceback
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
+from timing import kernelbench_time, rel_l2  # noqa: E402
+from tools.common import save as save_json  # noqa: E402
+from tools.sm90_build import build, print_build, solution_constant  # noqa: E402
+
+RESULT = {}
+
+
+def save():
+    if os.environ.get("OUT"):
+        save_json("chunk_sm90_tf32.json", RESULT)
+
+
+def _wgmma(n, zero):
+    """One RS wgmma.m64n{n}k8.f32.tf32.tf32 (A in four .b32 registers, B a descriptor), overloaded on the
+    accumulator's size. zero: d = A B (scale-d 0, d output only), else d += A B where scale_d != 0."""
+    regs = n // 2
+    outs = ",".join(f"%{i}" for i in range(regs))
+    a, b, sc = "{" + ",".join(f"%{regs + i}" for i in range(4)) + "}", f"%{regs + 4}", f"%{regs + 5}"
+    ins = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), ' + ('"r"(0)' if zero else '"r"(scale_d)')
+    outs_c = ", ".join(f'"{"=" if zero else "+"}f"(d[{i}])' for i in range(regs))
+    body = (f'asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, {sc}, 0;\\n'
+            f'wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32 {{{outs}}}, {a}, {b}, p, 1, 1;\\n}}\\n"'
+            f' : {outs_c} : {ins});')
+    name = f"wg_rs{'_z' if zero else ''}"
+    sig = "const uint32_t (&a)[4], uint64_t db" + ("" if zero else ", int scale_d")
+    return (f"__device__ __forceinline__ void {name}(float (&d)[{regs}], {sig}) {{\n"
+            f"#ifdef GR_WGMMA\n  {body}\n#endif\n}}\n")
+
+
+WGMMA_SRC = "".join(_wgmma(n, z) for n in (64, 128) for z in (False, True))
+
+CUDA_SRC = r"""
+#include <cuda.h>          // CUtensorMap and its enums
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled_v12000
+#include <cuda_runtime.h>
+#include <cstdint>
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define GR_WGMMA 1
+#endif
+#ifndef TK_BOUNDED_WAIT
+#define TK_BOUNDED_WAIT 1  // v0: an mbarrier wait gives up after ~2 s and sets the error flag (no hang)
+#endif
+
+namespace tk {
+namespace {
+
+WGMMA_FORMS
+
+WGMMA_SYNC  // (solution.py's warpgroup fence, commit, wait and setmaxnreg moves)
+// Thread-written shared memory that the async proxy (wgmma, TMA) touches next.
+__device__ __forceinline__ void fence_async_smem() {
+#ifdef GR_WGMMA
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+// Pins reads and writes of accumulators between the wgmma waits and issues.
+template <int N>
+__device__ __forceinline__ void acc_fence(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+__device__ __forceinline__ void wg_barrier(int wg) {  // the 128 threads of one warpgroup
+  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+}
+// 384-thread barriers between the aux warpgroup and both consumers: one side arrives, the other syncs.
+enum : int { kBarFullQK = 4, kBarFullP = 5, kBarQDone = 6, kBarKTDone = 7, kBarVRDone = 8 };
+__device__ __forceinline__ void bar_arrive(int id) { asm volatile("bar.arrive %0, 384;\n" ::"r"(id) : "memory"); }
+__device__ __forceinline__ void bar_wait(int id) { asm volatile("bar.sync %0, 384;\n" ::"r"(id) : "memory"); }
+
+// mbarriers for the TMA loads (one arrival: the aux thread that arms it with the byte count).
+__device__ __forceinline__ void mbar_init(uint64_t* bar) {
+#ifdef GR_WGMMA
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"((uint32_t)__cvta_generic_to_shared(bar)) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_expect(uint64_t* bar, uint32_t bytes) {
+#ifdef GR_WGMMA
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+               ::"r"((uint32_t)__cvta_generic_to_shared(bar)), "r"(bytes) : "memory");
+#endif
+}
+// Waits for the phase of `parity`; TK_BOUNDED_WAIT: gives up after ~2e9 cycles, or at once when another
+// thread already timed out, and ORs `code` into *err (so a lost TMA is a reported failure, not a hang).
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity, int* err, int code) {
+#ifdef GR_WGMMA
+  uint32_t done = 0;
+  const uint32_t a = (uint32_t)__cvta_generic_to_shared(bar);
+#if TK_BOUNDED_WAIT
+  const long long start = clock64();
+#endif
+  while (!done) {
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done) : "r"(a), "r"(parity) : "memory");
+#if TK_BOUNDED_WAIT
+    if (!done && (clock64() - start > 2000000000LL || *(volatile int*)err != 0)) {
+      atomicOr(err, code);
+      return;
+    }
+#endif
+  }
+#endif
+}
+// One 64-step tile (box {4, 64, 32, 1, 1} of the 5-d map {4, T, 32, H, B}: lands as [d/4][t][d%4], rows past
+// T zero-filled; the barrier is armed with the full box's bytes even for a partial box: probe A1).
+__device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, int t0, int h, int b, uint64_t* bar) {
+#ifdef GR_WGMMA
+  asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5, %6}], [%7];\n"
+               ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(map), "r"(0), "r"(t0), "r"(0), "r"(h), "r"(b),
+                 "r"((uint32_t)__cvta_generic_to_shared(bar)) : "memory");
+#endif
+}
+// 64 columns of y (box {4, 64, 16, 1, 1}) at (0, t0, g0, h, b); rows past T are not written.
+__device__ __forceinline__ void tma_store(const CUtensorMap* map, const void* src, int t0, int g0, int h, int b) {
+#ifdef GR_WGMMA
+  asm volatile("cp.async.bulk.tensor.5d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4, %5}], [%6];\n"
+               ::"l"(map), "r"(0), "r"(t0), "r"(g0), "r"(h), "r"(b), "r"((uint32_t)__cvta_generic_to_shared(src))
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_wait_read0() {
+#ifdef GR_WGMMA
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_wait_all() {
+#ifdef GR_WGMMA
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+#endif
+}
+
+// No-swizzle K-major descriptor: start >> 4, LBO (core matrices adjacent in K) >> 4 at bit 16, SBO (adjacent
+// in M / N) >> 4 at bit 32. The opaque move keeps descriptors from being hoisted into two registers each.
+__device__ __forceinline__ uint64_t sm_desc(const void* p, uint32_t lbo, uint32_t sbo) {
+  uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+  asm volatile("mov.b32 %0, %0;\n" : "+r"(a));
+  return (uint64_t)((a & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
+}
+
+// hi = x rounded to nearest TF32 (ties away; the tensor core truncates raw fp32: probe A3), lo = x - hi
+// (exact, passed raw). solution.py's round_tf32.
+__device__ __forceinline__ uint32_t round_tf32(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
+__device__ __forceinline__ void split1(float x, uint32_t& hi, uint32_t& lo) {
+  hi = round_tf32(x);
+  lo = __float_as_uint(x - __uint_as_float(hi));
+}
+__device__ __forceinline__ void split4(const float (&x)[4], uint32_t (&hi)[4], uint32_t (&lo)[4]) {
+#pragma unroll
+  for (int r = 0; r < 4; ++r) split1(x[r], hi[r], lo[r]);
+}
+__device__ __forceinline__ float lds(const unsigned char* p) { return *reinterpret_cast<const float*>(p); }
+__device__ __forceinline__ void sts(unsigned char* p, float v) { *reinterpret_cast<float*>(p) = v; }
+__device__ __forceinline__ void stsu(unsigned char* p, uint32_t v) { *reinterpret_cast<uint32_t*>(p) = v; }
+
+// Shared memory (bytes), the design's section 3.
+constexpr int kQH = 0, kQL = 32768, kKTH = 65536, kKTL = kKTH + 33024, kPPH = kKTL + 33024, kPPL = kPPH + 16640,
+              kVR = kPPL + 16640, kTB = kVR + 32768, kTabSlot = 6016, kBars = kTB + 2 * kTabSlot, kSmem = kBars + 64;
+static_assert(kVR % 128 == 0 && kQL % 128 == 0, "TMA destinations 128-byte aligned");
+static_assert(kSmem <= 232448, "fits an H200's opt-in shared memory");
+constexpr int kAuxRegs = 88, kConsRegs = 208;  // the design's setmaxnreg split
+// The launch must get 168 registers a thread (ptxas -v must say 168) or setmaxnreg.inc waits forever.
+static_assert(kAuxRegs * 128 + kConsRegs * 256 <= 168 * 384, "the split fits a 384-thread launch's registers");
+
+// Gate tables of a 64-step chunk (floats; chunk_sm90's set): G[t] = prod g[0..t], W[s] = beta_s prod
+// g[s+1..63], GAMMA = prod g[0..63]; P' entry (t, s), s <= t: LTAB[t][s % 16] inside a 16-step block, else
+// ROWF[t][bs] SOUTB[s] (ROWF = prod g[16 bs + 16 .. t], SOUTB = beta_s prod g[s+1 .. 16 bs + 15]). Scans in
+// double, each value rounded once (fp32 scan tables cost 2.1e-5 at T = 2100: perf-notes, ninth session).
+enum : int { kG = 0, kW = 64, kSoutb = 128, kRowf = 192, kGamma = 448, kLtab = 464, kTabFloats = 464 + 1024 };
+static_assert(kTabFloats * 4 <= kTabSlot, "a table slot");
+
+template <int SEG, bool FULL>
+__device__ __forceinline__ void warp_scans(double& pre, double& suf, double& bpre, double& bsuf, int lane) {
+  const unsigned full = 0xffffffffu;
+#pragma unroll
+  for (int off = 1; off < (FULL ? 32 : SEG); off <<= 1) {
+    if (FULL) {
+      const double x = __shfl_up_sync(full, pre, off), z = __shfl_down_sync(full, suf, off);
+      if (lane >= off) pre *= x;
+      if (lane + off < 32) suf *= z;
+    }
+    if (off < SEG) {
+      const double x2 = __shfl_up_sync(full, bpre, off), z2 = __shfl_down_sync(full, bsuf, off);
+      if ((lane & (SEG - 1)) >= off) bpre *= x2;
+      if ((lane & (SEG - 1)) + off < SEG) bsuf *= z2;
+    }
+  }
+}
+
+// Aux warp `part` writes its share; lane l holds steps 2l, 2l + 1 (gates g0, g1, betas b0, b1).
+__device__ __forceinline__ void write_tables(float* tb, float g0f, float g1f, float b0f, float b1f, int part, int lane) {
+  const unsigned full = 0xffffffffu;
+  const int s = 2 * lane, bt = lane >> 3;
+  const double g0 = g0f, g1 = g1f, b0 = b0f, b1 = b1f;
+  if (part < 2) {
+    double pre = g0 * g1, suf = pre, bpre = pre, bsuf = pre;  // over step pairs: 8 lanes a 16-step block
+    if (part == 0) warp_scans<1, true>(pre, suf, bpre, bsuf, lane);
+    else warp_scans<8, false>(pre, suf, bpre, bsuf, lane);
+    if (part == 0) {
+      double pre_ex = __shfl_up_sync(full, pre, 1), suf_ex = __shfl_down_sync(full, suf, 1);
+      if (lane == 0) pre_ex = 1.0;
+      if (lane == 31) suf_ex = 1.0;
+      tb[kG + s] = (float)(pre_ex * g0);
+      tb[kG + s + 1] = (float)pre;
+      tb[kW + s] = (float)(b0 * (g1 * suf_ex));
+      tb[kW + s + 1] = (float)(b1 * suf_ex);
+      const double all = __shfl_sync(full, pre, 31);
+      if (lane == 0) tb[kGamma] = (float)all;
+    } else {
+      double bpre_ex = __shfl_up_sync(full, bpre, 1), bsuf_ex = __shfl_down_sync(full, bsuf, 1);
+      if ((lane & 7) == 0) bpre_ex = 1.0;
+      if ((lane & 7) == 7) bsuf_ex = 1.0;
+      tb[kSoutb + s] = (float)(b0 * (g1 * bsuf_ex));
+      tb[kSoutb + s + 1] = (float)(b1 * bsuf_ex);
+      const double B1 = __shfl_sync(full, bpre, 15), B2 = __shfl_sync(full, bpre, 23);  // blocks 1, 2 whole
+      const double pin0 = bpre_ex * g0, pin1 = bpre;
+#pragma unroll
+      for (int bs = 0; bs < 4; ++bs) {
+        double m = 1.0;  // the whole blocks strictly between bs and bt
+        if (bt == bs + 2) m = bs == 0 ? B1 : B2;
+        if (bt == 3 && bs == 0) m = B1 * B2;
+        tb[kRowf + s * 4 + bs] = (float)(pin0 * m);
+        tb[kRowf + (s + 1) * 4 + bs] = (float)(pin1 * m);
+      }
+    }
+  } else {
+    // LTAB of block lb, column sl: running products down the block's rows.
+    const int lb = 2 * (part - 2) + (lane >> 4), sl = lane & 15, src = 8 * lb + (sl >> 1);
+    const double e0 = __shfl_sync(full, b0, src), e1 = __shfl_sync(full, b1, src);
+    const double bs = (sl & 1) ? e1 : e0;
+    double run = 1.0;
+#pragma unroll 4
+    for (int r = 0; r < 16; ++r) {  // (unrolled 4: fully unrolled, its shuffles spill at 88 registers)
+      const double gt = __shfl_sync(full, (r & 1) ? g1 : g0, 8 * lb + (r >> 1));
+      if (r > sl) run *= gt;
+      tb[kLtab + (16 * lb + r) * 16 + sl] = r >= sl ? (float)(run * bs) : 0.f;
+    }
+  }
+}
+
+// P' from the P^T accumulators of aux warp BS (s = 16 BS + g + 8 ((i >> 1) & 1), t = 8 (i >> 2) + 2 qd +
+// (i & 1); the key block of s is BS, the row block of t is i >> 3): masked (selected, never multiplied, so a
+// NaN in q . k cannot leak into a masked zero), decayed, beta-scaled, split, stored [t][s] at LBO 1040.
+// Row blocks before BS stay zero (written once at the start).
+template <int BS>
+__device__ __forceinline__ void store_pprime(const float (&P)[32], unsigned char* sm, const float* tb, int g, int qd) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const int bt = i >> 3;
+    if (bt < BS) continue;
+    const int s = 16 * BS + g + 8 * ((i >> 1) & 1), t = 8 * (i >> 2) + 2 * qd + (i & 1);
+    float x;
+    if (bt == BS) x = s <= t ? P[i] * tb[kLtab + t * 16 + (s & 15)] : 0.f;
+    else x = P[i] * tb[kRowf + t * 4 + BS] * tb[kSoutb + s];
+    uint32_t hi, lo;
+    split1(x, hi, lo);
+    const uint32_t off = (s >> 2) * 1040 + 16 * t + 4 * (s & 3);
+    stsu(sm + kPPH + off, hi);
+    stsu(sm + kPPL + off, lo);
+  }
+}
+
+struct Maps {
+  CUtensorMap q, k, v, y;
+};
+struct Params {
+  const float *gate, *beta;  // (B, T, H) contiguous
+  float* s_out;              // (B, H, 128, 128) final state, or nullptr
+  int* err;                  // bit 1: q/k TMA wait timed out, bit 2: v TMA wait timed out
+  int T, H;
+};
+
+// The aux warpgroup (128 threads, tid 0 .. 127).
+__device__ __forceinline__ void aux_role(unsigned char* sm, const Maps& maps, const Params& p, int b, int h, int tid) {
+  const int nch = (p.T + 63) >> 6;  // (from the parameter here: a value kept across the role split is spilled)
+  const int wl = tid >> 5, lane = tid & 31, g = lane >> 2, qd = lane & 3;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(sm + kBars);
+  for (int e = tid; e < 2 * 16640 / 16; e += 128)  // P' hi and lo: the blocks above the diagonal stay zero
+    *reinterpret_cast<uint4*>(sm + kPPH + 16 * e) = make_uint4(0, 0, 0, 0);
+  wg_barrier(0);  // before any P' store of another thread to the same bytes
+  const float* gp = p.gate + (int64_t)b * p.T * p.H + h;
+  const float* bp = p.beta + (int64_t)b * p.T * p.H + h;
+  for (int c = 0; c < nch; ++c) {
+    const int t0 = 64 * c;
+    // 1. q and k of chunk c (QS free: both consumers' O1 of c - 1 done; our own P^T of c - 1 waited)
+    if (c > 0) bar_wait(kBarQDone);
+    if (tid == 0) {
+      mbar_expect(bars, 2 * 32768);
+      tma_load(sm + kQH, &maps.q, t0, h, b, bars);
+      tma_load(sm + kQL, &maps.k, t0, h, b, bars);
+    }
+    // 2. the gate tables of chunk c (steps past T: gate 1, beta 0)
+    float* tb = reinterpret_cast<float*>(sm + kTB + (c & 1) * kTabSlot);
+    {
+      const int s = t0 + 2 * lane;
+      float g0 = 1.f, g1 = 1.f, b0 = 0.f, b1 = 0.f;
+      if (s < p.T) { g0 = gp[(int64_t)s * p.H]; b0 = bp[(int64_t)s * p.H]; }
+      if (s + 1 < p.T) { g1 = gp[(int64_t)(s + 1) * p.H]; b1 = bp[(int64_t)(s + 1) * p.H]; }
+      write_tables(tb, g0, g1, b0, b1, wl, lane);
+    }
+    // 3. K^T hi / lo from raw k (after U of c - 1 read K^T), then q split in place
+    mbar_wait(bars, c & 1, p.err, 1);
+    if (c > 0) bar_wait(kBarKTDone);
+    {
+      const int s = tid & 63, half = tid >> 6;
+#pragma unroll 4
+      for (int j = 0; j < 16; ++j) {  // dk = 64 half + 4 j + e, its sigma row n
+        const float4 v = *reinterpret_cast<const float4*>(sm + kQL + (16 * half + j) * 1024 + 16 * s);
+        const float xs[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int n = 64 * half + 8 * (j >> 1) + 2 * e + (j & 1);
+          const uint32_t off = (s >> 2) * 2064 + 16 * n + 4 * (s & 3);
+          uint32_t hi, lo;
+          split1(xs[e], hi, lo);
+          stsu(sm + kKTH + off, hi);
+          stsu(sm + kKTL + off, lo);
+        }
+      }
+    }
+    wg_barrier(0);  // every raw k read (and every table written) before QS.lo is overwritten
+#pragma unroll 4
+    for (int j = 0; j < 16; ++j) {
+      float4* ph = reinterpret_cast<float4*>(sm + kQH) + 128 * j + tid;
+      float4* pl = reinterpret_cast<float4*>(sm + kQL) + 128 * j + tid;
+      const float4 v = *ph;
+      uint32_t hx, hy, hz, hw, lx, ly, lz, lw;
+      split1(v.x, hx, lx);
+      split1(v.y, hy, ly);
+      split1(v.z, hz, lz);
+      split1(v.w, hw, lw);
+      *ph = make_float4(__uint_as_float(hx), __uint_as_float(hy), __uint_as_float(hz), __uint_as_float(hw));
+      *pl = make_float4(__uint_as_float(lx), __uint_as_float(ly), __uint_as_float(lz), __uint_as_float(lw));
+    }
+    fence_async_smem();  // the generic stores before the wgmmas (async proxy) read QS and K^T
+    wg_barrier(0);       // (racecheck credits a store only when a barrier its thread waits on follows it)
+    bar_arrive(kBarFullQK);
+    // 4. v of chunk c (after chunk c - 1 is finished: its y store has read VR, PV has read PP)
+    if (c > 0) bar_wait(kBarVRDone);
+    if (tid == 0) {
+      mbar_expect(bars + 1, 32768);
+      tma_load(sm + kVR, &maps.v, t0, h, b, bars + 1);
+    }
+    // 5. P^T = K Q^T (s 64 x t 64 x dk 128): A = K rows from K^T (a0 (s=g, dk=q), a1 (g+8, q), a2 (g, q+4),
+    // a3 (g+8, q+4); dk = 8 kb + q + 4 j is sigma row 8 kb + 2 q + j), B = QS; two k-steps in flight.
+    float P[32];
+#pragma unroll
+    for (int kb = 0; kb < 16; ++kb) {
+      if (kb >= 2) wg_wait<1>();
+      uint32_t ah[4], al[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int s = 16 * wl + g + 8 * (r & 1), n = 8 * kb + 2 * qd + (r >> 1);
+        const uint32_t off = (s >> 2) * 2064 + 16 * n + 4 * (s & 3);
+        ah[r] = *reinterpret_cast<const uint32_t*>(sm + kKTH + off);
+        al[r] = *reinterpret_cast<const uint32_t*>(sm + kKTL + off);
+      }
+      wg_fence();
+      const uint64_t bh = sm_desc(sm + kQH + 2048 * kb, 1024, 128), bl = sm_desc(sm + kQL + 2048 * kb, 1024, 128);
+      if (kb == 0) wg_rs_z(P, ah, bh);
+      else wg_rs(P, ah, bh, 1);
+      wg_rs(P, ah, bl, 1);
+      wg_rs(P, al, bh, 1);
+      wg_commit();
+    }
+    wg_wait<0>();
+    acc_fence(P);
+    switch (wl) {  // the warp's key block, compiled in
+      case 0: store_pprime<0>(P, sm, tb, g, qd); break;
+      case 1: store_pprime<1>(P, sm, tb, g, qd); break;
+      case 2: store_pprime<2>(P, sm, tb, g, qd); break;
+      default: store_pprime<3>(P, sm, tb, g, qd); break;
+    }
+    fence_async_smem();
+    wg_barrier(0);
+    bar_arrive(kBarFullP);
+  }
+  // the last chunk's arrivals (every arrival met by its sync)
+  bar_wait(kBarQDone);
+  bar_wait(kBarKTDone);
+  bar_wait(kBarVRDone);
+}
+
+// Consumer warpgroup cw (tid 0 .. 127 within it): dv rows 64 cw .. 64 cw + 63 of S^T.
+__device__ __forceinline__ void consumer_role(unsigned char* sm, const Maps& maps, const Params& p, int b, int h,
+                                              int cw, int tid) {
+  const int nch = (p.T + 63) >> 6;
+  const int wl = tid >> 5, lane = tid & 31, g = lane >> 2, qd = lane & 3;
+  const int wg = cw + 1, dv0 = 64 * cw + 16 * wl + g;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(sm + kBars);
+  unsigned char* ys = sm + kVR + 16384 * cw;  // this warpgroup's dv half of VR: y's staging
+  // S[i] = S^T[dv0 + 8 ((i >> 1) & 1)][physical column 8 (i >> 2) + 2 qd + (i & 1)], which holds
+  // dk = 8 (i >> 2) + qd + 4 (i & 1) (K^T's sigma rows).
+  float S[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) S[i] = 0.f;
+  for (int c = 0; c < nch; ++c) {
+    const int t0 = 64 * c;
+    const float* tb = reinterpret_cast<const float*>(sm + kTB + (c & 1) * kTabSlot);
+    bar_wait(kBarFullQK);
+    // O1 = S^T Q^T (dv 64 x t 64 x dk 128): A = S picked {c[4kb], c[4kb+2], c[4kb+1], c[4kb+3]} (natural dk
+    // order for k-step kb), split; B = QS hi / lo; four k-steps in flight.
+    float Y[32];  // Y^T[dv0 + 8 ((i >> 1) & 1)][t = 8 (i >> 2) + 2 qd + (i & 1)]
+#pragma unroll
+    for (int kb = 0; kb < 16; ++kb) {
+      if (kb >= 4) wg_wait<3>();
+      const float x[4] = {S[4 * kb], S[4 * kb + 2], S[4 * kb + 1], S[4 * kb + 3]};
+      uint32_t ah[4], al[4];
+      split4(x, ah, al);
+      wg_fence();
+      const uint64_t bh = sm_desc(sm + kQH + 2048 * kb, 1024, 128), bl = sm_desc(sm + kQL + 2048 * kb, 1024, 128);
+      if (kb == 0) wg_rs_z(Y, ah, bh);
+      else wg_rs(Y, ah, bh, 1);
+      wg_rs(Y, ah, bl, 1);
+      wg_rs(Y, al, bh, 1);
+      wg_commit();
+    }
+    wg_wait<0>();
+    acc_fence(Y);
+    bar_arrive(kBarQDone);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) Y[i] *= tb[kG + 8 * (i >> 2) + 2 * qd + (i & 1)];
+    // V^T fragments (32 scalar LDS): vf[kb][r] = V^T[dv0 + 8 (r & 1)][s = 8 kb + qd + 4 (r >> 1)]
+    mbar_wait(bars + 1, c & 1, p.err, 2);
+    float vf[8][4];
+#pragma unroll
+    for (int kb = 0; kb < 8; ++kb)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int dv = dv0 + 8 * (r & 1), s = 8 * kb + qd + 4 * (r >> 1);
+        vf[kb][r] = lds(sm + kVR + (dv >> 2) * 1024 + 16 * s + 4 * (dv & 3));
+      }
+    // Y staged over this warp's own 16 dv rows of VR (read into vf above by this warp only): not live
+    // through U. Layout [dv/4][t][dv%4], y's store box.
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const int dvl = 16 * wl + g + 8 * ((i >> 1) & 1), t = 8 * (i >> 2) + 2 * qd + (i & 1);
+      sts(ys + (dvl >> 2) * 1024 + 16 * t + 4 * (dvl & 3), Y[i]);
+    }
+    // U = (V^T diag w) K (dv 64 x n 128 x s 64): A = vf w split, B = K^T hi / lo (LBO 2064, k-step 4128);
+    // two k-steps in flight. Then S = fmaf(gamma, S, U) (U from zero: probe A5).
+    {
+      float U[64];
+#pragma unroll
+      for (int kb = 0; kb < 8; ++kb) {
+        if (kb >= 2) wg_wait<1>();
+        const float w0 = tb[kW + 8 * kb + qd], w1 = tb[kW + 8 * kb + qd + 4];
+        const float x[4] = {vf[kb][0] * w0, vf[kb][1] * w0, vf[kb][2] * w1, vf[kb][3] * w1};
+        uint32_t ah[4], al[4];
+        split4(x, ah, al);
+        wg_fence();
+        const uint64_t bh = sm_desc(sm + kKTH + 4128 * kb, 2064, 128), bl = sm_desc(sm + kKTL + 4128 * kb, 2064, 128);
+        if (kb == 0) wg_rs_z(U, ah, bh);
+        else wg_rs(U, ah, bh, 1);
+        wg_rs(U, ah, bl, 1);
+        wg_rs(U, al, bh, 1);
+        wg_commit();
+      }
+      wg_wait<0>();
+      acc_fence(U);
+      bar_arrive(kBarKTDone);
+      const float gamma = tb[kGamma];
+#pragma unroll
+      for (int i = 0; i < 64; ++i) S[i] = fmaf(gamma, S[i], U[i]);
+    }
+    // Z = V^T P'^T (dv 64 x t 64 x s 64): A = vf split, B = PP hi / lo (LBO 1040, k-step 2080), from zero.
+    bar_wait(kBarFullP);
+    float Z[32];
+#pragma unroll
+    for (int kb = 0; kb < 8; ++kb) {
+      if (kb >= 4) wg_wait<3>();
+      uint32_t ah[4], al[4];
+      split4(vf[kb], ah, al);
+      wg_fence();
+      const uint64_t bh = sm_desc(sm + kPPH + 2080 * kb, 1040, 128), bl = sm_desc(sm + kPPL + 2080 * kb, 1040, 128);
+      if (kb == 0) wg_rs_z(Z, ah, bh);
+      else wg_rs(Z, ah, bh, 1);
+      wg_rs(Z, ah, bl, 1);
+      wg_rs(Z, al, bh, 1);
+      wg_commit();
+    }
+    wg_wait<0>();
+    acc_fence(Z);
+    // y = staged Y + Z, in place (each thread its own entries), then one TMA store a warpgroup; VR is
+    // released once the store has read it.
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const int dvl = 16 * wl + g + 8 * ((i >> 1) & 1), t = 8 * (i >> 2) + 2 * qd + (i & 1);
+      unsigned char* a = ys + (dvl >> 2) * 1024 + 16 * t + 4 * (dvl & 3);
+      sts(a, lds(a) + Z[i]);
+    }
+    fence_async_smem();
+    wg_barrier(wg);
+    if (tid == 0) {
+      tma_store(&maps.y, ys, t0, 16 * cw, h, b);
+      bulk_wait_read0();
+    }
+    bar_arrive(kBarVRDone);
+  }
+  if (tid == 0) bulk_wait_all();  // y written before the block ends
+  if (p.s_out != nullptr) {
+    float* dst = p.s_out + ((int64_t)b * p.H + h) * 128 * 128;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      const int dv = dv0 + 8 * ((i >> 1) & 1), dk = 8 * (i >> 2) + qd + 4 * (i & 1);
+      dst[dk * 128 + dv] = S[i];
+    }
+  }
+}
+
+__global__ void __launch_bounds__(384, 1) chunk_tf32_sm90(const __grid_constant__ Maps maps, const Params p) {
+#if defined(__CUDA_ARCH__) && !defined(GR_WGMMA)
+  __trap();  // built for sm_90a only
+#endif
+  extern __shared__ __align__(1024) unsigned char sm[];
+  const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
+  const int b = blockIdx.x / p.H, h = blockIdx.x % p.H;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(sm + kBars);  // 0: q and k landed, 1: v landed
+  if (tid == 0) {
+    mbar_init(bars);
+    mbar_init(bars + 1);
+  }
+  __syncthreads();
+  if (wg == 0) {
+    maxnreg_dec<kAuxRegs>();
+    aux_role(sm, maps, p, b, h, tid);
+    return;
+  }
+  maxnreg_inc<kConsRegs>();
+  consumer_role(sm, maps, p, b, h, wg - 1, tid & 127);
+}
+
+// The 5-d map of a (B, T, H, 128) fp32 contiguous tensor moved 64 steps at a time: dims {4, T, 32, H, B}, byte
+// strides {H 512, 16, 512, T H 512}, box {4, 64, groups, 1, 1} (lands as [d/4][t][d%4]).
+CUresult tile_map(CUtensorMap* m, const void* base, int B, int T, int H, int groups) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  if (encode == nullptr) {
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", reinterpret_cast<void**>(&encode), 12000,
+                                         cudaEnableDefault, &found) != cudaSuccess || found != cudaDriverEntryPointSuccess) {
+      encode = nullptr;
+      return CUDA_ERROR_NOT_SUPPORTED;
+    }
+  }
+  const cuuint64_t dims[5] = {4, (cuuint64_t)T, 32, (cuuint64_t)H, (cuuint64_t)B};
+  const cuuint64_t strides[4] = {(cuuint64_t)H * 512, 16, 512, (cuuint64_t)T * H * 512};
+  const cuuint32_t box[5] = {4, 64, (cuuint32_t)groups, 1, 1}, one[5] = {1, 1, 1, 1, 1};
+  return encode(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 5, const_cast<void*>(base), dims, strides, box, one,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
+}  // namespace
+
+int tk_smem() { return kSmem; }
+
+// Returns 0, a cudaError_t, or 1000 + a CUresult of the map encoding.
+int tk_run(const float* q, const float* k, const float* v, const float* gate, const float* beta, float* y,
+           float* s_out, int* err, int B, int T, int H, cudaStream_t s) {
+  static bool attr = false;
+  if (!attr) {
+    const cudaError_t e = cudaFuncSetAttribute(chunk_tf32_sm90, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (e != cudaSuccess) return (int)e;
+    attr = true;
+  }
+  alignas(64) Maps maps;
+  CUresult r;
+  if ((r = tile_map(&maps.q, q, B, T, H, 32)) != CUDA_SUCCESS) return 1000 + (int)r;
+  if ((r = tile_map(&maps.k, k, B, T, H, 32)) != CUDA_SUCCESS) return 1000 + (int)r;
+  if ((r = tile_map(&maps.v, v, B, T, H, 32)) != CUDA_SUCCESS) return 1000 + (int)r;
+  if ((r = tile_map(&maps.y, y, B, T, H, 16)) != CUDA_SUCCESS) return 1000 + (int)r;
+  Params p{gate, beta, s_out, err, T, H};
+  chunk_tf32_sm90<<<B * H, 384, kSmem, s>>>(maps, p);
+  return (int)cudaGetLastError();
+}
+
+// {registers, local bytes (spills and stack), max threads a block, static shared}
+int tk_attrs(int* res) {
+  cudaFuncAttributes a;
+  const cudaError_t e = cudaFuncGetAttributes(&a, chunk_tf32_sm90);
+  if (e != cudaSuccess) return (int)e;
+  res[0] = a.numRegs;
+  res[1] = (int)a.localSizeBytes;
+  res[2] = a.maxThreadsPerBlock;
+  res[3] = (int)a.sharedSizeBytes;
+  return 0;
+}
+
+}  // namespace tk
+"""
+
+HOST_SRC = r"""
+#include <torch/extension.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+
+namespace tk {
+int tk_smem();
+int tk_run(const float* q, const float* k, const float* v, const float* gate, const float* beta, float* y,
+           float* s_out, int* err, int B, int T, int H, cudaStream_t s);
+int tk_attrs(int* res);
+}  // namespace tk
+
+static void check(int err, const char* what) {
+  TORCH_CHECK(err == 0, what, ": ", err > 0 && err < 1000 ? cudaGetErrorString((cudaError_t)err) : "map encoding",
+              " (", err, ")");
+}
+static void need(const at::Tensor& t, std::vector<int64_t> shape, const char* name) {
+  TORCH_CHECK(t.is_cuda() && t.is_contiguous() && t.scalar_type() == at::kFloat, name,
+              ": a contiguous float32 CUDA tensor");
+  TORCH_CHECK(t.sizes().vec() == shape, name, ": shape ", t.sizes(), ", want ", at::IntArrayRef(shape));
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name, ": 16-byte aligned");
+}
+
+// y (and s_out, when it has elements) are written; err (int32, 1 element) gets the kernel's timeout flags.
+void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
+         const at::Tensor& beta, const at::Tensor& y, const at::Tensor& s_out, const at::Tensor& err) {
+  TORCH_CHECK(q.dim() == 4, "q: (B, T, H, 128)");
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2);
+  TORCH_CHECK(T >= 1 && q.size(3) == 128, "T >= 1 and D_k = D_v = 128 (v0)");
+  need(q, {B, T, H, 128}, "q");
+  need(k, {B, T, H, 128}, "k");
+  need(v, {B, T, H, 128}, "v");
+  need(y, {B, T, H, 128}, "y");
+  need(gate, {B, T, H}, "gate");
+  need(beta, {B, T, H}, "beta");
+  float* so = nullptr;
+  if (s_out.numel() > 0) {
+    need(s_out, {B, H, 128, 128}, "s_out");
+    so = s_out.data_ptr<float>();
+  }
+  TORCH_CHECK(err.is_cuda() && err.scalar_type() == at::kInt && err.numel() >= 1, "err: int32 CUDA");
+  check(tk::tk_run(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), gate.data_ptr<float>(),
+                   beta.data_ptr<float>(), y.data_ptr<float>(), so, err.data_ptr<int>(), (int)B, (int)T, (int)H,
+                   c10::cuda::getCurrentCUDAStream()),
+        "chunk_tf32_sm90 launch");
+}
+std::vector<int64_t> attrs() {
+  int r[4] = {0, 0, 0, 0};
+  check(tk::tk_attrs(r), "cudaFuncGetAttributes");
+  return {r[0], r[1], r[2], r[3], tk::tk_smem()};
+}
+"""
+
+FUNCTIONS = ["run", "attrs"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Device side: the call, the self-check, the timing
+# ---------------------------------------------------------------------------------------------
+
+def call(mod, q, k, v, gate, beta, err, y=None, s_out=None):
+    if y is None:
+        y = torch.empty_like(v)
+    mod.run(q, k, v, gate, beta, y, s_out if s_out is not None else torch.empty(0, device=q.device), err)
+    return y
+
+
+def make_case(B, T, H, gates, seed):
+    from reference import make_inputs
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v, gate, beta = make_inputs(B, T, H, 128, generator=gen)
+    if gates == "zeros":  # exact zeros at random steps (about 1 in 10)
+        gate = torch.where(torch.rand(B, T, H, generator=gen) < 0.1, torch.zeros_like(gate), gate)
+    elif gates == "negative":
+        gate = -torch.rand(B, T, H, generator=gen)
+    elif gates == "above1":
+        gate = 1 + 0.02 * torch.rand(B, T, H, generator=gen)
+    return [x.cuda().contiguous() for x in (q, k, v, gate, beta)]
+
+
+CASES = [((1, 64, 1, 128), "sigmoid"), ((2, 130, 3, 128), "sigmoid"), ((1, 300, 2, 128), "sigmoid"),
+         ((2, 2048, 4, 128), "sigmoid"), ((1, 1, 1, 128), "sigmoid"), ((1, 65, 1, 128), "sigmoid"),
+         ((2, 130, 3, 128), "zeros"), ((1, 300, 2, 128), "zeros"),
+         ((2, 130, 3, 128), "negative"), ((1, 300, 2, 128), "negative"),
+         ((2, 130, 3, 128), "above1"), ((1, 300, 2, 128), "above1")]
+BAR = 1e-5
+
+
+def self_check(mod):
+    from naive import recurrent_naive
+    rows, bad = [], 0
+    for n, ((B, T, H, D), gates) in enumerate(CASES):
+        name = f"({B}, {T}, {H}, {D}) gates {gates}"
+        try:
+            q, k, v, gate, beta = make_case(B, T, H, gates, 100 + n)
+            y = torch.full_like(v, float("nan"))  # poisoned: every row must be written
+            s = torch.full((B, H, D, D), float("nan"), device="cuda")
+            err = torch.zeros(1, dtype=torch.int32, device="cuda")
+            call(mod, q, k, v, gate, beta, err, y=y, s_out=s)
+            torch.cuda.synchronize()
+            yr, sr = recurrent_naive(q, k, v, gate, beta)
+            ey, es, flag = rel_l2(y, yr), rel_l2(s, sr), int(err.item())
+            ok = ey <= BAR and es <= BAR and flag == 0
+            row = {"case": name, "rel_l2_y": ey, "rel_l2_state": es, "timeout_flags": flag, "ok": ok}
+            print(f"check {name:34s} y rel-L2 {ey:.2e}  state {es:.2e}  flags {flag}  "
+                  f"{'ok' if ok else 'BAD'} (bar {BAR:.0e})", flush=True)
+        except Exception as e:  # noqa: BLE001 (a case's failure is its result; the next cases still run)
+            traceback.print_exc()
+            row = {"case": name, "error": f"{type(e).__name__}: {e}", "ok": False}
+            print(f"check {name:34s} FAILED: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                  flush=True)
+            try:
+                torch.cuda.synchronize()
+            except Exception:  # noqa: BLE001 (a sticky error: stop, every later launch would fail too)
+                rows.append(row)
+                bad += 1
+                print("CUDA context poisoned: the remaining cases are skipped", flush=True)
+                break
+        rows.append(row)
+        bad += not row["ok"]
+    print(f"self-check: {bad} bad of {len(rows)} (of {len(CASES)} cases)", flush=True)
+    return {"rows": rows, "bad": bad, "bar": BAR}
+
+
+def timing(mod, args):
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    base = None
+    if not args.no_baseline:
+        try:
+            import solution
+            base = solution.gated_recurrence
+        except Exception as e:  # noqa: BLE001
+            print(f"baseline unavailable: {type(e).__name__}: {e}", flush=True)
+    rows = []
+    for (B, T, H, D) in ((8, 2048, 16, 128), (16, 4096, 32, 128)):
+        gen = torch.Generator(device="cuda").manual_seed(7)  # on the device: S4's inputs are 1 GB each
+        q, k, v = (torch.randn(B, T, H, D, device="cuda", generator=gen) for _ in range(3))
+        gate, beta = (torch.sigmoid(torch.randn(B, T, H, device="cuda", generator=gen)) for _ in range(2))
+        err = torch.zeros(1, dtype=torch.int32, device="cuda")
+        waves = math.ceil(B * H / sms)
+        row = {"shape": [B, T, H, D], "waves": waves}
+        for name, fn, a in (("v0", lambda *x: call(mod, *x), (q, k, v, gate, beta, err)),
+                            ("solution.gated_recurrence", base, (q, k, v, gate, beta))):
+            if fn is None:
+                continue
+            try:
+                ms = kernelbench_time(fn, a, trials=args.trials, warmup=3)["median"]
+                per = ms * 1e3 / (T / 64)
+                row[name] = {"ms": ms, "us_per_chunk_step": per, "us_per_chunk_per_sm": per / waves}
+                print(f"time ({B}, {T}, {H}, {D}) fp32 {name:27s} {ms:8.4f} ms  {per:6.2f} us a chunk-step "
+                      f"({per / waves:5.2f} us a chunk an SM, {waves} wave{'s' if waves > 1 else ''})", flush=True)
+            except Exception as e:  # noqa: BLE001
+                traceback.print_exc()
+                row[name] = {"error": f"{type(e).__name__}: {e}"}
+        if "v0" in row and "ms" in row["v0"]:
+            row["timeout_flags"] = int(err.item())
+            if row["timeout_flags"]:
+                print(f"  timeout flags {row['timeout_flags']} during timing", flush=True)
+        rows.append(row)
+    return {"rows": rows, "sms": sms, "trials": args.trials}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--trials", type=int, default=20)
+    ap.add_argument("--build-only", action="store_true", help="compile and print ptxas registers/spills; no GPU")
+    ap.add_argument("--no-timing", action="store_true")
+    ap.add_argument("--no-baseline", action="store_true", help="time v0 only (no solution.py build)")
+    ap.add_argument("--verbose-build", action="store_true", help="print the whole nvcc/ptxas log")
+    args = ap.parse_args()
+    t_start = time.time()
+    cuda = CUDA_SRC.replace("WGMMA_FORMS", WGMMA_SRC).replace("WGMMA_SYNC", solution_constant("WGMMA_SYNC_SRC"))
+    mod, summary = build("chunk_sm90_tf32", HOST_SRC, cuda, FUNCTIONS, "tk", verbose=args.verbose_build)
+    print_build(summary, launch_regs=168)
+    RESULT["build"] = summary
+    if args.build_only:
+        return
+    RESULT.update(device=torch.cuda.get_device_name(0), torch=torch.__version__)
+    a = mod.attrs()
+    RESULT["attrs"] = {"registers": a[0], "local_bytes": a[1], "max_threads": a[2], "static_smem": a[3],
+                       "dynamic_smem": a[4]}
+    print(f"kernel: {a[0]} registers, {a[1]} B local, max {a[2]} threads, {a[4]} B dynamic shared memory", flush=True)
+    save()
+    RESULT["self_check"] = self_check(mod)
+    save()
+    if not args.no_timing:
+        RESULT["timing"] = timing(mod, args)
+    RESULT["seconds"] = round(time.time() - t_start, 1)
+    save()
+    print(f"done in {RESULT['seconds']} s; results: {os.path.join(os.environ.get('OUT', '.'), 'chunk_sm90_tf32.json')}"
+          if os.environ.get("OUT") else f"done in {RESULT['seconds']} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

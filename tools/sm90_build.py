@@ -1,0 +1,122 @@
+"""The sm_90a builds of the dev/ TF32 scripts (dev/tf32_probe.py, dev/chunk_sm90_tf32.py): load_inline with the
+ptxas report captured (registers, stack, spills, warnings a kernel: a warp-specialised kernel hangs in
+setmaxnreg.inc if ptxas gives it other registers than its split assumes), and solution.py's warpgroup helpers
+without importing solution (which would compile its core unit). No device query anywhere: `--build-only`
+works on a machine without a GPU (set CUDA_HOME where torch guesses /usr/local from an nvcc wrapper)."""
+import ast
+import inspect
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+from torch.utils.cpp_extension import load_inline
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def solution_constant(name):
+    """A string constant of solution.py (e.g. WGMMA_SYNC_SRC: the warpgroup fence, commit, wait and the
+    setmaxnreg moves), read from its source text."""
+    for node in ast.parse(open(os.path.join(ROOT, "solution.py")).read()).body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == name:
+            return ast.literal_eval(node.value)
+    raise RuntimeError(f"solution.py has no {name}")
+
+
+def summarise_ptxas(log, namespace):
+    """Per entry function: registers, stack, spills; and every warning line (nvcc --ptxas-options=-v), the
+    kernels' names demangled without `namespace`::(anonymous namespace)."""
+    strip = rf"^(void )?{namespace}::\(anonymous namespace\)::"
+    rows, cur = [], None
+    for line in log.splitlines():
+        m = re.search(r"Compiling entry function '([^']+)'", line)
+        if m:
+            cur = {"kernel": m.group(1)}
+            rows.append(cur)
+            continue
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m and cur is not None:
+            cur.update(stack=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3)))
+        m = re.search(r"Used (\d+) registers", line)
+        if m and cur is not None:
+            cur["registers"] = int(m.group(1))
+    demangled = {}
+    mangled = sorted({r["kernel"] for r in rows} | set(re.findall(r"'(_Z[^']+)'", log)))
+    if mangled and shutil.which("c++filt"):
+        out = subprocess.run(["c++filt"], input="\n".join(mangled), capture_output=True, text=True).stdout.splitlines()
+        if len(out) == len(mangled):
+            demangled = dict(zip(mangled, out))
+    for r in rows:
+        r["kernel"] = re.sub(strip, "", demangled.get(r["kernel"], r["kernel"]))
+    warnings = []
+    for ln in log.splitlines():
+        if not re.search(r"warning|C75\d\d", ln, re.I):
+            continue
+        ln = re.sub(r"^ptxas info\s*:\s*", "", ln.strip())
+        ln = re.sub(r"'(_Z[^']+)'", lambda m: re.sub(strip + r"|\(.*$", "", demangled.get(m.group(1), m.group(1))), ln)
+        ln = re.sub(r" in around line \d+", "", ln)
+        if ln not in warnings:
+            warnings.append(ln)
+    return {"kernels": rows, "warnings": warnings}
+
+
+def build(name, cpp_sources, cuda_sources, functions, namespace, verbose=False):
+    """Compiles (or loads from TORCH_EXTENSIONS_DIR) the extension `name` for sm_90a. Returns (module, ptxas
+    summary); the log of a fresh build is kept beside the module (ptxas_log.txt) for cached loads."""
+    flags = ["-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "--ptxas-options=-v"]
+    lean = {"no_implicit_headers": True} if "no_implicit_headers" in inspect.signature(load_inline).parameters else {}
+    t0 = time.time()
+    sys.stdout.flush()
+    with tempfile.TemporaryFile() as tmp:
+        # torch prints the ninja / nvcc output (the ptxas lines) to fd 1 only when verbose: capture it there.
+        saved = os.dup(1)
+        os.dup2(tmp.fileno(), 1)
+        err = None
+        try:
+            mod = load_inline(name, cpp_sources=cpp_sources, cuda_sources=cuda_sources, functions=functions,
+                              extra_cflags=["-O3"], extra_cuda_cflags=flags, verbose=True, **lean)
+        except Exception as e:  # noqa: BLE001 (printed below with the build log)
+            err = e
+        finally:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+        tmp.seek(0)
+        log = tmp.read().decode(errors="replace")
+    if err is not None:
+        print(log)
+        raise err
+    path = os.path.join(os.path.dirname(mod.__file__), "ptxas_log.txt")
+    fresh = "ptxas info" in log
+    if fresh:
+        with open(path, "w") as f:
+            f.write(log)
+    elif os.path.exists(path):
+        with open(path) as f:
+            log = f.read()
+    if verbose:
+        print(log)
+    summary = summarise_ptxas(log, namespace)
+    summary.update(fresh_build=fresh, build_s=round(time.time() - t0, 1), module=mod.__file__)
+    return mod, summary
+
+
+def print_build(summary, launch_regs=None):
+    """The build line, each kernel's registers / stack / spills (flagged when not `launch_regs`, where a
+    setmaxnreg split assumes that count), and the warnings."""
+    print(f"build: {'compiled' if summary['fresh_build'] else 'cached'} in {summary['build_s']} s ({summary['module']})")
+    if not summary["kernels"]:
+        print("  (no ptxas log: delete the cached build to see registers and spills)")
+    for r in summary["kernels"]:
+        regs = r.get("registers", "?")
+        note = "" if launch_regs is None or regs in (launch_regs, "?") else \
+            f"  <-- NOT {launch_regs}: setmaxnreg.inc would wait for registers that do not exist"
+        print(f"  {regs:>4} regs  stack {r.get('stack', '?'):>4}  spill st/ld "
+              f"{r.get('spill_stores', '?')}/{r.get('spill_loads', '?')}  {r['kernel']}{note}")
+    for w in summary["warnings"]:
+        print(f"  WARNING {w}")
+    print(f"  ptxas warnings: {len(summary['warnings'])}", flush=True)
