@@ -67,7 +67,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 from timing import kernelbench_time, rel_l2  # noqa: E402
 from tools.common import save as save_json  # noqa: E402
-from tools.sm90_build import build, print_build, solution_constant  # noqa: E402
+from tools.sm90_build import FUNC_ATTRS_SRC, build, print_build, solution_constant  # noqa: E402
 
 RESULT = {}
 
@@ -643,17 +643,8 @@ int tk_run(const float* q, const float* k, const float* v, const float* gate, co
   return (int)cudaGetLastError();
 }
 
-// {registers, local bytes (spills and stack), max threads a block, static shared}
-int tk_attrs(int* res) {
-  cudaFuncAttributes a;
-  const cudaError_t e = cudaFuncGetAttributes(&a, chunk_tf32_sm90);
-  if (e != cudaSuccess) return (int)e;
-  res[0] = a.numRegs;
-  res[1] = (int)a.localSizeBytes;
-  res[2] = a.maxThreadsPerBlock;
-  res[3] = (int)a.sharedSizeBytes;
-  return 0;
-}
+FUNC_ATTRS
+int tk_attrs(int* res) { return func_attrs((const void*)chunk_tf32_sm90, res); }
 
 }  // namespace tk
 """
@@ -830,6 +821,7 @@ def main():
     args = ap.parse_args()
     t_start = time.time()
     cuda = CUDA_SRC.replace("WGMMA_FORMS", WGMMA_SRC).replace("WGMMA_SYNC", solution_constant("WGMMA_SYNC_SRC"))
+    cuda = cuda.replace("FUNC_ATTRS", FUNC_ATTRS_SRC)
     mod, summary = build("chunk_sm90_tf32", HOST_SRC, cuda, FUNCTIONS, "tk", verbose=args.verbose_build)
     print_build(summary, launch_regs=168)
     RESULT["build"] = summary

@@ -67,7 +67,7 @@ from torch.utils.cpp_extension import load_inline
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 from timing import kernelbench_time, rel_l2  # noqa: E402
 from tools.common import save  # noqa: E402
-from tools.sm90_build import build, print_build, solution_constant  # noqa: E402
+from tools.sm90_build import FUNC_ATTRS_SRC, build, print_build, solution_constant  # noqa: E402
 
 RESULT = {}
 
@@ -786,20 +786,13 @@ int tp_a6(int variant, float* out, int blocks, int nchunks, cudaStream_t s) {
   return (int)cudaGetLastError();
 }
 
+FUNC_ATTRS
 // {registers, local bytes (spills and stack), max threads, static shared} of A6 variant v (-1, -2: peak RS, SS).
 int tp_a6_attrs(int variant, int* res) {
-  cudaFuncAttributes a;
-  cudaError_t e;
-  if (variant == -1) e = cudaFuncGetAttributes(&a, peak_kernel<true>);
-  else if (variant == -2) e = cudaFuncGetAttributes(&a, peak_kernel<false>);
-  else if (variant >= 0 && variant < tp_a6_count()) e = cudaFuncGetAttributes(&a, kA6[variant]);
-  else return (int)cudaErrorInvalidValue;
-  if (e != cudaSuccess) return (int)e;
-  res[0] = a.numRegs;
-  res[1] = (int)a.localSizeBytes;
-  res[2] = a.maxThreadsPerBlock;
-  res[3] = (int)a.sharedSizeBytes;
-  return 0;
+  if (variant == -1) return func_attrs((const void*)peak_kernel<true>, res);
+  if (variant == -2) return func_attrs((const void*)peak_kernel<false>, res);
+  if (variant >= 0 && variant < tp_a6_count()) return func_attrs((const void*)kA6[variant], res);
+  return (int)cudaErrorInvalidValue;
 }
 
 int tp_peak(int rs, float* out, int blocks, int iters, cudaStream_t s) {
@@ -1258,6 +1251,7 @@ def main():
     if unknown:
         ap.error(f"unknown probes {sorted(unknown)}")
     cuda = CUDA_SRC.replace("WGMMA_FORMS", WGMMA_SRC).replace("WGMMA_SYNC", solution_constant("WGMMA_SYNC_SRC"))
+    cuda = cuda.replace("FUNC_ATTRS", FUNC_ATTRS_SRC)
     mod, summary = build("tf32_probe", HOST_SRC, cuda, FUNCTIONS, "tp", verbose=args.verbose_build)
     print_build(summary)
     RESULT["build"] = summary

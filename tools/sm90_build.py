@@ -17,6 +17,21 @@ from torch.utils.cpp_extension import load_inline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# A kernel's {registers, local bytes (spills and stack), max threads a block, static shared memory}: what
+# a setmaxnreg split and the launch must agree with (CUDA source, spliced where a script writes FUNC_ATTRS).
+FUNC_ATTRS_SRC = r"""
+static int func_attrs(const void* fn, int* res) {
+  cudaFuncAttributes a;
+  const cudaError_t e = cudaFuncGetAttributes(&a, fn);
+  if (e != cudaSuccess) return (int)e;
+  res[0] = a.numRegs;
+  res[1] = (int)a.localSizeBytes;
+  res[2] = a.maxThreadsPerBlock;
+  res[3] = (int)a.sharedSizeBytes;
+  return 0;
+}
+"""
+
 
 def solution_constant(name):
     """A string constant of solution.py (e.g. WGMMA_SYNC_SRC: the warpgroup fence, commit, wait and the
