@@ -1,5 +1,58 @@
-"""Kernel v0 of the fp32 Hopper chunked kernel: TF32 wgmma, warp-specialised (docs/sm90-tf32-design.md,
+"""Kernels v0 and v1 of the fp32 Hopper chunked kernel: TF32 wgmma, warp-specialised (docs/sm90-tf32-design.md,
 section 5, "Session B"). sm_90a only; one standalone script, run from the repository root.
+
+v1 (helper-written, sixteenth session, NOT YET RUN ON A DEVICE): the kernel is a template on flags, v0 = the
+<0> instantiation (its code as before; its self-check cases unchanged), v1 = <kInit | kNanV | kStrided>:
+  kInit    S_0 (B, H, 128, 128) fp32 at any strides (s_in, nullptr = zero), loaded into the consumers'
+           registers by the final-state store's own map (S[i]: dv = dv0 + 8 ((i >> 1) & 1), dk = 8 (i >> 2) +
+           qd + 4 (i & 1)), so load and store are exact inverses.
+  kNanV    the non-finite fallback of v (chunk_sm90's frags_bad rule): a consumer warp whose V^T fragments (its
+           16 dv rows x 64 steps, exactly the Z rows it owns) hold a NaN / inf (exponent test, __any_sync)
+           throws away its wgmma Z (where P's masked zeros met the NaN) and recomputes it over s <= t in FMAs
+           (P' = hi + lo from PP, exact; v re-read from global memory, since VR's rows now hold the staged Y).
+           The state needs nothing: U has no masked zeros, so the NaN propagates as in the loop. A NaN in q, k
+           or a gate needs nothing either (P' masks by select; tables in double propagate NaN only to the
+           products that contain it). NaN inputs give the loop's isnan / isinf masks exactly; an inf in v gives
+           its isfinite mask (the chunked form makes (q . k) v_s = +-inf where the loop's q . S sums infs of
+           both signs to NaN, and 3xTF32's lo of inf is NaN): the tests' check_nonfinite(same=isfinite) rule.
+  kStrided gate / beta at any (b, t, h) strides; q, k, v at any (b, t, h) strides with unit last-dimension
+           stride, multiples of 4 elements and 16-byte aligned bases: the TMA maps take the strides (host
+           only; a size-1 dimension's stride is replaced where TMA would refuse it). y stays contiguous.
+  Host: run(..., s_in, err, v1); v1 = False keeps v0's contiguity checks and refuses s_in. Both pass the
+  tensors' own strides to tile_map (for v0's contiguous tensors the same values as before, except a size-1
+  dimension's stride, which torch leaves free: replaced by 16 B where TMA would refuse it).
+  ptxas (CUDA 13.0 here, no device): both 168 registers; v0 stack 8, 4/4 B spilled (as before); v1 stack 8,
+  8/8 B spilled: a second word of the aux's table scans (warp 0's double scan, once a chunk), appearing only
+  with kNanV and kStrided together, whatever the gate / beta offset arithmetic (three forms tried).
+  Checked without a device: a float64 CPU emulation of the kernel's index arithmetic (TMA boxes at the maps'
+  strides, wgmma fragment / descriptor / accumulator layouts, K^T transpose, store_pprime, the O1 pick, U, Z,
+  Y staging, the kNanV detection and fallback, the y store, S_0 load and final-state store) matched the
+  float64 loop to <= 1e-15 on 21 v1 cases shaped like V1_CASES (B, H <= 2, T <= 150) and 2 v0 cases, with the
+  same masks as the self-check compares; v0 on a NaN in v broke the isnan mask there, as expected. v0's SASS
+  after the change: 4112 instructions as before, 168 registers, 4/4 B spilled; the consumers' code is the same
+  up to register names, the aux's differs in the order and choice of integer instructions (cuobjdump diff).
+  Unverified: everything on a device (TMA with non-contiguous strides, the new code under the register split,
+  the fallback's timing, v1's speed, the 3xTF32 error with S_0: the emulator does not round).
+  Not in v1: segments (plan below), fp16 inputs, D_k != 128, broadcast (stride-0) h / b, strided y or s_out,
+  the PV triangle skip.
+Segments, a plan (not implemented) onto solution.py's execute_chunks / segment_scan, as chunk_sm90 does it:
+  - a ChunkSM90TF32Kernels family with its own launch_chunk_kernel specialisation (the maps as chunk_sm90's
+    tile_map builds them, at 4 fp32 a row), the kernel taking ChunkParams: (b, h, seg) from blockIdx, t0 = the
+    segment's start + 64 c, nch = the segment's chunks (seg_chunks counts 32-step chunks: even here).
+  - mode 1 (state phase, segments 0 .. nseg - 2, grid BH (nseg - 1)): from S = 0, no outputs: the consumers
+    skip O1, Z and y (the aux can skip the q TMA, the q split, P^T and P'); at the end the consumers store S
+    through the same final-state map to cb.segment_state(p, seg) (strides {0, 0, D_v, 1}: natural (dk, dv),
+    what segment_scan reads) and one thread the segment's product of gammas to p.seg_decays (in fp32 as
+    chunk_sm90, or the product of the chunks' double gammas rounded once).
+  - segment_scan unchanged: its states are natural (dk, dv), independent of our permuted columns.
+  - mode 0 (output phase, grid BH nseg): S_0 = p.s_in for segment 0 (p.ssi), else segment_state(seg - 1) at
+    {0, 0, D_v, 1}: kInit's load as it is; the final state only from the last segment (p.sso strides: the
+    store needs generic strides like the load). With pdl, the consumers' S_0 load waits (griddep_wait) while
+    the aux's first TMA loads and tables may start before it.
+  - NaN: a NaN / inf of one segment reaches the later ones through its segment state and seg_decays (0 NaN =
+    NaN in fmaf), as in the loop; the fallback is per chunk and needs nothing more.
+
+Kernel v0 (as run in the fifteenth session):
 
 What it is: fp32 q, k, v (B, T, H, 128) contiguous, gate and beta (B, T, H) fp32, any T >= 1, S_0 = 0. One
 CTA of 384 threads a (b, h) (no segments), chunks of C = 64, the state S^T (D_v x D_k, fp32) in the
@@ -43,16 +96,19 @@ Deviations from the design: (a) Y is staged in the V tile before U (not kept liv
 fastest); (c) PP and VR are released together by VR_DONE (one barrier fewer); (d) the gate tables are the
 bf16 kernel's table set computed in double (masked-decay entries across blocks are ROWF * SOUTB: two fp32
 factors each rounded once).
-Not done yet (v0): segments, initial state, the NaN / inf fallback of v (ignored: a non-finite v gives a
-non-finite y where P' masked zeros meet it), fp16 inputs, D_k != 128, strided inputs, the PV triangle
-skip, racecheck / memcheck runs. The final state IS written (optional) and checked.
+Not done in v0 (v1, above, adds the first three): the initial state, the NaN / inf fallback of v
+(ignored: a non-finite v gives a non-finite y where P' masked zeros meet it), strided inputs; segments,
+fp16 inputs, D_k != 128, the PV triangle skip, racecheck / memcheck runs. The final state IS written
+(optional) and checked.
 First device run and its numbers: dev/README.md; the gap to A6's 6.1-7.2 us a chunk is the serial chain this
 v0 keeps (k transpose and q split between U(c-1) and O1(c); v(c) issued only after chunk c-1's y store has read
 VR): the first thing to profile (design section 5, session C).
 Debug: TK_BOUNDED_WAIT (on by default) bounds every mbarrier wait (about 2 s of clock64) and reports a
 timeout in an error flag instead of hanging (named barriers always complete since every thread goes on).
 
-    python3 dev/chunk_sm90_tf32.py [--trials 20] [--no-timing] [--no-baseline]   (writes $OUT/chunk_sm90_tf32.json)
+    python3 dev/chunk_sm90_tf32.py [--trials 20] [--no-timing] [--no-baseline] [--no-v1]
+      (writes $OUT/chunk_sm90_tf32.json)
+      (self-check: v0's 12 cases, then v1's 21 (V1_CASES), then S2 and S4 timing of v0, v1 and solution)
     python3 dev/chunk_sm90_tf32.py --build-only   (compiles only, no GPU needed; prints ptxas registers/spills)
 """
 import argparse
@@ -67,7 +123,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 from timing import kernelbench_time, rel_l2  # noqa: E402
 from tools.common import save as save_json  # noqa: E402
-from tools.sm90_build import FUNC_ATTRS_SRC, build, print_build, solution_constant  # noqa: E402
+from tools.sm90_build import FUNC_ATTRS_SRC, build, print_build, solution_constant, tf32_wgmma_src  # noqa: E402
 
 RESULT = {}
 
@@ -77,24 +133,7 @@ def save():
         save_json("chunk_sm90_tf32.json", RESULT)
 
 
-def _wgmma(n, zero):
-    """One RS wgmma.m64n{n}k8.f32.tf32.tf32 (A in four .b32 registers, B a descriptor), overloaded on the
-    accumulator's size. zero: d = A B (scale-d 0, d output only), else d += A B where scale_d != 0."""
-    regs = n // 2
-    outs = ",".join(f"%{i}" for i in range(regs))
-    a, b, sc = "{" + ",".join(f"%{regs + i}" for i in range(4)) + "}", f"%{regs + 4}", f"%{regs + 5}"
-    ins = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), ' + ('"r"(0)' if zero else '"r"(scale_d)')
-    outs_c = ", ".join(f'"{"=" if zero else "+"}f"(d[{i}])' for i in range(regs))
-    body = (f'asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, {sc}, 0;\\n'
-            f'wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32 {{{outs}}}, {a}, {b}, p, 1, 1;\\n}}\\n"'
-            f' : {outs_c} : {ins});')
-    name = f"wg_rs{'_z' if zero else ''}"
-    sig = "const uint32_t (&a)[4], uint64_t db" + ("" if zero else ", int scale_d")
-    return (f"__device__ __forceinline__ void {name}(float (&d)[{regs}], {sig}) {{\n"
-            f"#ifdef GR_WGMMA\n  {body}\n#endif\n}}\n")
-
-
-WGMMA_SRC = "".join(_wgmma(n, z) for n in (64, 128) for z in (False, True))
+WGMMA_SRC = tf32_wgmma_src(rs_forms=(True,))  # RS forms, N = 64 and 128, and rs_terms
 
 CUDA_SRC = r"""
 #include <cuda.h>          // CUtensorMap and its enums
@@ -332,13 +371,22 @@ struct Maps {
   CUtensorMap q, k, v, y;
 };
 struct Params {
-  const float *gate, *beta;  // (B, T, H) contiguous
+  const float *gate, *beta;  // (B, T, H) contiguous (v0; v1: strides sg, sb)
   float* s_out;              // (B, H, 128, 128) final state, or nullptr
   int* err;                  // bit 1: q/k TMA wait timed out, bit 2: v TMA wait timed out
   int T, H;
+  // v1 only (after v0's fields: v0's code reads the same offsets). Strides in elements.
+  const float* s_in;  // kInit: S_0 (B, H, 128, 128) at strides ss {b, h, dk, dv}, or nullptr (zero)
+  const float* v;     // kNanV: v at strides sv {b, t, h} (the fallback re-reads a bad chunk's v from global)
+  int64_t sg[3], sb[3], sv[3], ss[4];  // kStrided: gate, beta {b, t, h}; sv, ss as above
 };
+// Template flags of the kernel (v0 = 0: none, its code as before). kInit: S_0 from s_in. kNanV: a warp whose
+// V^T fragments hold a NaN or inf recomputes its P' V in FMAs over s <= t (a masked zero of P' never meets
+// it). kStrided: gate / beta at strides sg / sb (q, k, v strides live in the TMA maps: host side only).
+enum : int { kInit = 1, kNanV = 2, kStrided = 4, kV1 = kInit | kNanV | kStrided };
 
 // The aux warpgroup (128 threads, tid 0 .. 127).
+template <int F>
 __device__ __forceinline__ void aux_role(unsigned char* sm, const Maps& maps, const Params& p, int b, int h, int tid) {
   const int nch = (p.T + 63) >> 6;  // (from the parameter here: a value kept across the role split is spilled)
   const int wl = tid >> 5, lane = tid & 31, g = lane >> 2, qd = lane & 3;
@@ -346,7 +394,8 @@ __device__ __forceinline__ void aux_role(unsigned char* sm, const Maps& maps, co
   for (int e = tid; e < 2 * 16640 / 16; e += 128)  // P' hi and lo: the blocks above the diagonal stay zero
     *reinterpret_cast<uint4*>(sm + kPPH + 16 * e) = make_uint4(0, 0, 0, 0);
   wg_barrier(0);  // before any P' store of another thread to the same bytes
-  const float* gp = p.gate + (int64_t)b * p.T * p.H + h;
+  constexpr bool kStr = (F & kStrided) != 0;
+  const float* gp = p.gate + (int64_t)b * p.T * p.H + h;  // (v0)
   const float* bp = p.beta + (int64_t)b * p.T * p.H + h;
   for (int c = 0; c < nch; ++c) {
     const int t0 = 64 * c;
@@ -362,8 +411,14 @@ __device__ __forceinline__ void aux_role(unsigned char* sm, const Maps& maps, co
     {
       const int s = t0 + 2 * lane;
       float g0 = 1.f, g1 = 1.f, b0 = 0.f, b1 = 0.f;
-      if (s < p.T) { g0 = gp[(int64_t)s * p.H]; b0 = bp[(int64_t)s * p.H]; }
-      if (s + 1 < p.T) { g1 = gp[(int64_t)(s + 1) * p.H]; b1 = bp[(int64_t)(s + 1) * p.H]; }
+      if (kStr) {  // whole offsets from the parameters each chunk: no pointer kept across the loop
+        const int64_t go = b * p.sg[0] + h * p.sg[2], bo = b * p.sb[0] + h * p.sb[2];
+        if (s < p.T) { g0 = p.gate[go + s * p.sg[1]]; b0 = p.beta[bo + s * p.sb[1]]; }
+        if (s + 1 < p.T) { g1 = p.gate[go + (s + 1) * p.sg[1]]; b1 = p.beta[bo + (s + 1) * p.sb[1]]; }
+      } else {
+        if (s < p.T) { g0 = gp[(int64_t)s * p.H]; b0 = bp[(int64_t)s * p.H]; }
+        if (s + 1 < p.T) { g1 = gp[(int64_t)(s + 1) * p.H]; b1 = bp[(int64_t)(s + 1) * p.H]; }
+      }
       write_tables(tb, g0, g1, b0, b1, wl, lane);
     }
     // 3. K^T hi / lo from raw k (after U of c - 1 read K^T), then q split in place
@@ -425,10 +480,7 @@ __device__ __forceinline__ void aux_role(unsigned char* sm, const Maps& maps, co
       }
       wg_fence();
       const uint64_t bh = sm_desc(sm + kQH + 2048 * kb, 1024, 128), bl = sm_desc(sm + kQL + 2048 * kb, 1024, 128);
-      if (kb == 0) wg_rs_z(P, ah, bh);
-      else wg_rs(P, ah, bh, 1);
-      wg_rs(P, ah, bl, 1);
-      wg_rs(P, al, bh, 1);
+      rs_terms<3>(P, ah, al, bh, bl, kb == 0);
       wg_commit();
     }
     wg_wait<0>();
@@ -450,6 +502,7 @@ __device__ __forceinline__ void aux_role(unsigned char* sm, const Maps& maps, co
 }
 
 // Consumer warpgroup cw (tid 0 .. 127 within it): dv rows 64 cw .. 64 cw + 63 of S^T.
+template <int F>
 __device__ __forceinline__ void consumer_role(unsigned char* sm, const Maps& maps, const Params& p, int b, int h,
                                               int cw, int tid) {
   const int nch = (p.T + 63) >> 6;
@@ -462,6 +515,16 @@ __device__ __forceinline__ void consumer_role(unsigned char* sm, const Maps& map
   float S[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) S[i] = 0.f;
+  if constexpr ((F & kInit) != 0) {
+    if (p.s_in != nullptr) {  // S_0 by the final-state store's own map (element i: dk, dv below), inverted
+      const float* src = p.s_in + b * p.ss[0] + h * p.ss[1];
+#pragma unroll
+      for (int i = 0; i < 64; ++i) {
+        const int dv = dv0 + 8 * ((i >> 1) & 1), dk = 8 * (i >> 2) + qd + 4 * (i & 1);
+        S[i] = src[dk * p.ss[2] + dv * p.ss[3]];
+      }
+    }
+  }
   for (int c = 0; c < nch; ++c) {
     const int t0 = 64 * c;
     const float* tb = reinterpret_cast<const float*>(sm + kTB + (c & 1) * kTabSlot);
@@ -477,10 +540,7 @@ __device__ __forceinline__ void consumer_role(unsigned char* sm, const Maps& map
       split4(x, ah, al);
       wg_fence();
       const uint64_t bh = sm_desc(sm + kQH + 2048 * kb, 1024, 128), bl = sm_desc(sm + kQL + 2048 * kb, 1024, 128);
-      if (kb == 0) wg_rs_z(Y, ah, bh);
-      else wg_rs(Y, ah, bh, 1);
-      wg_rs(Y, ah, bl, 1);
-      wg_rs(Y, al, bh, 1);
+      rs_terms<3>(Y, ah, al, bh, bl, kb == 0);
       wg_commit();
     }
     wg_wait<0>();
@@ -498,6 +558,17 @@ __device__ __forceinline__ void consumer_role(unsigned char* sm, const Maps& map
         const int dv = dv0 + 8 * (r & 1), s = 8 * kb + qd + 4 * (r >> 1);
         vf[kb][r] = lds(sm + kVR + (dv >> 2) * 1024 + 16 * s + 4 * (dv & 3));
       }
+    // kNanV: the warp's 16 dv rows x 64 steps (exactly the rows of Z this warp owns) hold a NaN or inf
+    // (exponent all ones): its Z is recomputed below without the masked zeros of P'.
+    bool bad = false;
+    if constexpr ((F & kNanV) != 0) {
+      uint32_t e = 0;
+#pragma unroll
+      for (int kb = 0; kb < 8; ++kb)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) e |= (__float_as_uint(vf[kb][r]) & 0x7f800000u) == 0x7f800000u;
+      bad = __any_sync(0xffffffffu, e != 0);
+    }
     // Y staged over this warp's own 16 dv rows of VR (read into vf above by this warp only): not live
     // through U. Layout [dv/4][t][dv%4], y's store box.
     __syncwarp();
@@ -519,10 +590,7 @@ __device__ __forceinline__ void consumer_role(unsigned char* sm, const Maps& map
         split4(x, ah, al);
         wg_fence();
         const uint64_t bh = sm_desc(sm + kKTH + 4128 * kb, 2064, 128), bl = sm_desc(sm + kKTL + 4128 * kb, 2064, 128);
-        if (kb == 0) wg_rs_z(U, ah, bh);
-        else wg_rs(U, ah, bh, 1);
-        wg_rs(U, ah, bl, 1);
-        wg_rs(U, al, bh, 1);
+        rs_terms<3>(U, ah, al, bh, bl, kb == 0);
         wg_commit();
       }
       wg_wait<0>();
@@ -542,14 +610,32 @@ __device__ __forceinline__ void consumer_role(unsigned char* sm, const Maps& map
       split4(vf[kb], ah, al);
       wg_fence();
       const uint64_t bh = sm_desc(sm + kPPH + 2080 * kb, 1040, 128), bl = sm_desc(sm + kPPL + 2080 * kb, 1040, 128);
-      if (kb == 0) wg_rs_z(Z, ah, bh);
-      else wg_rs(Z, ah, bh, 1);
-      wg_rs(Z, ah, bl, 1);
-      wg_rs(Z, al, bh, 1);
+      rs_terms<3>(Z, ah, al, bh, bl, kb == 0);
       wg_commit();
     }
     wg_wait<0>();
     acc_fence(Z);
+    if constexpr ((F & kNanV) != 0) {
+      if (bad) {
+        // The wgmma's Z met v's NaN / inf with the zeros of P' (s > t): recomputed over s <= t in FMAs,
+        // P' = hi + lo (exact: lo = x - hi), v re-read from global memory (VR's rows of this warp now hold
+        // Y). Steps past T are skipped (their y rows are not stored; v is not there). Warp-uniform branch,
+        // no wgmma inside. Slow (about 1k FMAs a thread) but only in a chunk whose v is non-finite.
+        const float* vg = p.v + b * p.sv[0] + h * p.sv[2] + t0 * p.sv[1];
+        const int last = p.T - 1 - t0;
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+          const int dv = dv0 + 8 * ((i >> 1) & 1), t = 8 * (i >> 2) + 2 * qd + (i & 1), smax = min(t, last);
+          float acc = 0.f;
+#pragma unroll 1
+          for (int s = 0; s <= smax; ++s) {
+            const uint32_t off = (s >> 2) * 1040 + 16 * t + 4 * (s & 3);
+            acc = fmaf(lds(sm + kPPH + off) + lds(sm + kPPL + off), vg[s * p.sv[1] + dv], acc);
+          }
+          Z[i] = acc;
+        }
+      }
+    }
     // y = staged Y + Z, in place (each thread its own entries), then one TMA store a warpgroup; VR is
     // released once the store has read it.
 #pragma unroll
@@ -577,6 +663,7 @@ __device__ __forceinline__ void consumer_role(unsigned char* sm, const Maps& map
   }
 }
 
+template <int F>
 __global__ void __launch_bounds__(384, 1) chunk_tf32_sm90(const __grid_constant__ Maps maps, const Params p) {
 #if defined(__CUDA_ARCH__) && !defined(GR_WGMMA)
   __trap();  // built for sm_90a only
@@ -592,16 +679,19 @@ __global__ void __launch_bounds__(384, 1) chunk_tf32_sm90(const __grid_constant_
   __syncthreads();
   if (wg == 0) {
     maxnreg_dec<kAuxRegs>();
-    aux_role(sm, maps, p, b, h, tid);
+    aux_role<F>(sm, maps, p, b, h, tid);
     return;
   }
   maxnreg_inc<kConsRegs>();
-  consumer_role(sm, maps, p, b, h, wg - 1, tid & 127);
+  consumer_role<F>(sm, maps, p, b, h, wg - 1, tid & 127);
 }
 
-// The 5-d map of a (B, T, H, 128) fp32 contiguous tensor moved 64 steps at a time: dims {4, T, 32, H, B}, byte
-// strides {H 512, 16, 512, T H 512}, box {4, 64, groups, 1, 1} (lands as [d/4][t][d%4]).
-CUresult tile_map(CUtensorMap* m, const void* base, int B, int T, int H, int groups) {
+// The 5-d map of a (B, T, H, 128) fp32 tensor moved 64 steps at a time: dims {4, T, 32, H, B}, byte strides
+// {t, 16, h, b} (st: element strides {b, t, h}; v0 passes the contiguous ones), box {4, 64, groups, 1, 1}
+// (lands as [d/4][t][d%4]). The last dimension's stride is 1 and every stride a multiple of 4 elements (the
+// host checks). A dimension of size 1 whose stride TMA would refuse (torch leaves any value there) gets 16 B:
+// its coordinate is always 0.
+CUresult tile_map(CUtensorMap* m, const void* base, int B, int T, int H, int groups, const int64_t (&st)[3]) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
   if (encode == nullptr) {
     cudaDriverEntryPointQueryResult found;
@@ -612,39 +702,57 @@ CUresult tile_map(CUtensorMap* m, const void* base, int B, int T, int H, int gro
     }
   }
   const cuuint64_t dims[5] = {4, (cuuint64_t)T, 32, (cuuint64_t)H, (cuuint64_t)B};
-  const cuuint64_t strides[4] = {(cuuint64_t)H * 512, 16, 512, (cuuint64_t)T * H * 512};
+  auto bytes = [](int64_t n, int64_t e) { return (cuuint64_t)(n == 1 && (e <= 0 || e % 4 != 0) ? 16 : e * 4); };
+  const cuuint64_t strides[4] = {bytes(T, st[1]), 16, bytes(H, st[2]), bytes(B, st[0])};
   const cuuint32_t box[5] = {4, 64, (cuuint32_t)groups, 1, 1}, one[5] = {1, 1, 1, 1, 1};
   return encode(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 5, const_cast<void*>(base), dims, strides, box, one,
                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
+template <int F>
+int launch(const Maps& maps, const Params& p, int B, cudaStream_t s) {
+  static bool attr = false;
+  if (!attr) {
+    const cudaError_t e = cudaFuncSetAttribute(chunk_tf32_sm90<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (e != cudaSuccess) return (int)e;
+    attr = true;
+  }
+  chunk_tf32_sm90<F><<<B * p.H, 384, kSmem, s>>>(maps, p);
+  return (int)cudaGetLastError();
+}
+
 }  // namespace
 
 int tk_smem() { return kSmem; }
 
-// Returns 0, a cudaError_t, or 1000 + a CUresult of the map encoding.
+// Returns 0, a cudaError_t, or 1000 + a CUresult of the map encoding. st: element strides {b, t, h} of q, k, v
+// (rows of 128 at unit stride), gate, beta, and S_0's {b, h, dk, dv}; y is contiguous. v1 = 0: kernel v0
+// (the caller passed contiguous tensors and no S_0); else the kV1 instantiation.
 int tk_run(const float* q, const float* k, const float* v, const float* gate, const float* beta, float* y,
-           float* s_out, int* err, int B, int T, int H, cudaStream_t s) {
-  static bool attr = false;
-  if (!attr) {
-    const cudaError_t e = cudaFuncSetAttribute(chunk_tf32_sm90, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (e != cudaSuccess) return (int)e;
-    attr = true;
-  }
+           float* s_out, const float* s_in, int* err, int B, int T, int H, const int64_t* st, int v1, cudaStream_t s) {
   alignas(64) Maps maps;
+  const int64_t sy[3] = {(int64_t)T * H * 128, (int64_t)H * 128, 128};
+  int64_t sq[3], sk[3], sv[3];
+  for (int i = 0; i < 3; ++i) {
+    sq[i] = st[i];
+    sk[i] = st[3 + i];
+    sv[i] = st[6 + i];
+  }
   CUresult r;
-  if ((r = tile_map(&maps.q, q, B, T, H, 32)) != CUDA_SUCCESS) return 1000 + (int)r;
-  if ((r = tile_map(&maps.k, k, B, T, H, 32)) != CUDA_SUCCESS) return 1000 + (int)r;
-  if ((r = tile_map(&maps.v, v, B, T, H, 32)) != CUDA_SUCCESS) return 1000 + (int)r;
-  if ((r = tile_map(&maps.y, y, B, T, H, 16)) != CUDA_SUCCESS) return 1000 + (int)r;
-  Params p{gate, beta, s_out, err, T, H};
-  chunk_tf32_sm90<<<B * H, 384, kSmem, s>>>(maps, p);
-  return (int)cudaGetLastError();
+  if ((r = tile_map(&maps.q, q, B, T, H, 32, sq)) != CUDA_SUCCESS) return 1000 + (int)r;
+  if ((r = tile_map(&maps.k, k, B, T, H, 32, sk)) != CUDA_SUCCESS) return 1000 + (int)r;
+  if ((r = tile_map(&maps.v, v, B, T, H, 32, sv)) != CUDA_SUCCESS) return 1000 + (int)r;
+  if ((r = tile_map(&maps.y, y, B, T, H, 16, sy)) != CUDA_SUCCESS) return 1000 + (int)r;
+  Params p{gate, beta, s_out, err, T, H, s_in, v, {st[9], st[10], st[11]}, {st[12], st[13], st[14]},
+           {sv[0], sv[1], sv[2]}, {st[15], st[16], st[17], st[18]}};
+  return v1 ? launch<kV1>(maps, p, B, s) : launch<0>(maps, p, B, s);
 }
 
 FUNC_ATTRS
-int tk_attrs(int* res) { return func_attrs((const void*)chunk_tf32_sm90, res); }
+int tk_attrs(int* res, int v1) {
+  return func_attrs(v1 ? (const void*)chunk_tf32_sm90<kV1> : (const void*)chunk_tf32_sm90<0>, res);
+}
 
 }  // namespace tk
 """
@@ -657,47 +765,71 @@ HOST_SRC = r"""
 namespace tk {
 int tk_smem();
 int tk_run(const float* q, const float* k, const float* v, const float* gate, const float* beta, float* y,
-           float* s_out, int* err, int B, int T, int H, cudaStream_t s);
-int tk_attrs(int* res);
+           float* s_out, const float* s_in, int* err, int B, int T, int H, const int64_t* st, int v1, cudaStream_t s);
+int tk_attrs(int* res, int v1);
 }  // namespace tk
 
 static void check(int err, const char* what) {
   TORCH_CHECK(err == 0, what, ": ", err > 0 && err < 1000 ? cudaGetErrorString((cudaError_t)err) : "map encoding",
               " (", err, ")");
 }
-static void need(const at::Tensor& t, std::vector<int64_t> shape, const char* name) {
-  TORCH_CHECK(t.is_cuda() && t.is_contiguous() && t.scalar_type() == at::kFloat, name,
-              ": a contiguous float32 CUDA tensor");
+// contiguous: v0's rule (and y's, s_out's). Else (v1): any strides, for a TMA operand (tma) the last dimension
+// at unit stride and the others multiples of 4 elements (16 B, TMA's rule), the base 16-byte aligned.
+static void need(const at::Tensor& t, std::vector<int64_t> shape, const char* name, bool contiguous, bool tma) {
+  TORCH_CHECK(t.is_cuda() && t.scalar_type() == at::kFloat, name, ": a float32 CUDA tensor");
   TORCH_CHECK(t.sizes().vec() == shape, name, ": shape ", t.sizes(), ", want ", at::IntArrayRef(shape));
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name, ": 16-byte aligned");
+  TORCH_CHECK(!contiguous || t.is_contiguous(), name, ": contiguous (kernel v0)");
+  if (tma) {
+    TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name, ": 16-byte aligned");
+    TORCH_CHECK(t.stride(3) == 1, name, ": unit stride in the last dimension");
+    for (int d = 0; d < 3; ++d)
+      TORCH_CHECK(t.size(d) == 1 || (t.stride(d) > 0 && t.stride(d) % 4 == 0 && t.stride(d) < (int64_t(1) << 37)),
+                  name, ": stride ", d, " a positive multiple of 4 elements");
+  }
 }
 
 // y (and s_out, when it has elements) are written; err (int32, 1 element) gets the kernel's timeout flags.
+// v1 = false: kernel v0 (contiguous, s_in empty). v1 = true: the kV1 instantiation (S_0 from s_in when it has
+// elements, the NaN / inf fallback of v, strided q, k, v, gate, beta, s_in).
 void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
-         const at::Tensor& beta, const at::Tensor& y, const at::Tensor& s_out, const at::Tensor& err) {
+         const at::Tensor& beta, const at::Tensor& y, const at::Tensor& s_out, const at::Tensor& s_in,
+         const at::Tensor& err, bool v1) {
   TORCH_CHECK(q.dim() == 4, "q: (B, T, H, 128)");
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2);
-  TORCH_CHECK(T >= 1 && q.size(3) == 128, "T >= 1 and D_k = D_v = 128 (v0)");
-  need(q, {B, T, H, 128}, "q");
-  need(k, {B, T, H, 128}, "k");
-  need(v, {B, T, H, 128}, "v");
-  need(y, {B, T, H, 128}, "y");
-  need(gate, {B, T, H}, "gate");
-  need(beta, {B, T, H}, "beta");
+  TORCH_CHECK(T >= 1 && q.size(3) == 128, "T >= 1 and D_k = D_v = 128");
+  need(q, {B, T, H, 128}, "q", !v1, true);
+  need(k, {B, T, H, 128}, "k", !v1, true);
+  need(v, {B, T, H, 128}, "v", !v1, true);
+  need(y, {B, T, H, 128}, "y", true, true);
+  need(gate, {B, T, H}, "gate", !v1, false);
+  need(beta, {B, T, H}, "beta", !v1, false);
   float* so = nullptr;
   if (s_out.numel() > 0) {
-    need(s_out, {B, H, 128, 128}, "s_out");
+    need(s_out, {B, H, 128, 128}, "s_out", true, false);
     so = s_out.data_ptr<float>();
   }
+  const float* si = nullptr;
+  if (s_in.numel() > 0) {
+    TORCH_CHECK(v1, "s_in: kernel v1 only");
+    need(s_in, {B, H, 128, 128}, "s_in", false, false);
+    si = s_in.data_ptr<float>();
+  }
   TORCH_CHECK(err.is_cuda() && err.scalar_type() == at::kInt && err.numel() >= 1, "err: int32 CUDA");
+  // {q, k, v, gate, beta} strides {b, t, h}, then S_0's {b, h, dk, dv}
+  int64_t st[19] = {};
+  const at::Tensor* xs[5] = {&q, &k, &v, &gate, &beta};
+  for (int i = 0; i < 5; ++i)
+    for (int d = 0; d < 3; ++d) st[3 * i + d] = xs[i]->stride(d);
+  if (si != nullptr)
+    for (int d = 0; d < 4; ++d) st[15 + d] = s_in.stride(d);
   check(tk::tk_run(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), gate.data_ptr<float>(),
-                   beta.data_ptr<float>(), y.data_ptr<float>(), so, err.data_ptr<int>(), (int)B, (int)T, (int)H,
-                   c10::cuda::getCurrentCUDAStream()),
+                   beta.data_ptr<float>(), y.data_ptr<float>(), so, si, err.data_ptr<int>(), (int)B, (int)T, (int)H,
+                   st, v1 ? 1 : 0, c10::cuda::getCurrentCUDAStream()),
         "chunk_tf32_sm90 launch");
 }
-std::vector<int64_t> attrs() {
+std::vector<int64_t> attrs(bool v1) {
   int r[4] = {0, 0, 0, 0};
-  check(tk::tk_attrs(r), "cudaFuncGetAttributes");
+  check(tk::tk_attrs(r, v1 ? 1 : 0), "cudaFuncGetAttributes");
   return {r[0], r[1], r[2], r[3], tk::tk_smem()};
 }
 """
@@ -709,10 +841,13 @@ FUNCTIONS = ["run", "attrs"]
 # Device side: the call, the self-check, the timing
 # ---------------------------------------------------------------------------------------------
 
-def call(mod, q, k, v, gate, beta, err, y=None, s_out=None):
+def call(mod, q, k, v, gate, beta, err, y=None, s_out=None, s_in=None, v1=False):
+    """v1 = False: kernel v0 (contiguous, no S_0); True: the v1 instantiation (S_0 when s_in is given, the NaN /
+    inf fallback of v, strided q, k, v, gate, beta). y is allocated contiguous when not given."""
     if y is None:
-        y = torch.empty_like(v)
-    mod.run(q, k, v, gate, beta, y, s_out if s_out is not None else torch.empty(0, device=q.device), err)
+        y = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    none = torch.empty(0, device=q.device)
+    mod.run(q, k, v, gate, beta, y, s_out if s_out is not None else none, s_in if s_in is not None else none, err, v1)
     return y
 
 
@@ -735,6 +870,124 @@ CASES = [((1, 64, 1, 128), "sigmoid"), ((2, 130, 3, 128), "sigmoid"), ((1, 300, 
          ((2, 130, 3, 128), "negative"), ((1, 300, 2, 128), "negative"),
          ((2, 130, 3, 128), "above1"), ((1, 300, 2, 128), "above1")]
 BAR = 1e-5
+
+# v1 cases (the v1 instantiation): (shape, gates, s0, layout, poison). s0: None, "contig" or "strided" (S_0 stored
+# (B, H, D_v, D_k) and transposed: strides {H D D, D D, 1, D}). layout: "contig"; "transposed" (q, k, v, gate,
+# beta through .transpose(1, 2).contiguous().transpose(1, 2): t stride D, h stride T D); "sliced" (q, k, v the
+# first 128 of rows of 256, gate / beta every other element of a (B, T, H, 2)); "odd1" (B = H = 1, their
+# strides 7 and 3: not multiples of 4, replaced in the maps). poison: (input, index, value).
+NAN, INF = float("nan"), float("inf")
+V1_CASES = [
+    ((2, 130, 3, 128), "sigmoid", None, "contig", None),                  # v1 without its features = v0
+    ((1, 64, 1, 128), "sigmoid", "contig", "contig", None),                # item 1: S_0
+    ((2, 130, 3, 128), "sigmoid", "strided", "contig", None),
+    ((1, 1, 1, 128), "sigmoid", "strided", "contig", None),
+    ((1, 300, 2, 128), "zeros", "strided", "contig", None),
+    ((2, 130, 3, 128), "negative", "contig", "contig", None),
+    ((1, 300, 2, 128), "above1", "strided", "contig", None),
+    ((2, 2048, 4, 128), "sigmoid", "strided", "contig", None),
+    ((2, 130, 3, 128), "sigmoid", None, "contig", ("v", (0, 41, 0, 4), NAN)),   # item 2: non-finite
+    ((1, 300, 2, 128), "sigmoid", None, "contig", ("v", (0, 100, 1, 3), NAN)),
+    ((1, 300, 2, 128), "sigmoid", "strided", "contig", ("v", (0, 290, 1, 70), NAN)),  # the ragged last chunk
+    ((1, 300, 2, 128), "sigmoid", None, "contig", ("v", (0, 100, 1, 3), INF)),
+    ((1, 300, 2, 128), "sigmoid", None, "contig", ("v", (0, 64, 0, 127), -INF)),      # a chunk's first step
+    ((2, 130, 3, 128), "sigmoid", None, "contig", ("k", (1, 7, 2, 0), NAN)),
+    ((2, 130, 3, 128), "sigmoid", None, "contig", ("gate", (1, 11, 1), NAN)),
+    ((2, 130, 3, 128), "sigmoid", "contig", "transposed", None),           # item 3: strided inputs
+    ((1, 300, 2, 128), "negative", "strided", "transposed", None),
+    ((2, 130, 3, 128), "sigmoid", None, "sliced", None),
+    ((1, 65, 1, 128), "above1", "strided", "sliced", None),
+    ((2, 130, 3, 128), "zeros", "strided", "transposed", ("v", (1, 77, 2, 9), NAN)),
+    ((1, 100, 1, 128), "sigmoid", "contig", "odd1", None),  # size-1 b, h at strides TMA refuses (7, 3)
+]
+
+
+def v1_inputs(B, T, H, gates, s0, layout, poison, seed):
+    q, k, v, gate, beta = make_case(B, T, H, gates, seed)
+    if poison is not None:
+        name, idx, value = poison
+        {"q": q, "k": k, "v": v, "gate": gate, "beta": beta}[name][idx] = value
+    if layout == "transposed":
+        q, k, v, gate, beta = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v, gate, beta))
+    elif layout == "sliced":
+        def wide(x):
+            w = torch.full(x.shape[:-1] + (256,), float("nan"), device=x.device)  # NaN: a stray read shows
+            w[..., :128] = x
+            return w[..., :128]
+
+        def pair(x):
+            w = torch.full(x.shape + (2,), float("nan"), device=x.device)
+            w[..., 0] = x
+            return w[..., 0]
+        q, k, v, gate, beta = wide(q), wide(k), wide(v), pair(gate), pair(beta)
+    elif layout == "odd1":  # B = H = 1: strides of the size-1 dimensions that tile_map must replace
+        q, k, v = (x.contiguous().as_strided(x.shape, (7, 128, 3, 1)) for x in (q, k, v))
+        gate, beta = (x.contiguous().as_strided(x.shape, (5, 1, 3)) for x in (gate, beta))
+    s_in = None
+    if s0 is not None:
+        gen = torch.Generator().manual_seed(seed + 1)
+        s_in = torch.randn(B, H, 128, 128, generator=gen).cuda()
+        if s0 == "strided":
+            s_in = s_in.transpose(-1, -2).contiguous().transpose(-1, -2)
+    return q, k, v, gate, beta, s_in
+
+
+def masks_agree(got, ref, poison):
+    """NaN-free reference: True. A NaN input: isnan and isinf agree element by element. An inf in v: isfinite
+    agrees (the chunked form meets it as (q . k) v_s = +-inf where the loop's q . S sums infs of both signs to
+    NaN, and 3xTF32's lo of inf is NaN: the tests' check_nonfinite(same=torch.isfinite) rule)."""
+    if poison is None:
+        return True
+    if math.isinf(poison[2]):
+        return torch.equal(torch.isfinite(got), torch.isfinite(ref))
+    return torch.equal(torch.isnan(got), torch.isnan(ref)) and torch.equal(torch.isinf(got), torch.isinf(ref))
+
+
+def finite_rel_l2(got, ref):
+    keep = torch.isfinite(ref) & torch.isfinite(got)
+    return rel_l2(got[keep], ref[keep]) if keep.any() else 0.0
+
+
+def self_check_v1(mod):
+    from naive import recurrent_naive
+    rows, bad = [], 0
+    for n, ((B, T, H, D), gates, s0, layout, poison) in enumerate(V1_CASES):
+        name = (f"({B}, {T}, {H}) {gates} S0 {s0 or '-'} {layout}" +
+                (f" {poison[0]}{list(poison[1])}={poison[2]}" if poison else ""))
+        try:
+            q, k, v, gate, beta, s_in = v1_inputs(B, T, H, gates, s0, layout, poison, 500 + n)
+            y = torch.full((B, T, H, D), float("nan"), device="cuda")
+            s = torch.full((B, H, D, D), float("nan"), device="cuda")
+            err = torch.zeros(1, dtype=torch.int32, device="cuda")
+            call(mod, q, k, v, gate, beta, err, y=y, s_out=s, s_in=s_in, v1=True)
+            torch.cuda.synchronize()
+            yr, sr = recurrent_naive(q, k, v, gate, beta, initial_state=s_in)
+            ey, es, flag = finite_rel_l2(y, yr), finite_rel_l2(s, sr), int(err.item())
+            my, ms = masks_agree(y, yr, poison), masks_agree(s, sr, poison)
+            unwritten = poison is None and bool(torch.isnan(y).any())
+            ok = ey <= BAR and es <= BAR and flag == 0 and my and ms and not unwritten
+            nf = int((~torch.isfinite(yr)).sum())
+            row = {"case": name, "rel_l2_y": ey, "rel_l2_state": es, "timeout_flags": flag, "y_masks_agree": my,
+                   "state_masks_agree": ms, "ref_nonfinite_y": nf, "ok": ok}
+            print(f"check v1 {name:58s} y {ey:.2e} state {es:.2e} flags {flag}"
+                  + (f" masks y {my} S {ms} ({nf} non-finite y)" if poison else "")
+                  + f"  {'ok' if ok else 'BAD'}", flush=True)
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            row = {"case": name, "error": f"{type(e).__name__}: {e}", "ok": False}
+            print(f"check v1 {name:58s} FAILED: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                  flush=True)
+            try:
+                torch.cuda.synchronize()
+            except Exception:  # noqa: BLE001
+                rows.append(row)
+                bad += 1
+                print("CUDA context poisoned: the remaining cases are skipped", flush=True)
+                break
+        rows.append(row)
+        bad += not row["ok"]
+    print(f"self-check v1: {bad} bad of {len(rows)} (of {len(V1_CASES)} cases)", flush=True)
+    return {"rows": rows, "bad": bad, "bar": BAR}
 
 
 def self_check(mod):
@@ -790,7 +1043,9 @@ def timing(mod, args):
         err = torch.zeros(1, dtype=torch.int32, device="cuda")
         waves = math.ceil(B * H / sms)
         row = {"shape": [B, T, H, D], "waves": waves}
+        s0 = torch.zeros(B, H, D, D, device="cuda")
         for name, fn, a in (("v0", lambda *x: call(mod, *x), (q, k, v, gate, beta, err)),
+                            ("v1", lambda *x: call(mod, *x[:6], s_in=x[6], v1=True), (q, k, v, gate, beta, err, s0)),
                             ("solution.gated_recurrence", base, (q, k, v, gate, beta))):
             if fn is None:
                 continue
@@ -803,7 +1058,7 @@ def timing(mod, args):
             except Exception as e:  # noqa: BLE001
                 traceback.print_exc()
                 row[name] = {"error": f"{type(e).__name__}: {e}"}
-        if "v0" in row and "ms" in row["v0"]:
+        if any("ms" in row.get(x, {}) for x in ("v0", "v1")):
             row["timeout_flags"] = int(err.item())
             if row["timeout_flags"]:
                 print(f"  timeout flags {row['timeout_flags']} during timing", flush=True)
@@ -816,6 +1071,7 @@ def main():
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--build-only", action="store_true", help="compile and print ptxas registers/spills; no GPU")
     ap.add_argument("--no-timing", action="store_true")
+    ap.add_argument("--no-v1", action="store_true", help="skip the v1 self-check cases")
     ap.add_argument("--no-baseline", action="store_true", help="time v0 only (no solution.py build)")
     ap.add_argument("--verbose-build", action="store_true", help="print the whole nvcc/ptxas log")
     args = ap.parse_args()
@@ -828,13 +1084,18 @@ def main():
     if args.build_only:
         return
     RESULT.update(device=torch.cuda.get_device_name(0), torch=torch.__version__)
-    a = mod.attrs()
-    RESULT["attrs"] = {"registers": a[0], "local_bytes": a[1], "max_threads": a[2], "static_smem": a[3],
-                       "dynamic_smem": a[4]}
-    print(f"kernel: {a[0]} registers, {a[1]} B local, max {a[2]} threads, {a[4]} B dynamic shared memory", flush=True)
+    for tag, v1 in (("v0", False), ("v1", True)):
+        a = mod.attrs(v1)
+        RESULT["attrs" if tag == "v0" else "attrs_v1"] = {"registers": a[0], "local_bytes": a[1], "max_threads": a[2],
+                                                         "static_smem": a[3], "dynamic_smem": a[4]}
+        print(f"kernel {tag}: {a[0]} registers, {a[1]} B local, max {a[2]} threads, {a[4]} B dynamic shared memory",
+              flush=True)
     save()
     RESULT["self_check"] = self_check(mod)
     save()
+    if not args.no_v1:
+        RESULT["self_check_v1"] = self_check_v1(mod)
+        save()
     if not args.no_timing:
         RESULT["timing"] = timing(mod, args)
     RESULT["seconds"] = round(time.time() - t_start, 1)

@@ -47,27 +47,21 @@ A1. TMA: the 5-d fp32 map {4, T, D/4, H, B} with box {4, 64, 32, 1, 1} at T = 70
     python3 dev/tf32_probe.py --build-only   (compiles only, no GPU needed; prints the ptxas registers/spills;
                                              CUDA_HOME=/usr/local/cuda where torch guesses /usr/local from a wrapper)
 
-Build: load_inline, -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 --ptxas-options=-v; the ptxas log of a
+Build: tools/sm90_build.py (load_inline, sm_90a, -O3, --ptxas-options=-v); the ptxas log of a
 fresh build is kept beside the module (ptxas_log.txt) and summarised (registers, spills, warnings) on every run.
 """
 import argparse
-import inspect
 import os
-import re
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 import traceback
 
 import torch
-from torch.utils.cpp_extension import load_inline
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 from timing import kernelbench_time, rel_l2  # noqa: E402
 from tools.common import save  # noqa: E402
-from tools.sm90_build import FUNC_ATTRS_SRC, build, print_build, solution_constant  # noqa: E402
+from tools.sm90_build import FUNC_ATTRS_SRC, build, print_build, solution_constant, tf32_wgmma_src  # noqa: E402
 
 RESULT = {}
 
@@ -77,29 +71,7 @@ RESULT = {}
 # bindings and is built with torch's own C++ standard.
 # ---------------------------------------------------------------------------------------------
 
-def _wgmma(n, rs, zero):
-    """One wgmma.m64n{n}k8.f32.tf32.tf32 (SS: two descriptors; RS: A in four .b32 registers, B a descriptor),
-    as an overload on the accumulator's size. zero: d = A B with d output only (scale-d 0), else d += A B
-    where scale_d != 0. TF32 has no transpose immediates: the tail is scale-d, imm-scale-a, imm-scale-b."""
-    regs = n // 2
-    outs = ",".join(f"%{i}" for i in range(regs))
-    if rs:
-        a, b, sc = "{" + ",".join(f"%{regs + i}" for i in range(4)) + "}", f"%{regs + 4}", f"%{regs + 5}"
-        ins, sig = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), ', "const uint32_t (&a)[4], uint64_t db"
-    else:
-        a, b, sc = f"%{regs}", f"%{regs + 1}", f"%{regs + 2}"
-        ins, sig = '"l"(da), "l"(db), ', "uint64_t da, uint64_t db"
-    ins += '"r"(0)' if zero else '"r"(scale_d)'
-    outs_c = ", ".join(f'"{"=" if zero else "+"}f"(d[{i}])' for i in range(regs))
-    body = (f'asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, {sc}, 0;\\n'
-            f'wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32 {{{outs}}}, {a}, {b}, p, 1, 1;\\n}}\\n"'
-            f' : {outs_c} : {ins});')
-    name = f"wg_{'rs' if rs else 'ss'}{'_z' if zero else ''}"
-    return (f"__device__ __forceinline__ void {name}(float (&d)[{regs}], {sig}{'' if zero else ', int scale_d'}) {{\n"
-            f"#ifdef GR_WGMMA\n  {body}\n#endif\n}}\n")
-
-
-WGMMA_SRC = "".join(_wgmma(n, rs, z) for n in (64, 128) for rs in (False, True) for z in (False, True))
+WGMMA_SRC = tf32_wgmma_src()  # SS and RS forms, N = 64 and 128, and rs_terms
 
 CUDA_SRC = r"""
 #include <cuda.h>          // CUtensorMap and its enums
@@ -117,17 +89,6 @@ namespace {
 WGMMA_FORMS
 
 WGMMA_SYNC  // (solution.py's warpgroup fence, commit, wait and setmaxnreg moves)
-// One k-step of an RS product in TERMS TF32 terms: hi hi (+ hi lo + lo hi); the first k-step overwrites d.
-template <int TERMS, int N>
-__device__ __forceinline__ void rs_terms(float (&d)[N], const uint32_t (&ah)[4], const uint32_t (&al)[4], uint64_t bh,
-                                         uint64_t bl, bool first) {
-  if (first) wg_rs_z(d, ah, bh);
-  else wg_rs(d, ah, bh, 1);
-  if constexpr (TERMS == 3) {
-    wg_rs(d, ah, bl, 1);
-    wg_rs(d, al, bh, 1);
-  }
-}
 // Thread-written shared memory that the async proxy (wgmma, TMA) touches next.
 __device__ __forceinline__ void fence_async_smem() {
 #ifdef GR_WGMMA
