@@ -2363,8 +2363,9 @@ def _wgmma(n, rs, tb, zero):
 # chunk_sm90's wgmma instructions (n, RS, B MN-major, zero), generated: each spells out its accumulators.
 WGMMA_FORMS = ((64, False, 0, True), (64, False, 0, False), (64, True, 0, True), (64, True, 0, False),
                (64, True, 1, True), (64, True, 1, False))
-# The warpgroup's fence, commit and wait around asynchronous wgmma, and the setmaxnreg moves of a
-# warp-specialised kernel's registers (dev/tf32_probe.py builds on them too).
+# The warpgroup's helpers: fence, commit and wait around asynchronous wgmma, the setmaxnreg moves of a
+# warp-specialised kernel's registers, the async-proxy fence, the accumulator pin and the warpgroup barrier
+# (dev/tf32_probe.py and dev/chunk_sm90_tf32.py build on them too).
 WGMMA_SYNC_SRC = r"""
 __device__ __forceinline__ void wg_fence() {
 #ifdef GR_WGMMA
@@ -2393,6 +2394,21 @@ __device__ __forceinline__ void maxnreg_dec() {
 #ifdef GR_WGMMA
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 #endif
+}
+// Thread-written shared memory that wgmma (the async proxy) reads next.
+__device__ __forceinline__ void fence_async_smem() {
+#ifdef GR_WGMMA
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+// Keeps the compiler from moving reads or writes of accumulators across a wgmma wait or issue.
+template <int N>
+__device__ __forceinline__ void acc_fence(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+__device__ __forceinline__ void wg_barrier(int wg) {  // the 128 threads of one warpgroup
+  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
 }
 """
 WGMMA_SRC = ("\n// ===================================== wgmma: chunk_sm90's instructions, generated ===========\n"
@@ -2428,21 +2444,6 @@ namespace gr {
 namespace {
 
 using bf16 = __nv_bfloat16;
-// Thread-written shared memory that wgmma (the async proxy) reads next.
-__device__ __forceinline__ void fence_async_smem() {
-#ifdef GR_WGMMA
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
-// Keeps the compiler from moving reads or writes of accumulators across a wgmma wait or issue.
-template <int N>
-__device__ __forceinline__ void acc_fence(float (&d)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-__device__ __forceinline__ void wg_barrier(int wg) {  // the 128 threads of one warpgroup
-  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
-}
 
 // mbarriers for the TMA loads (one arrival: the aux thread that arms it with the byte count).
 __device__ __forceinline__ void mbar_init(uint64_t* bar) {

@@ -153,22 +153,8 @@ namespace {
 
 WGMMA_FORMS
 
-WGMMA_SYNC  // (solution.py's warpgroup fence, commit, wait and setmaxnreg moves)
-// Thread-written shared memory that the async proxy (wgmma, TMA) touches next.
-__device__ __forceinline__ void fence_async_smem() {
-#ifdef GR_WGMMA
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
-// Pins reads and writes of accumulators between the wgmma waits and issues.
-template <int N>
-__device__ __forceinline__ void acc_fence(float (&d)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-__device__ __forceinline__ void wg_barrier(int wg) {  // the 128 threads of one warpgroup
-  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
-}
+WGMMA_SYNC  // (solution.py's warpgroup helpers: wgmma fence / commit / wait, setmaxnreg, fence_async_smem,
+            //  acc_fence, wg_barrier)
 // 384-thread barriers between the aux warpgroup and both consumers: one side arrives, the other syncs.
 enum : int { kBarFullQK = 4, kBarFullP = 5, kBarQDone = 6, kBarKTDone = 7, kBarVRDone = 8 };
 __device__ __forceinline__ void bar_arrive(int id) { asm volatile("bar.arrive %0, 384;\n" ::"r"(id) : "memory"); }

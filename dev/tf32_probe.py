@@ -88,23 +88,8 @@ namespace {
 
 WGMMA_FORMS
 
-WGMMA_SYNC  // (solution.py's warpgroup fence, commit, wait and setmaxnreg moves)
-// Thread-written shared memory that the async proxy (wgmma, TMA) touches next.
-__device__ __forceinline__ void fence_async_smem() {
-#ifdef GR_WGMMA
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
-// Pins reads and writes of accumulators between the wgmma waits and issues (the asm statements that
-// issue and wait do not name them all).
-template <int N>
-__device__ __forceinline__ void acc_fence(float (&d)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-__device__ __forceinline__ void wg_barrier(int wg) {  // the 128 threads of one warpgroup
-  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
-}
+WGMMA_SYNC  // (solution.py's warpgroup helpers: wgmma fence / commit / wait, setmaxnreg, fence_async_smem,
+            //  acc_fence, wg_barrier)
 
 // No-swizzle K-major descriptor: start >> 4, LBO (core matrices adjacent in K) >> 4 at bit 16, SBO
 // (adjacent in M / N) >> 4 at bit 32 (dev/wgmma_probe.py settled the reading). The opaque move keeps the
