@@ -1,6 +1,6 @@
 """Decode at B = 1 (T = 1, H = 32, D = 128, bf16, an int64 index): what the production kernel's time is made of.
 A lean hand-written kernel of the same math (no strides, no bounds, no duplicate check, T = 1 only; y and the
-state bitwise production's), the same without the index, a load-only variant (its loads fold away: ignore it),
+state bitwise production's), the same without the index,
 the same with a programmatic dependent launch, and empty kernels with the production's 392 bytes of parameters
 and with two: each one's duration by the profiler, every call after an L2 flush and without.
 
@@ -32,7 +32,7 @@ __global__ void k_empty_big(const Big p) { if (p.i[0] == 12345) *(float*)p.p[0] 
 __global__ void k_empty_small(float* x, int n) { if (n == 12345) *x = 1.f; }
 
 // One block a (head, 32-column tile); a thread 4 adjacent columns of rows r0 + 32 r (as decode_kernel NV = 32).
-template <bool IDX, bool COMPUTE, bool PDL>
+template <bool IDX, bool PDL>
 __global__ void __launch_bounds__(256, 4) k_lean(const Lean a) {
   if (PDL) asm volatile("griddepcontrol.wait;" ::: "memory");
   __shared__ __align__(16) float red[8][32];
@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(256, 4) k_lean(const Lean a) {
 #pragma unroll
   for (int r = 0; r < 4; ++r) S[r] = *reinterpret_cast<const float4*>(st + (r0 + 32 * r) * 128 + jc);
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  if (COMPUTE) {
+  {
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       float* s = reinterpret_cast<float*>(&S[r]);
@@ -94,14 +94,13 @@ torch::Tensor run(int64_t which, torch::Tensor pool, torch::Tensor idx, torch::T
   const int grid = 4 * q.size(2);
   if (which == 0) { Big p{}; p.p[0] = y.data_ptr(); k_empty_big<<<grid, 256, 0, s>>>(p); }
   else if (which == 1) k_empty_small<<<grid, 256, 0, s>>>((float*)y.data_ptr(), 0);
-  else if (which == 2) k_lean<true, true, false><<<grid, 256, 0, s>>>(a);
-  else if (which == 3) k_lean<false, true, false><<<grid, 256, 0, s>>>(a);
-  else if (which == 4) k_lean<true, false, false><<<grid, 256, 0, s>>>(a);
-  else if (which == 5) {
+  else if (which == 2) k_lean<true, false><<<grid, 256, 0, s>>>(a);
+  else if (which == 3) k_lean<false, false><<<grid, 256, 0, s>>>(a);
+  else if (which == 4) {
     cudaLaunchConfig_t cfg = {}; cudaLaunchAttribute at[1];
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization; at[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.gridDim = grid; cfg.blockDim = 256; cfg.stream = s; cfg.attrs = at; cfg.numAttrs = 1;
-    cudaLaunchKernelEx(&cfg, k_lean<true, true, true>, a);
+    cudaLaunchKernelEx(&cfg, k_lean<true, true>, a);
   }
   TORCH_CHECK(cudaGetLastError() == cudaSuccess, "launch");
   return y;
@@ -126,7 +125,7 @@ def main():
     y2 = ext.run(2, p2, idx, q, k, v, g, b)
     print("lean == production:", torch.equal(y1, y2), torch.equal(p1, p2))
     fns = {"production": lambda: sol.gated_recurrence_decode_(q, k, v, g, b, pool, idx)}
-    for w, name in enumerate(["empty_big_params", "empty_small_params", "lean_idx", "lean_noidx", "lean_copy_only", "lean_idx_pdl"]):
+    for w, name in enumerate(["empty_big_params", "empty_small_params", "lean_idx", "lean_noidx", "lean_idx_pdl"]):
         fns[name] = (lambda w=w: ext.run(w, pool, idx, q, k, v, g, b))
     res = {}
     for flush in (True, False):
