@@ -28,19 +28,22 @@ everything the launch depends on; plan(B, T, H, D_k, D_v, dtype) prints that rec
     recurrent     RECURRENT_SRC +      numerics="reference" (every  the same kernel rounding like reference.py's loop
     (reference)   REFERENCE_SRC        shape; ModelNew's default    in the input dtype, one row a lane, the D_k sums
                   unit reference       for float16 / bfloat16)      of 32 steps reduce-scattered at once.
-    chunk_tf32    CHUNK_TF32_SRC       float32 and float16 with     chunkwise-parallel form (CHUNK_SRC has the math),
-                  unit chunk_tf32      T >= 256, or D_k >= 96 and   chunks of 32 steps: masked (q k^T) v + (decayed q) S,
-                  (built on first use) B*H*T >= 8192               then one state update, on TF32 mma.sync; fp32 inputs
-                                                                    use 3xTF32 (hi/lo split: fp32-level error).
+    chunk_tf32    CHUNK_TF32_SRC       float16, and float32 where   chunkwise-parallel form (CHUNK_SRC has the math),
+                  unit chunk_tf32      chunk_sm90 does not serve,   chunks of 32 steps: masked (q k^T) v + (decayed q) S,
+                  (built on first use) with T >= 256, or D_k >= 96  then one state update, on TF32 mma.sync; fp32 inputs
+                                       and B*H*T >= 8192            use 3xTF32 (hi/lo split: fp32-level error).
     chunk_bf16    CHUNK_BF16_SRC       bfloat16, as chunk_tf32      the same schedule on bf16 mma.sync m16n8k16; the
                   unit chunk_bf16                                   fp32 operands (masked product, state, scaled keys)
                   (built on first use)                              split into bf16 hi + lo terms.
-    chunk_sm90    CHUNK_SM90_SRC +     bfloat16 chunks on compute   chunks of 64 on Hopper wgmma, warp-specialised:
-                  WGMMA_SRC            capability 9.0 with D_k 64   an aux warpgroup loads q, k, v by TMA and forms
-                  unit chunk_sm90      or 128, D_v 128, aligned     the gate tables and the masked product a chunk
-                  (first use; sm_90a   rows, a nonzero t stride     ahead; two consumer warpgroups keep the state in
-                  code only)           and B*H*T >= 8192 (the       their accumulators for a whole segment; fp32
-                                       rest: chunk_bf16)            operands as bf16 hi + lo; y by TMA stores.
+    chunk_sm90    CHUNK_SM90_SRC +     chunks on compute capability chunks of 64 on Hopper wgmma, warp-specialised:
+                  WGMMA_SRC + SM90_SRC 9.0 with B*H*T >= 8192,      an aux warpgroup loads q, k, v by TMA and forms
+                  unit chunk_sm90      aligned rows and a nonzero   the gate tables and the masked product a chunk
+                  (first use; sm_90a   t stride: bfloat16 with D_k  ahead; two consumer warpgroups keep the state in
+                  code only)           64 or 128 and D_v 128 (the   their accumulators for a whole segment; y by TMA
+                                       rest: chunk_bf16)            stores. bfloat16: fp32 operands as bf16 hi + lo.
+                  CHUNK_SM90_TF32_SRC  float32 with D_k = D_v = 128 float32: TF32 wgmma, every product 3xTF32, the
+                                       and no cu_seqlens (the rest: k transpose and q split by the aux warpgroup.
+                                       chunk_tf32)
     segment_scan  SEGMENT_SCAN_SRC     chunk plans with segments>1  sequence parallelism when B*H blocks cannot fill
                   in every chunk unit  (B*H too small for the GPU)  the GPU: the chunk kernel computes each segment's
                                                                     own state, this kernel chains them, then every
@@ -244,7 +247,17 @@ struct Sm90Layout {
   static constexpr int kDer0 = kStages * kStage, kY = kDer0 + 2 * kDer, kBars = kY + 2 * 2 * kYBuf;
   static constexpr int kBytes = kBars + 8 * kStages;
 };
-inline size_t chunk_sm90_smem(int DK) { return DK == 64 ? Sm90Layout<64>::kBytes : Sm90Layout<128>::kBytes; }
+// chunk_sm90 on float32 (bytes; D_k = D_v = 128, CHUNK_SM90_TF32_SRC): q hi and lo (64 x 128 fp32 each; k lands
+// in lo first), K^T hi and lo (rows padded to 2064 bytes), P' hi and lo (rows padded to 1040), v (then y staged
+// over it), two slots of gate tables, two mbarriers.
+struct Sm90Tf32Layout {
+  static constexpr int kQH = 0, kQL = 32768, kKTH = 65536, kKTL = kKTH + 33024, kPPH = kKTL + 33024;
+  static constexpr int kPPL = kPPH + 16640, kVR = kPPL + 16640, kTB = kVR + 32768;
+  static constexpr int kTabSlot = (kSm90Tab * 4 + 127) / 128 * 128, kBars = kTB + 2 * kTabSlot, kBytes = kBars + 16;
+};
+inline size_t chunk_sm90_smem(int DK, DType dt) {
+  return dt == DType::f32 ? Sm90Tf32Layout::kBytes : DK == 64 ? Sm90Layout<64>::kBytes : Sm90Layout<128>::kBytes;
+}
 
 // (R, G) pairs of the recurrent kernel: G = 1 with any R, else R in {6, 8} (plan_recurrent's rule).
 #define GR_RG_PAIRS(X) X(1, 1) X(2, 1) X(4, 1) X(6, 1) X(8, 1) X(6, 2) X(8, 2) X(6, 4) X(8, 4) \
@@ -452,6 +465,15 @@ __device__ __forceinline__ void split_bf16x2(float x0, float x1, uint32_t& hi, u
   hi = reinterpret_cast<const uint32_t&>(h);
   lo = reinterpret_cast<const uint32_t&>(l);
 }
+
+// hi = x rounded to TF32 (adding half a TF32 ulp to the bit pattern and clearing the 13 low bits
+// rounds the magnitude to nearest: two integer instructions where __float_to_tf32 takes five);
+// lo = x - hi (exact) as raw fp32 bits, which the tensor core truncates to TF32. Truncating hi
+// instead doubled the error (rel-L2 1.02e-5 with gates of 1.02 over 300 steps, over the 1e-5 bound).
+// NaN survives in lo: CUDA's NaN 0x7fffffff plus half an ulp carries into the sign bit (hi = -0), but
+// x - hi is NaN again; rounding lo too would lose it (measured).
+template <int = 0>
+__device__ __forceinline__ uint32_t round_tf32(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
 
 // Programmatic dependent launch (sm_90+): a kernel launched with pdl may start while the previous
 // kernel in the stream still runs; it waits here before it touches memory, and the previous kernel
@@ -816,14 +838,6 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #endif
 }
-
-// hi = x rounded to TF32 (adding half a TF32 ulp to the bit pattern and clearing the 13 low bits
-// rounds the magnitude to nearest: two integer instructions where __float_to_tf32 takes five);
-// lo = x - hi (exact) as raw fp32 bits, which the tensor core truncates to TF32. Truncating hi
-// instead doubled the error (rel-L2 1.02e-5 with gates of 1.02 over 300 steps, over the 1e-5 bound).
-// NaN survives in lo: CUDA's NaN 0x7fffffff plus half an ulp carries into the sign bit (hi = -0), but
-// x - hi is NaN again; rounding lo too would lose it (measured).
-__device__ __forceinline__ uint32_t round_tf32(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
 
 template <int N>
 __device__ __forceinline__ void split_tf32(const float (&x)[N], uint32_t (&hi)[N], uint32_t (&lo)[N]) {
@@ -2360,6 +2374,22 @@ def _wgmma(n, rs, tb, zero):
             f"#ifdef GR_WGMMA\n  {body}\n#endif\n}}\n")
 
 
+def _wgmma_tf32(n, zero):
+    """One TF32 wgmma m64n{n}k8 (RS: A as four .b32 registers, B a K-major descriptor; TF32 has no transpose),
+    fp32 accumulators d[n / 2], as an overload on d's size for WGMMA_SRC. zero as _wgmma's."""
+    regs = n // 2
+    outs = ",".join(f"%{i}" for i in range(regs))
+    a = "{" + ",".join(f"%{regs + i}" for i in range(4)) + "}"
+    ins = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), ' + ('"r"(0)' if zero else '"r"(scale_d)')
+    outs_c = ", ".join(f'"{"=" if zero else "+"}f"(d[{i}])' for i in range(regs))
+    body = (f'asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 5}, 0;\\n'
+            f'wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32 {{{outs}}}, {a}, %{regs + 4}, p, 1, 1;\\n}}\\n"'
+            f' : {outs_c} : {ins});')
+    name = f"wgmma_tf32_rs{'_z' if zero else ''}"
+    return (f"__device__ __forceinline__ void {name}(float (&d)[{regs}], const uint32_t (&a)[4], uint64_t db"
+            f"{'' if zero else ', int scale_d'}) {{\n#ifdef GR_WGMMA\n  {body}\n#endif\n}}\n")
+
+
 # chunk_sm90's wgmma instructions (n, RS, B MN-major, zero), generated: each spells out its accumulators.
 WGMMA_FORMS = ((64, False, 0, True), (64, False, 0, False), (64, True, 0, True), (64, True, 0, False),
                (64, True, 1, True), (64, True, 1, False))
@@ -2413,37 +2443,16 @@ __device__ __forceinline__ void wg_barrier(int wg) {  // the 128 threads of one 
 """
 WGMMA_SRC = ("\n// ===================================== wgmma: chunk_sm90's instructions, generated ===========\n"
              "#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n#define GR_WGMMA 1\n#endif\nnamespace gr {\nnamespace {\n" +
-             WGMMA_SYNC_SRC + "".join(_wgmma(*f) for f in WGMMA_FORMS) + "}  // namespace\n}  // namespace gr\n")
+             WGMMA_SYNC_SRC + "".join(_wgmma(*f) for f in WGMMA_FORMS) +
+             "".join(_wgmma_tf32(n, z) for n in (64, 128) for z in (True, False)) + "}  // namespace\n}  // namespace gr\n")
 
-CHUNK_SM90_SRC = r"""
-// ===================================== chunk_sm90: bfloat16 chunks of 64 on Hopper wgmma =======
-// CHUNK_SRC's chunkwise form with chunks of 64 steps for bfloat16 inputs, D_k 64 or 128, D_v 128 (rows
-// 16-byte aligned), built for sm_90a only (its own unit). One block of three warpgroups per (b, h,
-// segment), warp-specialised, synchronised by named barriers (FULL: a chunk's operands ready; DONE: its
-// buffers free) and never by the whole block:
-//   aux warpgroup       one thread issues the TMA loads of q, k, v (a 5-d map whose box lands as the
-//                       no-swizzle core-matrix layout: element (r, c) of a 64-row tile at byte
-//                       (c / 8) 1024 + 16 r + 2 (c % 8)) into three stages on mbarriers, two chunks ahead;
-//                       the four warps form chunk c's gate tables (fp32, no quotient) and
-//                       P = Q K^T (SS), masked, decayed and beta-scaled, as P' bf16 hi + lo, a chunk
-//                       ahead of the consumers (two slots).
-//   consumers 1, 2      warpgroup cw keeps rows 64cw .. 64cw + 63 of S^T (D_v x D_k, fp32) in wgmma
-//                       accumulators for the whole segment, so the state never goes through shared
-//                       memory; per chunk:
-//     O1  = S^T Q^T                 RS: the accumulators split into bf16 hi + lo a k-step at a time
-//     Y^T = O1 diag(G) + V^T P'^T   RS: V^T fragments by ldmatrix.trans against P' hi and lo
-//     y                             staged in the core-matrix layout, one TMA store a warpgroup
-//     U   = (V^T diag(w)) K         RS: V^T w split into hi + lo; K read MN-major from the same tile
-//     S^T = gamma S^T + U           one fp32 FMA an element (an accumulator is not summed round-to-nearest)
-// Each fp32 operand is two bf16 terms against exact bf16 inputs, as in chunk_bf16: y's error is its own
-// bf16 rounding. setmaxnreg moves registers from the aux warpgroup to the consumers. A chunk whose v holds a
-// NaN or inf: the consumer warps whose columns hold it add P' V in FMAs over s <= t instead (a masked zero
-// never meets it). Segments: CHUNK_SRC's phases.
+SM90_SRC = r"""
+// ===================================== sm90: what both chunk_sm90 instantiations share =========
+// TMA loads and stores on mbarriers, shared-memory matrix descriptors, named barriers, the gate tables of a
+// 64-step chunk and the TMA maps (host).
 #include <cudaTypedefs.h>  // CUtensorMap, PFN_cuTensorMapEncodeTiled_v12000
 namespace gr {
 namespace {
-
-using bf16 = __nv_bfloat16;
 
 // mbarriers for the TMA loads (one arrival: the aux thread that arms it with the byte count).
 __device__ __forceinline__ void mbar_init(uint64_t* bar) {
@@ -2515,6 +2524,568 @@ __device__ __forceinline__ uint64_t sm_desc(const void* p, uint32_t lbo, uint32_
 }
 __device__ __forceinline__ uint64_t desc_at(uint64_t d, uint32_t bytes) { return d + (bytes >> 4); }
 
+// Named barriers (0 is __syncthreads, 1 + wg a warpgroup's own) of N threads: one side arrives, the other
+// syncs.
+template <int N = 256>
+__device__ __forceinline__ void bar_arrive(int id) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(N) : "memory"); }
+template <int N = 256>
+__device__ __forceinline__ void bar_wait(int id) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(N) : "memory"); }
+
+// Gate tables of a 64-step chunk (floats): G[t] = prod g[0..t], W[s] = beta_s prod g[s+1..63], GAMMA =
+// prod g[0..63]; for the masked product D[t][s] beta_s (D[t][s] = prod g[s+1..t]) in 16-step blocks:
+// LTABB[t][s % 16] = D[t][s] beta_s inside a block, else ROWF[t][bs] SOUTB[s] with ROWF[t][bs] = prod
+// g[16 bs + 16 .. t] (the whole blocks between and t's own prefix) and SOUTB[s] = beta_s prod g[s+1 ..
+// 16 bs + 15]. No quotient anywhere (gates 0, < 0, > 1 exact). Acc: the scans' type, each value rounded
+// once to fp32 at the end. float for bfloat16 inputs (a value carries at most a few dozen fp32 roundings,
+// 1e-6 relative, far below y's bf16 rounding, and fp32's latency and rate keep the tables off the aux
+// warpgroup's critical path); double for float32 inputs (fp32 scans cost 2.1e-5 at T = 2100 with constant
+// gates: their roundings add up coherently along the sequence, perf-notes' ninth session).
+enum : int { kG = 0, kW = 64, kSoutb = 128, kRowf = 192, kGamma = 448, kLtab = 464 };
+static_assert(kLtab + 64 * 16 == kSm90Tab, "PRELUDE's kSm90Tab is these tables' size");
+
+// Aux warp `part` (0 .. 3) writes its share of the tables; every lane holds steps 2l, 2l+1 (g0, g1, b0,
+// b1). Warp 0: G, W, GAMMA (scans over the 64 steps); warp 1: SOUTB, ROWF (scans within 16-step blocks);
+// warps 2 and 3: LTABB of blocks 0-1 and 2-3, a column a lane.
+template <typename Acc>
+__device__ __forceinline__ void write_tables64(float* tb, float g0, float g1, float b0f, float b1f, int part, int lane) {
+  const unsigned full = 0xffffffffu;
+  const int s = 2 * lane, bt = lane >> 3;
+  const Acc a0 = g0, a1 = g1, b0 = b0f, b1 = b1f;
+  if (part < 2) {
+    const Acc pr = a0 * a1;
+    Acc pre = pr, suf = pr, bpre = pr, bsuf = pr;  // over step pairs: 8 lanes are a 16-step block
+    if (part == 0) warp_scans<1>(pre, suf, bpre, bsuf, lane);  // the scans a warp's tables need only
+    else warp_scans<8, Acc, false>(pre, suf, bpre, bsuf, lane);
+    if (part == 0) {
+      Acc pre_ex = __shfl_up_sync(full, pre, 1), suf_ex = __shfl_down_sync(full, suf, 1);
+      if (lane == 0) pre_ex = Acc(1);
+      if (lane == 31) suf_ex = Acc(1);
+      tb[kG + s] = (float)(pre_ex * a0);
+      tb[kG + s + 1] = (float)pre;
+      tb[kW + s] = (float)(b0 * (a1 * suf_ex));
+      tb[kW + s + 1] = (float)(b1 * suf_ex);
+      const Acc all = __shfl_sync(full, pre, 31);
+      if (lane == 0) tb[kGamma] = (float)all;
+    } else {
+      Acc bpre_ex = __shfl_up_sync(full, bpre, 1), bsuf_ex = __shfl_down_sync(full, bsuf, 1);
+      if ((lane & 7) == 0) bpre_ex = Acc(1);
+      if ((lane & 7) == 7) bsuf_ex = Acc(1);
+      tb[kSoutb + s] = (float)(b0 * (a1 * bsuf_ex));
+      tb[kSoutb + s + 1] = (float)(b1 * bsuf_ex);
+      // Block products B_j (the in-block prefix at a block's last lane); ROWF[t][bs] for bs < bt.
+      const Acc B1 = __shfl_sync(full, bpre, 15), B2 = __shfl_sync(full, bpre, 23);
+      const Acc pin0 = bpre_ex * a0, pin1 = bpre;
+#pragma unroll
+      for (int bs = 0; bs < 4; ++bs) {
+        Acc m = Acc(1);  // the whole blocks strictly between bs and bt
+        if (bt == bs + 2) m = bs == 0 ? B1 : B2;
+        if (bt == 3 && bs == 0) m = B1 * B2;
+        tb[kRowf + s * 4 + bs] = (float)(pin0 * m);
+        tb[kRowf + (s + 1) * 4 + bs] = (float)(pin1 * m);
+      }
+    }
+  } else {
+    // LTABB of block lb, column sl: running products down the block's rows.
+    const int lb = 2 * (part - 2) + (lane >> 4), sl = lane & 15, src = 8 * lb + (sl >> 1);
+    const Acc e0 = __shfl_sync(full, b0, src), e1 = __shfl_sync(full, b1, src);
+    const Acc bs = (sl & 1) ? e1 : e0;
+    Acc run = Acc(1);
+#pragma unroll(sizeof(Acc) == 4 ? 16 : 4)  // (double, fully unrolled: its shuffles spill at the aux's 88 registers)
+    for (int r = 0; r < 16; ++r) {
+      const Acc gt = __shfl_sync(full, (r & 1) ? a1 : a0, 8 * lb + (r >> 1));
+      if (r > sl) run *= gt;
+      tb[kLtab + (16 * lb + r) * 16 + sl] = r >= sl ? (float)(run * bs) : 0.f;
+    }
+  }
+}
+// The TMA map of a (B, T, H, D) bf16 or fp32 tensor moved 64 steps at a time, in five dimensions (d % e, t,
+// d / e, h, b) with e = 16 bytes of elements, so that one box {e, 64, box_groups, 1, 1} is the no-swizzle
+// core-matrix layout ([d / e][t][d % e]); loads zero-fill rows past T, stores skip them. A broadcast h or b
+// (stride 0) is one entry, read at coordinate 0 (mask 0).
+CUresult tile_map(CUtensorMap* m, int& hmask, int& bmask, const void* base, DType dt, int D, int H, int T, int64_t B,
+                  const Strides4& st, int box_groups) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  if (encode == nullptr) {
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", reinterpret_cast<void**>(&encode), 12000,
+                                         cudaEnableDefault, &found) != cudaSuccess || found != cudaDriverEntryPointSuccess) {
+      encode = nullptr;
+      return CUDA_ERROR_NOT_SUPPORTED;
+    }
+  }
+  hmask = st.h == 0 ? 0 : -1;
+  bmask = st.b == 0 ? 0 : -1;
+  const int es = dt == DType::f32 ? 4 : 2, e = 16 / es;
+  const cuuint64_t dims[5] = {(cuuint64_t)e, (cuuint64_t)T, (cuuint64_t)(D / e), st.h == 0 ? 1 : (cuuint64_t)H,
+                              st.b == 0 ? 1 : (cuuint64_t)B};
+  const cuuint64_t strides[4] = {(cuuint64_t)(st.t * es), 16, st.h == 0 ? 16 : (cuuint64_t)(st.h * es),
+                                 st.b == 0 ? 16 : (cuuint64_t)(st.b * es)};  // bytes, dimensions 1 .. 4
+  const cuuint32_t box[5] = {(cuuint32_t)e, 64, (cuuint32_t)box_groups, 1, 1}, one[5] = {1, 1, 1, 1, 1};
+  return encode(m, dt == DType::f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, const_cast<void*>(base), dims, strides, box, one,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+}  // namespace
+}  // namespace gr
+"""
+
+CHUNK_SM90_TF32_SRC = r"""
+// ===================================== chunk_sm90 on float32: TF32 chunks of 64 ==============
+// chunk_sm90's instantiation for float32 inputs with D_k = D_v = 128: the same block of three warpgroups a
+// (b, h, segment) and the same segments, on TF32 wgmma (m64nNk8) with every product 3xTF32 (hi hi + hi lo
+// + lo hi; hi rounded by round_tf32, since the tensor core truncates raw fp32; lo = x - hi passed raw), so
+// y carries fp32-level error. TF32 operands in shared memory must be K-major, so the layout differs from
+// the bfloat16 one (Sm90Tf32Layout; "no-swizzle" core matrices of 8 rows x 16 bytes, SBO 128 throughout):
+//   QS hi / lo   [dk / 4][t][dk % 4] (LBO 1024): q by TMA into hi, rounded in place; k lands in lo first
+//   K^T hi / lo  element (n, s) at (s / 4) 2064 + 16 n + 4 (s % 4): k transposed and split by the aux
+//                warpgroup, n the sigma row of dk (dk = 8 (n / 8) + sigma(n % 8), sigma = 0 4 1 5 2 6 3 7), so
+//                that the state's accumulator column p holds dk 8 (p / 8) + sigma(p % 8) and the state is its
+//                own A operand of O1 (picked {c[4kb], c[4kb+2], c[4kb+1], c[4kb+3]}); rows padded to 2064
+//                bytes so that the transposing stores hit 32 banks
+//   PP hi / lo   P' (t, s) at (s / 4) 1040 + 16 t + 4 (s % 4); the blocks above the diagonal zeroed once
+//   VR           v [dv / 4][s][dv % 4] by TMA, then y staged over it (a consumer warpgroup's half: its store box)
+// Per chunk c, on 384-thread named barriers (one side arrives, the other syncs):
+//   aux        [c > 0: Q_DONE(c - 1)] q (outputs only) and k by TMA; chunk c's gate tables (double scans,
+//              each value rounded once); [KT_DONE(c - 1)] k -> K^T hi / lo; q split in place; FULL_QK(c);
+//              [VR_DONE(c - 1)] v by TMA; P^T = K Q^T, masked, decayed, beta-scaled, split -> PP; FULL_P(c)
+//   consumers  [FULL_QK] O1 = S^T Q^T; Q_DONE; Y = O1 diag(G) staged over the warp's own rows of VR once its
+//              V^T fragments are in registers; U = (V^T diag w) K (one N = 128 product); KT_DONE; S^T =
+//              fmaf(gamma, S^T, U) (U fresh: accumulating the state by scale-d cost 3e-5); [FULL_P] Z = V^T
+//              P'^T; y = Y + Z in place, one TMA store a warpgroup, its read waited; VR_DONE
+// The state phase (mode 1) skips q, P', O1, Z and y; the barriers are the same. A warp whose V^T
+// fragments hold a NaN or inf recomputes its Z over s <= t in FMAs from global v (a masked zero of P'
+// never meets it); the state needs nothing (U has no masked zeros).
+namespace gr {
+namespace {
+
+using TL = Sm90Tf32Layout;
+// Named barriers between the aux warpgroup and both consumers (384 threads).
+enum : int { kBarFullQK = 4, kBarFullP = 5, kBarQDone = 6, kBarKTDone = 7, kBarVRDone = 8 };
+// Registers a thread after setmaxnreg (the launch gives 168 each): the aux warpgroup's P^T and table
+// scans, a consumer's S (64), U (64), V^T (32) and Y (32).
+enum : int { kTf32AuxRegs = 88, kTf32ConsumerRegs = 208 };
+static_assert(kTf32AuxRegs * 128 + kTf32ConsumerRegs * 256 <= 168 * kSm90Threads, "the split fits the launch's registers");
+
+__device__ __forceinline__ void split_tf32_1(float x, uint32_t& hi, uint32_t& lo) {
+  hi = round_tf32(x);
+  lo = __float_as_uint(x - __uint_as_float(hi));
+}
+__device__ __forceinline__ float lds_f(const unsigned char* p) { return *reinterpret_cast<const float*>(p); }
+__device__ __forceinline__ void sts_f(unsigned char* p, float v) { *reinterpret_cast<float*>(p) = v; }
+__device__ __forceinline__ void sts_u(unsigned char* p, uint32_t v) { *reinterpret_cast<uint32_t*>(p) = v; }
+
+// One 3xTF32 k-step of an RS product (A hi / lo in registers, B hi / lo descriptors); the first
+// overwrites d.
+template <int N>
+__device__ __forceinline__ void rs3(float (&d)[N], const uint32_t (&ah)[4], const uint32_t (&al)[4], uint64_t bh,
+                                    uint64_t bl, bool first) {
+  if (first) wgmma_tf32_rs_z(d, ah, bh);
+  else wgmma_tf32_rs(d, ah, bh, 1);
+  wgmma_tf32_rs(d, ah, bl, 1);
+  wgmma_tf32_rs(d, al, bh, 1);
+}
+
+// P' from the P^T accumulators of aux warp BS (s = 16 BS + g + 8 ((i >> 1) & 1), t = 8 (i >> 2) + 2 qd +
+// (i & 1): key block BS, row block i >> 3): masked (selected, so a NaN in q . k cannot reach a masked
+// zero), decayed, beta-scaled, split, stored [t][s]. Row blocks before BS stay zero.
+template <int BS>
+__device__ __forceinline__ void store_pprime_tf32(const float (&P)[32], unsigned char* sm, const float* tb, int g,
+                                                  int qd) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const int bt = i >> 3;
+    if (bt < BS) continue;
+    const int s = 16 * BS + g + 8 * ((i >> 1) & 1), t = 8 * (i >> 2) + 2 * qd + (i & 1);
+    float x;
+    if (bt == BS) x = s <= t ? P[i] * tb[kLtab + t * 16 + (s & 15)] : 0.f;
+    else x = P[i] * tb[kRowf + t * 4 + BS] * tb[kSoutb + s];
+    uint32_t hi, lo;
+    split_tf32_1(x, hi, lo);
+    const uint32_t off = (s >> 2) * 1040 + 16 * t + 4 * (s & 3);
+    sts_u(sm + TL::kPPH + off, hi);
+    sts_u(sm + TL::kPPL + off, lo);
+  }
+}
+
+// The block's segment: steps [sb, se) of sequence (b, h), nch chunks of 64.
+struct Tf32Seg {
+  int b, h, seg, sb, se, nch;
+  __device__ __forceinline__ Tf32Seg(const ChunkParams& p) {
+    int blk = blockIdx.x;
+    seg = blk % p.seg_launch;
+    blk /= p.seg_launch;
+    h = blk % p.H;
+    b = blk / p.H;
+    sb = seg * p.seg_chunks * kChunk;
+    se = seg == p.nseg - 1 ? p.T : min(sb + p.seg_chunks * kChunk, p.T);
+    nch = (se - sb + 63) >> 6;
+  }
+};
+
+// The aux warpgroup (tid 0 .. 127). OUTPUTS: the output phase (p.mode 0), compiled in: the consumers'
+// registers do not fit both phases' paths through one loop (ptxas spills the state).
+template <bool OUTPUTS>
+__device__ __forceinline__ void tf32_aux(unsigned char* sm, const Sm90Maps& maps, const ChunkParams& p, int tid) {
+  const Tf32Seg sg(p);  // (recomputed from the parameters in each role: values kept across the split spill)
+  constexpr bool outputs = OUTPUTS;
+  const int wl = tid >> 5, lane = tid & 31, g = lane >> 2, qd = lane & 3;
+  const int hq = sg.h & maps.hm[0], bq = sg.b & maps.bm[0], hk = sg.h & maps.hm[1], bk = sg.b & maps.bm[1];
+  uint64_t* bars = reinterpret_cast<uint64_t*>(sm + TL::kBars);  // 0: q and k landed, 1: v landed
+  for (int e = tid; e < 2 * 16640 / 16; e += 128)  // P' hi and lo: the blocks above the diagonal stay zero
+    *reinterpret_cast<uint4*>(sm + TL::kPPH + 16 * e) = make_uint4(0, 0, 0, 0);
+  wg_barrier(0);  // before any P' store of another thread to the same bytes
+  float seg_decay = 1.f;  // the state phase: the segment's product of gates (its chunks' gammas)
+  for (int c = 0; c < sg.nch; ++c) {
+    const int t0 = sg.sb + 64 * c;
+    // 1. q and k of chunk c (QS free: both consumers' O1 of c - 1 done, our own P^T of c - 1 waited)
+    if (c > 0) bar_wait<384>(kBarQDone);
+    if (tid == 0) {
+      mbar_expect(bars, outputs ? 2 * 32768 : 32768);
+      if (outputs) tma_tile(sm + TL::kQH, &maps.q, t0, hq, bq, bars);
+      tma_tile(sm + TL::kQL, &maps.k, t0, hk, bk, bars);
+    }
+    // 2. the gate tables of chunk c (steps past the segment: gate 1, beta 0); offsets from the parameters
+    float* tb = reinterpret_cast<float*>(sm + TL::kTB + (c & 1) * TL::kTabSlot);
+    {
+      const int s = t0 + 2 * lane;
+      const float* gp = static_cast<const float*>(p.gate) + (sg.b * p.sg.b + sg.h * p.sg.h);
+      const float* bp = static_cast<const float*>(p.beta) + (sg.b * p.sb.b + sg.h * p.sb.h);
+      float g0 = 1.f, g1 = 1.f, b0 = 0.f, b1 = 0.f;
+      if (s < sg.se) { g0 = gp[s * p.sg.t]; b0 = bp[s * p.sb.t]; }
+      if (s + 1 < sg.se) { g1 = gp[(s + 1) * p.sg.t]; b1 = bp[(s + 1) * p.sb.t]; }
+      write_tables64<double>(tb, g0, g1, b0, b1, wl, lane);
+    }
+    // 3. K^T hi / lo from raw k (after U of c - 1 read K^T), then q split in place
+    mbar_wait(bars, c & 1);
+    if (c > 0) bar_wait<384>(kBarKTDone);
+    {
+      const int s = tid & 63, half = tid >> 6;
+#pragma unroll 4
+      for (int j = 0; j < 16; ++j) {  // dk = 64 half + 4 j + e, its sigma row n
+        const float4 v = *reinterpret_cast<const float4*>(sm + TL::kQL + (16 * half + j) * 1024 + 16 * s);
+        const float xs[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int n = 64 * half + 8 * (j >> 1) + 2 * e + (j & 1);
+          const uint32_t off = (s >> 2) * 2064 + 16 * n + 4 * (s & 3);
+          uint32_t hi, lo;
+          split_tf32_1(xs[e], hi, lo);
+          sts_u(sm + TL::kKTH + off, hi);
+          sts_u(sm + TL::kKTL + off, lo);
+        }
+      }
+    }
+    wg_barrier(0);  // every raw k read (and every table written) before QS lo is overwritten
+    if (!outputs && tid == 0) seg_decay *= tb[kGamma];
+    if (outputs) {
+#pragma unroll 4
+      for (int j = 0; j < 16; ++j) {
+        float4* ph = reinterpret_cast<float4*>(sm + TL::kQH) + 128 * j + tid;
+        float4* pl = reinterpret_cast<float4*>(sm + TL::kQL) + 128 * j + tid;
+        const float4 v = *ph;
+        uint32_t hx, hy, hz, hw, lx, ly, lz, lw;
+        split_tf32_1(v.x, hx, lx);
+        split_tf32_1(v.y, hy, ly);
+        split_tf32_1(v.z, hz, lz);
+        split_tf32_1(v.w, hw, lw);
+        *ph = make_float4(__uint_as_float(hx), __uint_as_float(hy), __uint_as_float(hz), __uint_as_float(hw));
+        *pl = make_float4(__uint_as_float(lx), __uint_as_float(ly), __uint_as_float(lz), __uint_as_float(lw));
+      }
+    }
+    fence_async_smem();  // the generic stores before the wgmmas (async proxy) read QS and K^T
+    wg_barrier(0);       // (racecheck credits a store only when a barrier its thread waits on follows it)
+    bar_arrive<384>(kBarFullQK);
+    // 4. v of chunk c (after chunk c - 1 is finished: its y store has read VR, its Z has read PP)
+    if (c > 0) bar_wait<384>(kBarVRDone);
+    if (tid == 0) {
+      mbar_expect(bars + 1, 32768);
+      tma_tile(sm + TL::kVR, &maps.v, t0, sg.h & maps.hm[2], sg.b & maps.bm[2], bars + 1);
+    }
+    // 5. P^T = K Q^T (s 64 x t 64 x dk 128): A = K rows from K^T (a0 (s = g, dk = qd), a1 (g + 8, qd), a2 (g,
+    // qd + 4), a3 (g + 8, qd + 4); dk = 8 kb + qd + 4 j is sigma row 8 kb + 2 qd + j), B = QS; two k-steps in
+    // flight.
+    if (outputs) {
+      float P[32];
+#pragma unroll
+      for (int kb = 0; kb < 16; ++kb) {
+        if (kb >= 2) wg_wait<1>();
+        uint32_t ah[4], al[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int s = 16 * wl + g + 8 * (r & 1), n = 8 * kb + 2 * qd + (r >> 1);
+          const uint32_t off = (s >> 2) * 2064 + 16 * n + 4 * (s & 3);
+          ah[r] = *reinterpret_cast<const uint32_t*>(sm + TL::kKTH + off);
+          al[r] = *reinterpret_cast<const uint32_t*>(sm + TL::kKTL + off);
+        }
+        wg_fence();
+        rs3(P, ah, al, sm_desc(sm + TL::kQH + 2048 * kb, 1024, 128), sm_desc(sm + TL::kQL + 2048 * kb, 1024, 128),
+            kb == 0);
+        wg_commit();
+      }
+      wg_wait<0>();
+      acc_fence(P);
+      switch (wl) {  // the warp's key block, compiled in
+        case 0: store_pprime_tf32<0>(P, sm, tb, g, qd); break;
+        case 1: store_pprime_tf32<1>(P, sm, tb, g, qd); break;
+        case 2: store_pprime_tf32<2>(P, sm, tb, g, qd); break;
+        default: store_pprime_tf32<3>(P, sm, tb, g, qd); break;
+      }
+      fence_async_smem();
+      __threadfence_block();  // (racecheck, as chunk_sm90's bfloat16 P' stores)
+    }
+    wg_barrier(0);
+    bar_arrive<384>(kBarFullP);
+  }
+  if (!outputs && tid == 0) p.seg_decays[((int64_t)sg.b * p.H + sg.h) * (p.nseg - 1) + sg.seg] = seg_decay;
+  // the last chunk's arrivals (every arrival met by its sync)
+  bar_wait<384>(kBarQDone);
+  bar_wait<384>(kBarKTDone);
+  bar_wait<384>(kBarVRDone);
+}
+
+// Consumer warpgroup cw (tid 0 .. 127 within it): dv rows 64 cw .. 64 cw + 63 of S^T.
+template <bool OUTPUTS>
+__device__ __forceinline__ void tf32_consumer(unsigned char* sm, const Sm90Maps& maps, const ChunkParams& p, int cw,
+                                              int tid) {
+  const Tf32Seg sg(p);
+  constexpr bool outputs = OUTPUTS;
+  const bool last_seg = sg.seg == p.nseg - 1;
+  const bool keep_state = p.mode != 0 || (last_seg && p.s_out != nullptr);
+  const int wl = tid >> 5, lane = tid & 31, g = lane >> 2, qd = lane & 3;
+  const int dv0 = 64 * cw + 16 * wl + g;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(sm + TL::kBars);
+  unsigned char* ys = sm + TL::kVR + 16384 * cw;  // this warpgroup's dv half of VR: y's staging
+  // S[i] = S^T[dv0 + 8 ((i >> 1) & 1)][physical column 8 (i >> 2) + 2 qd + (i & 1)], which holds
+  // dk = 8 (i >> 2) + qd + 4 (i & 1) (K^T's sigma rows). Start: S_0 (output phase, segment 0), the scanned
+  // state of the previous segment (output phase), or zero (state phase).
+  float S[64];
+  {
+    const float* s0 = nullptr;
+    StateStrides ss{0, 0, 0, 0};
+    if (OUTPUTS && sg.seg == 0) { s0 = p.s_in; ss = p.ssi; }
+    else if (outputs) {
+      s0 = p.seg_states + (((int64_t)sg.b * p.H + sg.h) * (p.nseg - 1) + sg.seg - 1) * (128 * 128);
+      ss = {0, 0, 128, 1};
+    }
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      const int dv = dv0 + 8 * ((i >> 1) & 1), dk = 8 * (i >> 2) + qd + 4 * (i & 1);
+      S[i] = s0 != nullptr ? s0[sg.b * ss.b + sg.h * ss.h + dk * ss.i + dv * ss.j] : 0.f;
+    }
+  }
+  for (int c = 0; c < sg.nch; ++c) {
+    const int t0 = sg.sb + 64 * c;
+    const float* tb = reinterpret_cast<const float*>(sm + TL::kTB + (c & 1) * TL::kTabSlot);
+    bar_wait<384>(kBarFullQK);
+    // O1 = S^T Q^T (dv 64 x t 64 x dk 128): A = S picked (natural dk order for k-step kb), split; B = QS
+    // hi / lo; four k-steps in flight.
+    float Y[32];  // Y^T[dv0 + 8 ((i >> 1) & 1)][t = 8 (i >> 2) + 2 qd + (i & 1)]
+    if (outputs) {
+#pragma unroll
+      for (int kb = 0; kb < 16; ++kb) {
+        if (kb >= 4) wg_wait<3>();
+        const float x[4] = {S[4 * kb], S[4 * kb + 2], S[4 * kb + 1], S[4 * kb + 3]};
+        uint32_t ah[4], al[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) split_tf32_1(x[r], ah[r], al[r]);
+        wg_fence();
+        rs3(Y, ah, al, sm_desc(sm + TL::kQH + 2048 * kb, 1024, 128), sm_desc(sm + TL::kQL + 2048 * kb, 1024, 128),
+            kb == 0);
+        wg_commit();
+      }
+      wg_wait<0>();
+      acc_fence(Y);
+#pragma unroll
+      for (int i = 0; i < 32; ++i) Y[i] *= tb[kG + 8 * (i >> 2) + 2 * qd + (i & 1)];  // Y = O1 diag(G)
+    }
+    bar_arrive<384>(kBarQDone);
+    // V^T fragments (32 scalar LDS): vf[kb][r] = V^T[dv0 + 8 (r & 1)][s = 8 kb + qd + 4 (r >> 1)]. With
+    // outputs, Y is staged over this warp's own 16 dv rows of VR as they are read (not live through U;
+    // layout [dv / 4][t][dv % 4], y's store box): steps 0 .. 31 first, then 32 .. 63, so that Y, S and all
+    // of vf are never live at once.
+    mbar_wait(bars + 1, c & 1);
+    float vf[8][4];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+#pragma unroll
+      for (int kb = 4 * half; kb < 4 * half + 4; ++kb)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int dv = dv0 + 8 * (r & 1), s = 8 * kb + qd + 4 * (r >> 1);
+          vf[kb][r] = lds_f(sm + TL::kVR + (dv >> 2) * 1024 + 16 * s + 4 * (dv & 3));
+        }
+      if (outputs) {
+        __syncwarp();  // the warp's reads of these steps before its stores over them
+#pragma unroll
+        for (int i = 16 * half; i < 16 * half + 16; ++i) {
+          const int dvl = 16 * wl + g + 8 * ((i >> 1) & 1), t = 8 * (i >> 2) + 2 * qd + (i & 1);
+          sts_f(ys + (dvl >> 2) * 1024 + 16 * t + 4 * (dvl & 3), Y[i]);
+        }
+      }
+    }
+    // The warp's 16 dv rows x 64 steps (exactly the rows of Z it owns) hold a NaN or inf: its Z is
+    // recomputed below without P''s masked zeros.
+    bool bad = false;
+    if (outputs) {
+      uint32_t e = 0;
+#pragma unroll
+      for (int kb = 0; kb < 8; ++kb)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) e |= (__float_as_uint(vf[kb][r]) & 0x7f800000u) == 0x7f800000u;
+      bad = __any_sync(0xffffffffu, e != 0);
+    }
+    // U = (V^T diag w) K (dv 64 x n 128 x s 64): A = vf w split, B = K^T hi / lo (LBO 2064, k-step 4128),
+    // two k-steps in flight; then S = fmaf(gamma, S, U). Skipped after the segment's last chunk unless its
+    // state is read.
+    if (c + 1 < sg.nch || keep_state) {
+      float U[64];
+#pragma unroll
+      for (int kb = 0; kb < 8; ++kb) {
+        if (kb >= 2) wg_wait<1>();
+        const float w0 = tb[kW + 8 * kb + qd], w1 = tb[kW + 8 * kb + qd + 4];
+        const float x[4] = {vf[kb][0] * w0, vf[kb][1] * w0, vf[kb][2] * w1, vf[kb][3] * w1};
+        uint32_t ah[4], al[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) split_tf32_1(x[r], ah[r], al[r]);
+        wg_fence();
+        rs3(U, ah, al, sm_desc(sm + TL::kKTH + 4128 * kb, 2064, 128), sm_desc(sm + TL::kKTL + 4128 * kb, 2064, 128),
+            kb == 0);
+        wg_commit();
+      }
+      wg_wait<0>();
+      acc_fence(U);
+      bar_arrive<384>(kBarKTDone);
+      const float gamma = tb[kGamma];
+#pragma unroll
+      for (int i = 0; i < 64; ++i) S[i] = fmaf(gamma, S[i], U[i]);
+    } else {
+      bar_arrive<384>(kBarKTDone);
+    }
+    bar_wait<384>(kBarFullP);
+    if (outputs) {
+      // Z = V^T P'^T (dv 64 x t 64 x s 64): A = vf split, B = PP hi / lo (LBO 1040, k-step 2080), from zero.
+      float Z[32];
+#pragma unroll
+      for (int kb = 0; kb < 8; ++kb) {
+        if (kb >= 4) wg_wait<3>();
+        uint32_t ah[4], al[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) split_tf32_1(vf[kb][r], ah[r], al[r]);
+        wg_fence();
+        rs3(Z, ah, al, sm_desc(sm + TL::kPPH + 2080 * kb, 1040, 128), sm_desc(sm + TL::kPPL + 2080 * kb, 1040, 128),
+            kb == 0);
+        wg_commit();
+      }
+      wg_wait<0>();
+      acc_fence(Z);
+      if (bad) {
+        // Z met v's NaN / inf with P''s zeros (s > t): recomputed over s <= t in FMAs, P' = hi + lo (exact),
+        // v re-read from global memory (VR's rows of this warp now hold Y); steps past the segment skipped.
+        // Warp-uniform, no wgmma inside; slow, but only in a chunk whose v is not finite.
+        const float* vg = static_cast<const float*>(p.v) + sg.b * p.sv.b + sg.h * p.sv.h + (int64_t)t0 * p.sv.t;
+        const int last = sg.se - 1 - t0;
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+          const int dv = dv0 + 8 * ((i >> 1) & 1), t = 8 * (i >> 2) + 2 * qd + (i & 1), smax = min(t, last);
+          float acc = 0.f;
+#pragma unroll 1
+          for (int s = 0; s <= smax; ++s) {
+            const uint32_t off = (s >> 2) * 1040 + 16 * t + 4 * (s & 3);
+            acc = fmaf(lds_f(sm + TL::kPPH + off) + lds_f(sm + TL::kPPL + off), vg[s * p.sv.t + dv], acc);
+          }
+          Z[i] = acc;
+        }
+      }
+      // y = staged Y + Z in place (each thread its own entries), one TMA store a warpgroup; VR is
+      // released once the store has read it.
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const int dvl = 16 * wl + g + 8 * ((i >> 1) & 1), t = 8 * (i >> 2) + 2 * qd + (i & 1);
+        unsigned char* a = ys + (dvl >> 2) * 1024 + 16 * t + 4 * (dvl & 3);
+        sts_f(a, lds_f(a) + Z[i]);
+      }
+      fence_async_smem();
+      wg_barrier(1 + cw);
+      if (tid == 0) {
+        tma_store(&maps.y, ys, t0, 16 * cw, sg.h, sg.b);
+        bulk_wait_read<0>();
+      }
+    }
+    bar_arrive<384>(kBarVRDone);
+  }
+  if (tid == 0) bulk_wait_all();  // y written before the block ends
+  // The final state, or (state phase) the segment's own state contribution and gate product.
+  float* dst = nullptr;
+  StateStrides ds{0, 0, 0, 0};
+  if (outputs && last_seg && p.s_out != nullptr) { dst = p.s_out; ds = p.sso; }
+  else if (!outputs) {
+    dst = p.seg_states + (((int64_t)sg.b * p.H + sg.h) * (p.nseg - 1) + sg.seg) * (128 * 128);
+    ds = {0, 0, 128, 1};
+  }
+  if (dst != nullptr) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      const int dv = dv0 + 8 * ((i >> 1) & 1), dk = 8 * (i >> 2) + qd + 4 * (i & 1);
+      dst[sg.b * ds.b + sg.h * ds.h + dk * ds.i + dv * ds.j] = S[i];
+    }
+  }
+}
+
+// The block: mbarriers, then the roles.
+template <int = 0>
+__device__ __forceinline__ void chunk_sm90_tf32(const ChunkParams& p, const Sm90Maps& maps) {
+  extern __shared__ __align__(1024) unsigned char sm[];
+  const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(sm + TL::kBars);
+  if (tid == 0) {
+    mbar_init(bars);
+    mbar_init(bars + 1);
+  }
+  __syncthreads();
+  if (wg == 0) {
+    maxnreg_dec<kTf32AuxRegs>();
+    if (p.mode == 0) tf32_aux<true>(sm, maps, p, tid);
+    else tf32_aux<false>(sm, maps, p, tid);
+    return;
+  }
+  maxnreg_inc<kTf32ConsumerRegs>();
+  if (p.mode == 0) tf32_consumer<true>(sm, maps, p, wg - 1, tid & 127);
+  else tf32_consumer<false>(sm, maps, p, wg - 1, tid & 127);
+}
+
+}  // namespace
+}  // namespace gr
+"""
+
+CHUNK_SM90_SRC = r"""
+// ===================================== chunk_sm90: bfloat16 chunks of 64 on Hopper wgmma =======
+// CHUNK_SRC's chunkwise form with chunks of 64 steps for bfloat16 inputs, D_k 64 or 128, D_v 128 (rows
+// 16-byte aligned), built for sm_90a only (its own unit). One block of three warpgroups per (b, h,
+// segment), warp-specialised, synchronised by named barriers (FULL: a chunk's operands ready; DONE: its
+// buffers free) and never by the whole block:
+//   aux warpgroup       one thread issues the TMA loads of q, k, v (a 5-d map whose box lands as the
+//                       no-swizzle core-matrix layout: element (r, c) of a 64-row tile at byte
+//                       (c / 8) 1024 + 16 r + 2 (c % 8)) into three stages on mbarriers, two chunks ahead;
+//                       the four warps form chunk c's gate tables (fp32, no quotient) and
+//                       P = Q K^T (SS), masked, decayed and beta-scaled, as P' bf16 hi + lo, a chunk
+//                       ahead of the consumers (two slots).
+//   consumers 1, 2      warpgroup cw keeps rows 64cw .. 64cw + 63 of S^T (D_v x D_k, fp32) in wgmma
+//                       accumulators for the whole segment, so the state never goes through shared
+//                       memory; per chunk:
+//     O1  = S^T Q^T                 RS: the accumulators split into bf16 hi + lo a k-step at a time
+//     Y^T = O1 diag(G) + V^T P'^T   RS: V^T fragments by ldmatrix.trans against P' hi and lo
+//     y                             staged in the core-matrix layout, one TMA store a warpgroup
+//     U   = (V^T diag(w)) K         RS: V^T w split into hi + lo; K read MN-major from the same tile
+//     S^T = gamma S^T + U           one fp32 FMA an element (an accumulator is not summed round-to-nearest)
+// Each fp32 operand is two bf16 terms against exact bf16 inputs, as in chunk_bf16: y's error is its own
+// bf16 rounding. setmaxnreg moves registers from the aux warpgroup to the consumers. A chunk whose v holds a
+// NaN or inf: the consumer warps whose columns hold it add P' V in FMAs over s <= t instead (a masked zero
+// never meets it). Segments: CHUNK_SRC's phases.
+namespace gr {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
 // Byte offset of element (r, c) of a 64-row tile in the core-matrix layout: column group c / 8 is 1 KB.
 __device__ __forceinline__ uint32_t cm_off(int r, int c) { return (uint32_t)((c >> 3) * 1024 + r * 16 + (c & 7) * 2); }
 
@@ -2526,71 +3097,6 @@ __device__ __forceinline__ bool frags_bad(const uint32_t (&f)[4][4]) {
 #pragma unroll
     for (int r = 0; r < 4; ++r) bad |= __vcmpeq2(f[kb][r] & 0x7f807f80u, 0x7f807f80u);
   return bad != 0;
-}
-
-// Gate tables of a 64-step chunk (floats): G[t] = prod g[0..t], W[s] = beta_s prod g[s+1..63], GAMMA =
-// prod g[0..63]; for the masked product D[t][s] beta_s (D[t][s] = prod g[s+1..t]) in 16-step blocks:
-// LTABB[t][s % 16] = D[t][s] beta_s inside a block, else ROWF[t][bs] SOUTB[s] with ROWF[t][bs] = prod
-// g[16 bs + 16 .. t] (the whole blocks between and t's own prefix) and SOUTB[s] = beta_s prod g[s+1 ..
-// 16 bs + 15]. No quotient anywhere (gates 0, < 0, > 1 exact); products in fp32 (write_tables64), so a
-// table value carries at most a few dozen fp32 roundings (1e-6 relative), far below y's bf16 rounding.
-enum : int { kG = 0, kW = 64, kSoutb = 128, kRowf = 192, kGamma = 448, kLtab = 464 };
-static_assert(kLtab + 64 * 16 == kSm90Tab, "PRELUDE's kSm90Tab is these tables' size");
-
-// Aux warp `part` (0 .. 3) writes its share of the tables; every lane holds steps 2l, 2l+1 (g0, g1, b0,
-// b1). Warp 0: G, W, GAMMA (scans over the 64 steps); warp 1: SOUTB, ROWF (scans within 16-step blocks);
-// warps 2 and 3: LTABB of blocks 0-1 and 2-3, a column a lane. In fp32: for bfloat16 inputs a
-// table's own rounding (at most 64 products, 4e-6) is far below y's (2e-3), and fp32's latency and
-// rate keep the tables off the aux warpgroup's critical path.
-__device__ __forceinline__ void write_tables64(float* tb, float g0, float g1, float b0, float b1, int part, int lane) {
-  const unsigned full = 0xffffffffu;
-  const int s = 2 * lane, bt = lane >> 3;
-  if (part < 2) {
-    const float a0 = g0, a1 = g1, pr = a0 * a1;
-    float pre = pr, suf = pr, bpre = pr, bsuf = pr;  // over step pairs: 8 lanes are a 16-step block
-    if (part == 0) warp_scans<1>(pre, suf, bpre, bsuf, lane);  // the scans a warp's tables need only
-    else warp_scans<8, float, false>(pre, suf, bpre, bsuf, lane);
-    if (part == 0) {
-      float pre_ex = __shfl_up_sync(full, pre, 1), suf_ex = __shfl_down_sync(full, suf, 1);
-      if (lane == 0) pre_ex = 1.f;
-      if (lane == 31) suf_ex = 1.f;
-      tb[kG + s] = (float)(pre_ex * a0);
-      tb[kG + s + 1] = (float)pre;
-      tb[kW + s] = (float)(b0 * (a1 * suf_ex));
-      tb[kW + s + 1] = (float)(b1 * suf_ex);
-      const float all = __shfl_sync(full, pre, 31);
-      if (lane == 0) tb[kGamma] = (float)all;
-    } else {
-      float bpre_ex = __shfl_up_sync(full, bpre, 1), bsuf_ex = __shfl_down_sync(full, bsuf, 1);
-      if ((lane & 7) == 0) bpre_ex = 1.f;
-      if ((lane & 7) == 7) bsuf_ex = 1.f;
-      tb[kSoutb + s] = (float)(b0 * (a1 * bsuf_ex));
-      tb[kSoutb + s + 1] = (float)(b1 * bsuf_ex);
-      // Block products B_j (the in-block prefix at a block's last lane); ROWF[t][bs] for bs < bt.
-      const float B1 = __shfl_sync(full, bpre, 15), B2 = __shfl_sync(full, bpre, 23);
-      const float pin0 = bpre_ex * a0, pin1 = bpre;
-#pragma unroll
-      for (int bs = 0; bs < 4; ++bs) {
-        float m = 1.f;  // the whole blocks strictly between bs and bt
-        if (bt == bs + 2) m = bs == 0 ? B1 : B2;
-        if (bt == 3 && bs == 0) m = B1 * B2;
-        tb[kRowf + s * 4 + bs] = (float)(pin0 * m);
-        tb[kRowf + (s + 1) * 4 + bs] = (float)(pin1 * m);
-      }
-    }
-  } else {
-    // LTABB of block lb, column sl: running products down the block's rows.
-    const int lb = 2 * (part - 2) + (lane >> 4), sl = lane & 15, src = 8 * lb + (sl >> 1);
-    const float e0 = __shfl_sync(full, b0, src), e1 = __shfl_sync(full, b1, src);
-    const float bs = (sl & 1) ? e1 : e0;
-    float run = 1.f;
-#pragma unroll
-    for (int r = 0; r < 16; ++r) {
-      const float gt = __shfl_sync(full, (r & 1) ? g1 : g0, 8 * lb + (r >> 1));
-      if (r > sl) run *= gt;
-      tb[kLtab + (16 * lb + r) * 16 + sl] = r >= sl ? (float)(run * bs) : 0.f;
-    }
-  }
 }
 
 // P' entries (t, s), (t, s + 1) from their q . k accumulators, key block bs of the row block bt: zero
@@ -2641,23 +3147,16 @@ enum : int { kAuxRegs = 72, kConsumerRegs = 216 };
 // the consumers' setmaxnreg.inc waits forever for registers that do not exist. Re-check on any change of
 // the bounds, the split or the consumers' code.
 static_assert(kAuxRegs * 128 + kConsumerRegs * 256 <= 168 * kSm90Threads, "the split fits the launch's registers");
-// Named barriers (0 is __syncthreads, 1 + wg a warpgroup's own): FULL + 2 cw + c % 2 is consumer
+// Named barriers: FULL + 2 cw + c % 2 is consumer
 // warpgroup cw waiting for the aux warpgroup's chunk c; DONE + 2 cw + c % 2 the aux warpgroup waiting
 // for consumer warpgroup cw to finish chunk c. 256 threads each: aux and one consumer warpgroup.
 enum : int { kBarFull = 4, kBarDone = 8 };
-__device__ __forceinline__ void bar_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
-__device__ __forceinline__ void bar_wait(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
 
+// The bfloat16 block (D_k 64 or 128; VARLEN: packed sequences).
 template <int DK, bool VARLEN>
-__global__ void __launch_bounds__(kSm90Threads, 1) chunk_sm90_kernel(const ChunkParams p,
-                                                                     const __grid_constant__ Sm90Maps maps) {
-#if defined(__CUDA_ARCH__) && !defined(GR_WGMMA)
-  __trap();  // built for sm_90a only (_UNIT_GENCODE); make_plan picks it on compute capability 9.0 only
-#endif
+__device__ __forceinline__ void chunk_sm90_bf16(const ChunkParams& p, const Sm90Maps& maps) {
   extern __shared__ __align__(1024) unsigned char sm[];
   using L = Sm90Layout<DK>;
-  griddep_wait<>();
-  griddep_launch<>();
   const ChunkBlock<bf16> cb(p, 128, VARLEN);
   if (cb.idle(p)) return;
   const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid >> 5, 0), lane = tid & 31;
@@ -2737,7 +3236,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1) chunk_sm90_kernel(const Chunk
         for (int kb = 1; kb < NKB; ++kb) wgmma_ss64(P, desc_at(dq, 2048 * kb), desc_at(dk, 2048 * kb), 1);
         wg_commit();
       }
-      write_tables64(tb, ng0, ng1, nb0, nb1, wl, lane);  // while P runs
+      write_tables64<float>(tb, ng0, ng1, nb0, nb1, wl, lane);  // while P runs
       if (c + 1 < nch) load_gates(c + 1);
       wg_barrier(0);  // the tables written
       if (outputs) {
@@ -2942,52 +3441,42 @@ __global__ void __launch_bounds__(kSm90Threads, 1) chunk_sm90_kernel(const Chunk
   }
 }
 
-struct ChunkSM90Kernels {};
-
-// The TMA map of a (B, T, H, D) bf16 tensor moved 64 steps at a time, in five dimensions (d % 8, t, d / 8,
-// h, b) so that one box {8, 64, box_groups, 1, 1} is the core-matrix layout ([d / 8][t][d % 8]); loads
-// zero-fill rows past T, stores skip them. A broadcast h or b (stride 0) is one entry, read at coordinate 0 (mask 0).
-CUresult tile_map(CUtensorMap* m, int& hmask, int& bmask, const void* base, int D, int H, int T, int64_t B,
-                  const Strides4& st, int box_groups) {
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
-  if (encode == nullptr) {
-    cudaDriverEntryPointQueryResult found;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", reinterpret_cast<void**>(&encode), 12000,
-                                         cudaEnableDefault, &found) != cudaSuccess || found != cudaDriverEntryPointSuccess) {
-      encode = nullptr;
-      return CUDA_ERROR_NOT_SUPPORTED;
-    }
-  }
-  hmask = st.h == 0 ? 0 : -1;
-  bmask = st.b == 0 ? 0 : -1;
-  const cuuint64_t dims[5] = {8, (cuuint64_t)T, (cuuint64_t)(D / 8), st.h == 0 ? 1 : (cuuint64_t)H,
-                              st.b == 0 ? 1 : (cuuint64_t)B};
-  const cuuint64_t strides[4] = {(cuuint64_t)st.t * 2, 16, st.h == 0 ? 16 : (cuuint64_t)st.h * 2,
-                                 st.b == 0 ? 16 : (cuuint64_t)st.b * 2};  // bytes, dimensions 1 .. 4
-  const cuuint32_t box[5] = {8, 64, (cuuint32_t)box_groups, 1, 1}, one[5] = {1, 1, 1, 1, 1};
-  return encode(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, const_cast<void*>(base), dims, strides, box, one,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+// One kernel, its instantiation by dtype: bfloat16 (D_k 64 or 128, VARLEN) or float32 (TF32, D_k 128).
+template <typename scalar_t, int DK, bool VARLEN>
+__global__ void __launch_bounds__(kSm90Threads, 1) chunk_sm90_kernel(const ChunkParams p,
+                                                                     const __grid_constant__ Sm90Maps maps) {
+#if defined(__CUDA_ARCH__) && !defined(GR_WGMMA)
+  __trap();  // built for sm_90a only (_UNIT_GENCODE); make_plan picks it on compute capability 9.0 only
+#endif
+  griddep_wait<>();
+  griddep_launch<>();
+  if constexpr (sizeof(scalar_t) == 4) chunk_sm90_tf32<>(p, maps);
+  else chunk_sm90_bf16<DK, VARLEN>(p, maps);
 }
 
-// execute_chunks' launches for this family: its own instantiations (D_k 64 or 128), three warpgroups a
+struct ChunkSM90Kernels {};
+
+// execute_chunks' launches for this family: its own instantiations (bfloat16 D_k 64 or 128, float32), three warpgroups a
 // block, the maps of q, k, v and y encoded on the host for each launch (no device work).
 template <>
 cudaError_t launch_chunk_kernel<ChunkSM90Kernels>(const Plan& pl, const ChunkParams& p, int64_t blocks, bool pdl,
                                                   cudaStream_t s) {
-  static bool done[2][2][64] = {};
-  const bool vl = p.cu != nullptr;
-  const auto kernel = pl.DK == 64 ? (vl ? chunk_sm90_kernel<64, true> : chunk_sm90_kernel<64, false>)
-                                  : (vl ? chunk_sm90_kernel<128, true> : chunk_sm90_kernel<128, false>);
-  cudaError_t err = allow_smem(kernel, done[pl.DK == 64][vl]);
+  static bool done[3][2][64] = {};
+  const bool vl = p.cu != nullptr, f32 = pl.dtype == DType::f32;
+  const int which = f32 ? 2 : pl.DK == 64;
+  const auto kernel = f32 ? chunk_sm90_kernel<float, 128, false>
+                      : pl.DK == 64 ? (vl ? chunk_sm90_kernel<bf16, 64, true> : chunk_sm90_kernel<bf16, 64, false>)
+                                    : (vl ? chunk_sm90_kernel<bf16, 128, true> : chunk_sm90_kernel<bf16, 128, false>);
+  cudaError_t err = allow_smem(kernel, done[which][vl]);
   if (err != cudaSuccess) return err;
   alignas(64) Sm90Maps maps;
   const int64_t B = p.BH / p.H;
+  const int e = f32 ? 4 : 8;  // elements in 16 bytes: a box's innermost extent
   int hy = 0, by = 0;  // y is ours: contiguous
-  if (tile_map(&maps.q, maps.hm[0], maps.bm[0], p.q, p.Dk, p.H, p.T, B, p.sq, p.Dk / 8) != CUDA_SUCCESS ||
-      tile_map(&maps.k, maps.hm[1], maps.bm[1], p.k, p.Dk, p.H, p.T, B, p.sk, p.Dk / 8) != CUDA_SUCCESS ||
-      tile_map(&maps.v, maps.hm[2], maps.bm[2], p.v, p.Dv, p.H, p.T, B, p.sv, p.Dv / 8) != CUDA_SUCCESS ||
-      tile_map(&maps.y, hy, by, p.y, p.Dv, p.H, p.T, B, p.sy, 8) != CUDA_SUCCESS)
+  if (tile_map(&maps.q, maps.hm[0], maps.bm[0], p.q, pl.dtype, p.Dk, p.H, p.T, B, p.sq, p.Dk / e) != CUDA_SUCCESS ||
+      tile_map(&maps.k, maps.hm[1], maps.bm[1], p.k, pl.dtype, p.Dk, p.H, p.T, B, p.sk, p.Dk / e) != CUDA_SUCCESS ||
+      tile_map(&maps.v, maps.hm[2], maps.bm[2], p.v, pl.dtype, p.Dv, p.H, p.T, B, p.sv, p.Dv / e) != CUDA_SUCCESS ||
+      tile_map(&maps.y, hy, by, p.y, pl.dtype, p.Dv, p.H, p.T, B, p.sy, 64 / e) != CUDA_SUCCESS)
     return cudaErrorInvalidValue;
   return launch_threads(kernel, dim3((unsigned)blocks), kSm90Threads, pl.smem, s, pdl, p, maps);
 }
@@ -3756,23 +4245,25 @@ bool plan_chunked(const Shape& s, const Layout& lay, const DeviceLimits& lim, co
                        kChunk, pl);
 }
 
-// chunk_sm90 (wgmma, sm_90a code: compute capability 9.0 exactly) serves bfloat16 with D_k 64 or 128,
-// D_v 128 and every row 16-byte aligned with unit column stride (its cp.async staging), where its
-// shared memory fits (plan_sm90 says which condition fails); planned from B*H*T = 8192 on: below, with
-// one-chunk segments, chunk_bf16 was faster (0.82-0.93x at B*H*T <= 2048; 1.04-1.22x from 8192 on,
-// docs/ab-sm90-2026-12-01-s10.json).
+// chunk_sm90 (wgmma, sm_90a code: compute capability 9.0 exactly) serves bfloat16 with D_k 64 or 128 and
+// D_v 128, and float32 (TF32) with D_k = D_v = 128 (not packed), every row 16-byte aligned with unit column
+// stride (its TMA maps), where its shared memory fits (plan_sm90 says which condition fails); planned from
+// B*H*T = 8192 on: below, with one-chunk segments, chunk_bf16 was faster (0.82-0.93x at B*H*T <= 2048;
+// 1.04-1.22x from 8192 on, docs/ab-sm90-2026-12-01-s10.json).
 constexpr int64_t kSm90MinWork = 8192;
 // Why chunk_sm90 cannot serve this call on this device, or nullptr: the one list of its limits.
-const char* sm90_unfit(const Shape& s, const Layout& lay, const DeviceLimits& lim) {
+const char* sm90_unfit(const Shape& s, DType dt, const Layout& lay, const DeviceLimits& lim, bool varlen) {
   if (lim.arch != 90) return "needs wgmma (compute capability 9.0)";
+  if (dt == DType::f32 && !(s.Dk == 128 && s.Dv == 128)) return "serves float32 with D_k = D_v = 128";
+  if (dt == DType::f32 && varlen) return "serves no float32 packed sequences (cu_seqlens)";
   if (!((s.Dk == 64 || s.Dk == 128) && s.Dv == 128)) return "serves D_k 64 or 128 with D_v 128";
   if (!(lay.q && lay.k && lay.v && lay.y)) return "needs q, k, v and y rows 16-byte aligned with unit column stride";
   if (!lay.steps) return "needs q, k and v with a nonzero step (t) stride, as its TMA maps describe them";
-  if (chunk_sm90_smem((int)s.Dk) > lim.smem) return "needs more shared memory a block than this device has";
+  if (chunk_sm90_smem((int)s.Dk, dt) > lim.smem) return "needs more shared memory a block than this device has";
   return nullptr;
 }
-bool use_sm90(const Shape& s, DType dt, const Layout& lay, const DeviceLimits& lim) {
-  return dt == DType::bf16 && s.B * s.H * s.T >= kSm90MinWork && sm90_unfit(s, lay, lim) == nullptr;
+bool use_sm90(const Shape& s, DType dt, const Layout& lay, const DeviceLimits& lim, bool varlen) {
+  return dt != DType::f16 && s.B * s.H * s.T >= kSm90MinWork && sm90_unfit(s, dt, lay, lim, varlen) == nullptr;
 }
 
 // chunk_sm90: chunks of 64 steps, one block of two warpgroups per (b, h, segment), and as many segments
@@ -3785,15 +4276,15 @@ bool plan_sm90(const Shape& s, const Layout& lay, const DeviceLimits& lim, const
   GR_REQUIRE("ValueError", planned || config.size() == 1, "config must be (segments,) for chunk_sm90, got ",
              config.size(), " values");
   GR_REQUIRE("ValueError", planned || config[0] >= 1, "segments must be at least 1, got ", config[0]);
-  const char* why = sm90_unfit(s, lay, lim);
+  const char* why = sm90_unfit(s, pl.dtype, lay, lim, pl.varlen);
   GR_REQUIRE("ValueError", why == nullptr, "chunk_sm90 ", why ? why : "", "; got D_k=", s.Dk, ", D_v=", s.Dv,
-             ", compute capability ", lim.arch / 10, ".", lim.arch % 10, ", ", chunk_sm90_smem((int)s.Dk), " of ",
+             ", compute capability ", lim.arch / 10, ".", lim.arch % 10, ", ", chunk_sm90_smem((int)s.Dk, pl.dtype), " of ",
              lim.smem, " bytes of shared memory a block");
   pl.NV = 128;
   pl.DK = pl.DKP = (int)s.Dk;
   pl.vtiles = 1;
   pl.vec_qk = pl.vec_v = pl.vec_y = true;
-  pl.smem = chunk_sm90_smem(pl.DK);
+  pl.smem = chunk_sm90_smem(pl.DK, pl.dtype);
   const int64_t heads = s.B * s.H;
   return plan_segments(s, lim, planned ? std::max<int64_t>(1, lim.sms / std::max<int64_t>(heads, 1)) : config[0], 64, pl);
 }
@@ -3844,7 +4335,8 @@ bool plan_parallel(const Shape& s, const Layout& lay, const DeviceLimits& lim, c
 // planned chunk kernel for the dtype), "chunk_tf32", "chunk_bf16" or "chunk_sm90"; config: empty (planned) or the
 // kernel's own. Planned: the chunk kernels for long sequences (use_chunked), else parallel where it
 // wins (use_parallel) and its staging fits the device's shared memory, else recurrent. bfloat16 chunks
-// run chunk_sm90 where use_sm90 allows (Hopper), else chunk_bf16.
+// run chunk_sm90 where use_sm90 allows (Hopper), else chunk_bf16; float32 chunk_sm90 where it allows, else
+// chunk_tf32; float16 chunk_tf32.
 // reference: numerics "reference" (the PyTorch loop's rounding, one step at a time), which only the
 // recurrent kernel has.
 // varlen (cu_seqlens; s.B = sequences, s.T = the longest, or its hint): the recurrent and the chunk
@@ -3903,9 +4395,9 @@ bool make_plan(const Shape& s, DType dt, const Layout& lay, const DeviceLimits& 
   pl = Plan{};
   pl.dtype = dt;
   pl.varlen = varlen;
-  const Kernel chunked = dt != DType::bf16          ? Kernel::chunk_tf32
-                        : use_sm90(s, dt, lay, lim) ? Kernel::chunk_sm90
-                                                    : Kernel::chunk_bf16;
+  const Kernel chunked = use_sm90(s, dt, lay, lim, varlen) ? Kernel::chunk_sm90
+                        : dt == DType::bf16                 ? Kernel::chunk_bf16
+                                                            : Kernel::chunk_tf32;
   if (reference) {
     GR_REQUIRE("ValueError", kernel.empty() || kernel == "recurrent", "numerics='reference' runs the recurrent "
                "kernel only (it rounds one step at a time), got kernel '", kernel, "'");
@@ -3926,7 +4418,7 @@ bool make_plan(const Shape& s, DType dt, const Layout& lay, const DeviceLimits& 
     GR_REQUIRE("TypeError", dt != DType::bf16, "chunk_tf32 takes float32 or float16 inputs, got bfloat16");
     pl.kernel = Kernel::chunk_tf32;
   } else if (kernel == "chunk_sm90") {
-    GR_REQUIRE("TypeError", dt == DType::bf16, "chunk_sm90 takes bfloat16 inputs, got ", dtype_str(dt));
+    GR_REQUIRE("TypeError", dt != DType::f16, "chunk_sm90 takes bfloat16 or float32 inputs, got ", dtype_str(dt));
     pl.kernel = Kernel::chunk_sm90;
   } else {
     GR_REQUIRE("ValueError", kernel == "chunk_bf16", "kernel must be one of recurrent, parallel, chunked, "
@@ -3962,7 +4454,9 @@ namespace gr {
 
 std::string describe(const Plan& pl) {
   const int k = (int)pl.kernel;
-  std::string s = cat(kKernelNames[k], " (", kSourceNames[k], ", unit ", kUnitNames[unit_of(pl)], ") ");
+  const bool tf32_sm90 = pl.kernel == Kernel::chunk_sm90 && pl.dtype == DType::f32;
+  std::string s = cat(kKernelNames[k], " (", tf32_sm90 ? "CHUNK_SM90_TF32_SRC" : kSourceNames[k], ", unit ",
+                      kUnitNames[unit_of(pl)], ") ");
   if (pl.kernel == Kernel::recurrent)
     s += cat("R=", pl.R, " G=", pl.G, " JB=", pl.JB, " TC=", pl.TC, pl.vec ? " loads=16B" : " loads=scalar",
              pl.round_ref ? " numerics=reference" : "");
@@ -3976,7 +4470,7 @@ std::string describe(const Plan& pl) {
     s += cat("NV=", pl.NV, " D_k=", pl.DKP, " blocks=min(items, SMs) ring=2x", kRingD * kRingD * 4, "B cp.async",
              pl.pdl ? " pdl=on" : " pdl=off");
   else if (pl.kernel == Kernel::chunk_sm90)
-    s += cat("C=64 D_k=", pl.DK, " compiled D_v=128 segments=", pl.nseg,
+    s += cat("C=64 D_k=", pl.DK, " compiled D_v=128", tf32_sm90 ? " operands=3xTF32" : "", " segments=", pl.nseg,
              pl.nseg > 1 ? cat(" + segment_scan", pl.pdl ? " pdl=on" : " pdl=off") : "", " loads=TMA",
              pl.work_floats > 0 ? cat(" workspace=", pl.work_floats * 4, "B") : "");
   else
@@ -4433,7 +4927,7 @@ SOURCES = {"prelude": PRELUDE_SRC, "device": DEVICE_SRC, "recurrent": RECURRENT_
            "parallel": PARALLEL_SRC,
            "chunk": CHUNK_SRC,
            "segment_scan": SEGMENT_SCAN_SRC, "tf32_mma": TF32_MMA_SRC, "chunk_tf32": CHUNK_TF32_SRC, "chunk_bf16": CHUNK_BF16_SRC,
-           "wgmma": WGMMA_SRC, "chunk_sm90": CHUNK_SM90_SRC, "decode": DECODE_SRC, "host": HOST_SRC, "host_run": HOST_RUN_SRC}
+           "wgmma": WGMMA_SRC, "sm90": SM90_SRC, "chunk_sm90_tf32": CHUNK_SM90_TF32_SRC, "chunk_sm90": CHUNK_SM90_SRC, "decode": DECODE_SRC, "host": HOST_SRC, "host_run": HOST_RUN_SRC}
 
 # Each unit's CUDA sources (PRELUDE and DEVICE first) and C entry point; core adds the host file.
 _UNIT_CUDA = {
@@ -4441,7 +4935,7 @@ _UNIT_CUDA = {
     "chunk_tf32": [CHUNK_SRC, SEGMENT_SCAN_SRC, TF32_MMA_SRC, CHUNK_TF32_SRC],
     "chunk_bf16": [CHUNK_SRC, SEGMENT_SCAN_SRC, CHUNK_BF16_SRC],
     "reference": [RECURRENT_SRC, REFERENCE_SRC],
-    "chunk_sm90": [CHUNK_SRC, SEGMENT_SCAN_SRC, WGMMA_SRC, CHUNK_SM90_SRC],
+    "chunk_sm90": [CHUNK_SRC, SEGMENT_SCAN_SRC, WGMMA_SRC, SM90_SRC, CHUNK_SM90_TF32_SRC, CHUNK_SM90_SRC],
     "decode": [DECODE_SRC],
 }
 # Units built for one target whatever the device or TORCH_CUDA_ARCH_LIST (wgmma is sm_90a-only code).
