@@ -80,13 +80,17 @@ ELEM_SIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 def chunk_kernel(shape, dtype):
-    """The planned chunk kernel for contiguous inputs: chunk_sm90 for bfloat16 with D_k 64 or 128, D_v 128
-    and B*H*T >= 8192 on compute capability 9.0 (or without a device: plan() then answers for an H200),
-    else CHUNK_KERNEL's."""
+    """The planned chunk kernel for contiguous inputs (dense, not packed): chunk_sm90 with B*H*T >= 8192 on
+    compute capability 9.0 (or without a device: plan() then answers for an H200) for bfloat16 with D_k 64
+    or 128 and D_v 128, and for float32 with D_k = D_v = 128 (its TF32 instantiation); else CHUNK_KERNEL's
+    (float16 never runs chunk_sm90)."""
     dtype = getattr(torch, str(dtype).replace("torch.", ""))
+    B, T, H, Dk, Dv = shape
     hopper = not torch.cuda.is_available() or torch.cuda.get_device_capability() == (9, 0)
-    big = shape[0] * shape[1] * shape[2] >= 8192
-    if hopper and big and dtype == torch.bfloat16 and shape[3] in (64, 128) and shape[4] == 128:
+    big = B * H * T >= 8192
+    serves = (dtype == torch.bfloat16 and Dk in (64, 128) and Dv == 128) or \
+        (dtype == torch.float32 and Dk == Dv == 128)
+    if hopper and big and serves:
         return "chunk_sm90"
     return CHUNK_KERNEL[dtype]
 
@@ -138,6 +142,22 @@ def misaligned(x):
     """The same values one element past a 16-byte boundary (unit strides, rows not 16-byte aligned)."""
     flat = torch.cat([x.new_zeros(1), x.flatten()])
     return flat[1:].view(x.shape)
+
+
+def with_layout(xs, case):
+    """q, k, v in the layouts TMA maps describe: grouped heads (q and k one head expanded, stride 0), a
+    broadcast batch, (B, H, T, D) memory viewed as (B, T, H, D), rows padded past D by 8 elements (16 bytes
+    in 16-bit dtypes, 32 in float32: the rows stay 16-byte aligned)."""
+    q, k, v, g, b = xs
+    if case == "heads-broadcast":
+        q, k = (x[:, :, :1].expand_as(x) for x in (q, k))
+    elif case == "batch-broadcast":
+        q, k = (x[:1].expand_as(x) for x in (q, k))
+    elif case == "bhtd":
+        q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
+    else:
+        q, k, v = (torch.nn.functional.pad(x, (0, 8))[..., :x.shape[-1]] for x in (q, k, v))
+    return [q, k, v, g, b]
 
 
 def instance_inputs(shape, layout, dtype, gate=None):

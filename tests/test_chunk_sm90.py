@@ -1,14 +1,15 @@
-"""GPU (compute capability 9.0): chunk_sm90, the Hopper chunk kernel of bfloat16 inputs on wgmma (state in
-accumulators, chunks of 64): both instantiations (D_k 64, 128) with one and several segments, ragged last
-chunks and states, gate classes within 1.1x of the exact answer's own bf16 rounding, NaN and inf, float32
-gates, a CUDA graph, and what the plan sends to it and away from it."""
+"""GPU (compute capability 9.0): chunk_sm90, the Hopper chunk kernel on wgmma (state in accumulators, chunks of
+64), for bfloat16 inputs (its float32 instantiation on TF32 wgmma is test_chunk_sm90_tf32's): both bf16
+instantiations (D_k 64, 128) with one and several segments, ragged last chunks and states, gate classes within
+1.1x of the exact answer's own bf16 rounding, NaN and inf, float32 gates, a CUDA graph, and what the plan sends
+to it and away from it."""
 import pytest
 import torch
 
 from conftest import HAS_CUDA
 from helpers import (GATE_IDS, GATES, SEGMENTS, bf16_floor, check, check_chained, check_graph, check_nonfinite,
                      check_states, inputs, misaligned, ref64, rel_l2, run, shape_id, strided_state, v_with,
-                     with_beta_zero_negative_large, with_nan)
+                     with_beta_zero_negative_large, with_layout, with_nan)
 
 HOPPER = HAS_CUDA and torch.cuda.get_device_capability() == (9, 0)
 sm90 = pytest.mark.skipif(not HOPPER, reason="needs compute capability 9.0 (wgmma)")
@@ -120,21 +121,6 @@ def test_planned_call_is_chunk_sm90(sol):
     assert torch.equal(run(sol, xs), run(sol, xs, KERNEL))
 
 
-def with_layout(xs, case):
-    """q, k, v in the layouts TMA maps describe: grouped heads (q and k one head expanded, stride 0), a
-    broadcast batch, (B, H, T, D) memory viewed as (B, T, H, D), rows padded past D."""
-    q, k, v, g, b = xs
-    if case == "heads-broadcast":
-        q, k = (x[:, :, :1].expand_as(x) for x in (q, k))
-    elif case == "batch-broadcast":
-        q, k = (x[:1].expand_as(x) for x in (q, k))
-    elif case == "bhtd":
-        q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
-    else:
-        q, k, v = (torch.nn.functional.pad(x, (0, 8))[..., :x.shape[-1]] for x in (q, k, v))
-    return [q, k, v, g, b]
-
-
 @sm90
 @pytest.mark.parametrize("case", ["heads-broadcast", "batch-broadcast", "bhtd", "padded-rows"])
 @pytest.mark.parametrize("dk", [64, 128])
@@ -146,24 +132,25 @@ def test_layouts_stay_on_chunk_sm90(sol, dk, case):
 
 
 @sm90
-@pytest.mark.parametrize("case", ["dv64", "dk96", "misaligned", "float32"])
+@pytest.mark.parametrize("case", ["dv64", "dk96", "misaligned", "float16"])
 def test_other_inputs_stay_on_chunk_bf16_or_tf32(sol, case):
-    """The plan sends what chunk_sm90 does not serve to the mma.sync kernels, bitwise as asked by name."""
+    """The plan sends what chunk_sm90 does not serve to the mma.sync kernels, bitwise as asked by name
+    (float16, D 128: chunk_tf32; float32 D 128 is test_chunk_sm90_tf32's)."""
     shape = {"dv64": (1, 300, 2, 64, 64), "dk96": (1, 300, 2, 96, 128)}.get(case, (1, 300, 2, 128, 128))
-    xs = inputs(*shape, dtype=torch.float32 if case == "float32" else BF16)
+    xs = inputs(*shape, dtype=torch.float16 if case == "float16" else BF16)
     if case == "misaligned":
         xs[:3] = [misaligned(x) for x in xs[:3]]
-    other = "chunk_tf32" if case == "float32" else "chunk_bf16"
+    other = "chunk_tf32" if case == "float16" else "chunk_bf16"
     assert torch.equal(run(sol, xs), run(sol, xs, other))
 
 
 @plan_only
-@pytest.mark.parametrize("case", ["float32", "dk96", "dv64", "misaligned", "step-stride-0", "config"])
+@pytest.mark.parametrize("case", ["float16", "dk96", "dv64", "misaligned", "step-stride-0", "config"])
 def test_refusals_name_the_reason(sol, case):
     xs = inputs(1, 100, 1, 128, 128, dtype=BF16, device=DEV)
     config = ()
-    if case == "float32":
-        xs, err, msg = [x.float() for x in xs], TypeError, "chunk_sm90 takes bfloat16 inputs, got float32"
+    if case == "float16":
+        xs, err, msg = [x.half() for x in xs], TypeError, "chunk_sm90 takes bfloat16 or float32 inputs, got float16"
     elif case == "dk96":
         xs, err, msg = inputs(1, 100, 1, 96, 128, dtype=BF16, device=DEV), ValueError, "D_k 64 or 128 with D_v 128"
     elif case == "dv64":

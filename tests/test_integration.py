@@ -47,8 +47,10 @@ def test_current_stream_is_used(sol, shape, dtype):
 
 @pytest.mark.parametrize("shape,dtype", [((2, 200, 4, 64, 48), FP32), (RECURRENT_SHAPE, FP32),
                                          ((2, 900, 4, 64, 48), FP32), ((2, 900, 4, 64, 48), FP16),
-                                         ((2, 900, 4, 64, 48), BF16), ((1, 4096, 2, 128, 128), FP32)],
-                         ids=["short", "recurrent", "chunk_tf32", "chunk_tf32-fp16", "chunk_bf16", "segments"])
+                                         ((2, 900, 4, 64, 48), BF16), ((1, 4096, 2, 64, 64), FP32),
+                                         ((1, 4096, 2, 128, 128), FP32)],
+                         ids=["short", "recurrent", "chunk_tf32", "chunk_tf32-fp16", "chunk_bf16", "segments",
+                              "segments-d128"])  # d128: chunk_sm90's float32 instantiation on Hopper
 def test_deterministic_bitwise(sol, shape, dtype):
     xs = inputs(*shape, dtype=dtype)
     assert torch.equal(sol.gated_recurrence(*xs), sol.gated_recurrence(*xs))

@@ -7,8 +7,8 @@ import re
 import pytest
 import torch
 
-from helpers import (BOUNDARY, CHUNK_INSTANCES, H200_SMEM, PAIR_CONFIGS, PARALLEL_ROWS, PARALLEL_TILES, SPEC, parallel_nv,
-                     parallel_smem, planned_kernel, shape_id)
+from helpers import (BOUNDARY, CHUNK_INSTANCES, H200_SMEM, PAIR_CONFIGS, PARALLEL_ROWS, PARALLEL_TILES, SPEC,
+                     chunk_kernel, parallel_nv, parallel_smem, planned_kernel, shape_id)
 
 GLOBAL_KERNEL = r"__global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)_kernel\("
 DTYPE_NAMES = ["float32", "float16", "bfloat16"]
@@ -130,26 +130,39 @@ def test_parallel_plan(sol, shape, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPE_NAMES)
 def test_chunk_kernel_by_dtype(sol, dtype):
-    """bf16 inputs on chunk_sm90 (Hopper, D = 128) or chunk_bf16, fp32 and fp16 on chunk_tf32; a torch
-    dtype or its name."""
+    """bf16 inputs on chunk_sm90 (Hopper, D_v = 128, B*H*T >= 8192) or chunk_bf16, fp32 on chunk_sm90 (Hopper,
+    D_k = D_v = 128, B*H*T >= 8192: its TF32 instantiation) or chunk_tf32, fp16 on chunk_tf32; a torch dtype or
+    its name."""
     for name in (dtype, getattr(torch, dtype)):
         assert sol.plan(8, 2048, 16, 128, 128, name).split()[0] == planned_kernel((8, 2048, 16, 128, 128), name)
         assert sol.plan(*SPEC, name).split()[0] == planned_kernel(SPEC, name)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("shape", [(4, 1024, 8, 64, 64), (8, 2048, 16, 128, 128), (1, 8192, 8, 128, 128),
                                    (1, 65536, 8, 128, 128), (1, 300, 3, 24, 100), (2, 5000, 7, 64, 200)],
                          ids=["S1", "S2", "S3", "T65536", "300x24x100", "5000x64x200"])
-def test_segments_fill_one_wave_and_no_more(sol, shape):
-    """The output phase takes as many segments as fit two blocks per SM once, never a block more: 17
-    segments at T = 65536 (272 blocks for 264 slots) took 2.70 ms on the H200 against 1.90 ms for 16.
-    NV is read from the plan where it says it, else the rule (32 for D_v <= 32, else 64)."""
+def test_segments_fill_one_wave_and_no_more(sol, shape, dtype):
+    """The output phase takes as many segments as fit its blocks on the SMs once, never a block more. The
+    mma.sync kernels (chunk_tf32: float16 everywhere, float32 but where chunk_sm90 takes it): two blocks per
+    SM; 17 segments at T = 65536 (272 blocks for 264 slots) took 2.70 ms on the H200 against 1.90 ms for 16.
+    NV is read from the plan where it says it, else the rule (32 for D_v <= 32, else 64). chunk_sm90 (float32
+    with D = 128 on Hopper, B*H*T >= 8192): one block of D_v = 128 an SM, chunks of 64, several segments where
+    B*H leaves SMs idle."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
     B, T, H, Dk, Dv = shape
-    text = sol.plan(B, T, H, Dk, Dv)
+    text = sol.plan(B, T, H, Dk, Dv, dtype)
+    assert text.split()[0] == chunk_kernel(shape, dtype), text
+    nseg = int(re.search(r"\bsegments=(\d+)", text).group(1))
+    if text.startswith("chunk_sm90"):
+        assert dtype == "float32" and Dk == Dv == 128, text
+        tiles, chunks, slots = B * H, -(-T // 64), sms
+        assert 1 <= nseg <= chunks, text
+        assert tiles * nseg <= max(slots, tiles), text
+        assert nseg > 1 or 2 * tiles > slots, text
+        return
     found = re.search(r"\bNV=(\d+)", text)
     nv = int(found.group(1)) if found else (32 if Dv <= 32 else 64)
-    nseg = int(re.search(r"\bsegments=(\d+)", text).group(1))
     tiles, chunks = B * H * -(-Dv // nv), -(-T // 32)
     assert 1 <= nseg <= chunks, text
     assert tiles * nseg <= max(2 * sms, tiles), text

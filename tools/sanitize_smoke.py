@@ -69,8 +69,8 @@ if "--decode-only" in sys.argv:
     print("sanitize smoke (decode only): done")
     sys.exit(0)
 
-# chunk_sm90 (compute capability 9.0): both D_k, ragged and whole chunks, segments, states, a NaN in v
-# (the FMA path), float32 gates
+# chunk_sm90 (compute capability 9.0): bfloat16 with both D_k, ragged and whole chunks, segments, states, a NaN
+# in v (the FMA path), float32 gates; then float32
 if torch.cuda.get_device_capability() == (9, 0):
     for B, T, H, Dk, cfg in [(1, 150, 2, 128, (1,)), (2, 70, 1, 64, (2,)), (1, 300, 1, 128, (3,)), (1, 33, 1, 64, ())]:
         xs = reference.make_inputs(B, T, H, Dk, 128, dtype=torch.bfloat16, device="cuda")
@@ -81,6 +81,18 @@ if torch.cuda.get_device_capability() == (9, 0):
         solution._gated_recurrence_with(*xs[:3], xs[3].float(), xs[4].float(), kernel="chunk_sm90", config=cfg)
     # TMA maps of other layouts: q and k one head expanded (stride 0), v in (B, H, T, D) memory
     xs = reference.make_inputs(2, 100, 2, 128, 128, dtype=torch.bfloat16, device="cuda")
+    xs[0], xs[1] = xs[0][:, :, :1].expand_as(xs[0]), xs[1][:, :, :1].expand_as(xs[1])
+    xs[2] = xs[2].transpose(1, 2).contiguous().transpose(1, 2)
+    solution._gated_recurrence_with(*xs, kernel="chunk_sm90", config=(2,))
+    # float32 (TF32): ragged and whole chunks, segments (state phase), states, a NaN in v (its FMA path), the
+    # layouts above
+    for B, T, H, cfg in [(1, 150, 2, (1,)), (2, 70, 1, (2,)), (1, 300, 1, (3,)), (1, 33, 1, ())]:
+        xs = reference.make_inputs(B, T, H, 128, 128, device="cuda")
+        solution._gated_recurrence_with(*xs, kernel="chunk_sm90", config=cfg, initial_state=torch.randn(B, H, 128, 128, device="cuda"),
+                                        output_final_state=True)
+        xs[2][0, T // 2, 0, 3] = float("nan")
+        solution._gated_recurrence_with(*xs, kernel="chunk_sm90", config=cfg)
+    xs = reference.make_inputs(2, 100, 2, 128, 128, device="cuda")
     xs[0], xs[1] = xs[0][:, :, :1].expand_as(xs[0]), xs[1][:, :, :1].expand_as(xs[1])
     xs[2] = xs[2].transpose(1, 2).contiguous().transpose(1, 2)
     solution._gated_recurrence_with(*xs, kernel="chunk_sm90", config=(2,))
