@@ -2350,44 +2350,48 @@ extern "C" int gr_execute_chunk_bf16(const gr::Plan* pl, const gr::Problem* pr, 
 """
 
 
-def _wgmma(n, rs, tb, zero):
-    """One bf16 wgmma m64n{n}k16 with fp32 accumulators d[n / 2], as an inline function for WGMMA_SRC: SS (A
-    and B shared-memory descriptors) or RS (A as four registers); tb: B is MN-major (transposed). zero:
-    d = A B with d output only (the compiler keeps no earlier value of it alive), else d += A B, or
-    d = A B where scale_d is 0."""
+def _wgmma(n, rs, tb, zero, kind="bf16"):
+    """One wgmma with fp32 accumulators d[n / 2], as an inline function for WGMMA_SRC: kind "bf16" (m64n{n}k16,
+    named by n: wgmma_rs64...) or "tf32" (m64n{n}k8, an overload on d's size: wgmma_tf32_rs...; TF32 has no
+    transpose, so tb is 0; the dev/ probes build the SS forms too, tools/sm90_build.py). SS (A and B
+    shared-memory descriptors) or RS (A as four registers); tb: B is MN-major (transposed). zero: d = A B with d
+    output only (the compiler keeps no earlier value of it alive), else d += A B, or d = A B where scale_d is 0."""
     regs = n // 2
     outs = ",".join(f"%{i}" for i in range(regs))
+    trans = "" if kind == "tf32" else f", {tb}"
     if rs:
         a, b, sc = f"{{%{regs},%{regs + 1},%{regs + 2},%{regs + 3}}}", f"%{regs + 4}", f"%{regs + 5}"
-        ins, tail, sig = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), ', f"p, 1, 1, {tb}", \
+        ins, tail, sig = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), ', f"p, 1, 1{trans}", \
             "const uint32_t (&a)[4], uint64_t db"
     else:
         a, b, sc = f"%{regs}", f"%{regs + 1}", f"%{regs + 2}"
-        ins, tail, sig = '"l"(da), "l"(db), ', f"p, 1, 1, 0, {tb}", "uint64_t da, uint64_t db"
+        ins, tail, sig = '"l"(da), "l"(db), ', f"p, 1, 1{', 0' if trans else ''}{trans}", "uint64_t da, uint64_t db"
     ins += '"r"(0)' if zero else '"r"(scale_d)'
     outs_c = ", ".join(f'"{"=" if zero else "+"}f"(d[{i}])' for i in range(regs))
+    shape = f"m64n{n}k8.f32.tf32.tf32" if kind == "tf32" else f"m64n{n}k16.f32.bf16.bf16"
     body = (f'asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, {sc}, 0;\\n'
-            f'wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{outs}}}, {a}, {b}, {tail};\\n}}\\n"'
+            f'wgmma.mma_async.sync.aligned.{shape} {{{outs}}}, {a}, {b}, {tail};\\n}}\\n"'
             f' : {outs_c} : {ins});')
-    name = f"wgmma_{'rs' if rs else 'ss'}{n}{'_t' if tb else ''}{'_z' if zero else ''}"
+    name = (f"wgmma_tf32_{'rs' if rs else 'ss'}{'_z' if zero else ''}" if kind == "tf32" else
+            f"wgmma_{'rs' if rs else 'ss'}{n}{'_t' if tb else ''}{'_z' if zero else ''}")
     return (f"__device__ __forceinline__ void {name}(float (&d)[{regs}], {sig}{'' if zero else ', int scale_d'}) {{\n"
             f"#ifdef GR_WGMMA\n  {body}\n#endif\n}}\n")
 
 
-def _wgmma_tf32(n, zero):
-    """One TF32 wgmma m64n{n}k8 (RS: A as four .b32 registers, B a K-major descriptor; TF32 has no transpose),
-    fp32 accumulators d[n / 2], as an overload on d's size for WGMMA_SRC. zero as _wgmma's."""
-    regs = n // 2
-    outs = ",".join(f"%{i}" for i in range(regs))
-    a = "{" + ",".join(f"%{regs + i}" for i in range(4)) + "}"
-    ins = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), ' + ('"r"(0)' if zero else '"r"(scale_d)')
-    outs_c = ", ".join(f'"{"=" if zero else "+"}f"(d[{i}])' for i in range(regs))
-    body = (f'asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 5}, 0;\\n'
-            f'wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32 {{{outs}}}, {a}, %{regs + 4}, p, 1, 1;\\n}}\\n"'
-            f' : {outs_c} : {ins});')
-    name = f"wgmma_tf32_rs{'_z' if zero else ''}"
-    return (f"__device__ __forceinline__ void {name}(float (&d)[{regs}], const uint32_t (&a)[4], uint64_t db"
-            f"{'' if zero else ', int scale_d'}) {{\n#ifdef GR_WGMMA\n  {body}\n#endif\n}}\n")
+# One k-step of a TF32 RS product in TERMS terms: hi hi (1), + hi lo + lo hi (3: 3xTF32, fp32-level error; lo =
+# x - hi of A's and B's values); the first k-step overwrites d.
+WGMMA_TF32_SRC = r"""
+template <int TERMS, int N>
+__device__ __forceinline__ void rs_terms(float (&d)[N], const uint32_t (&ah)[4], const uint32_t (&al)[4], uint64_t bh,
+                                         uint64_t bl, bool first) {
+  if (first) wgmma_tf32_rs_z(d, ah, bh);
+  else wgmma_tf32_rs(d, ah, bh, 1);
+  if constexpr (TERMS == 3) {
+    wgmma_tf32_rs(d, ah, bl, 1);
+    wgmma_tf32_rs(d, al, bh, 1);
+  }
+}
+"""
 
 
 # chunk_sm90's wgmma instructions (n, RS, B MN-major, zero), generated: each spells out its accumulators.
@@ -2395,7 +2399,7 @@ WGMMA_FORMS = ((64, False, 0, True), (64, False, 0, False), (64, True, 0, True),
                (64, True, 1, True), (64, True, 1, False))
 # The warpgroup's helpers: fence, commit and wait around asynchronous wgmma, the setmaxnreg moves of a
 # warp-specialised kernel's registers, the async-proxy fence, the accumulator pin and the warpgroup barrier
-# (dev/tf32_probe.py and dev/chunk_sm90_tf32.py build on them too).
+# (dev/tf32_probe.py builds on them too).
 WGMMA_SYNC_SRC = r"""
 __device__ __forceinline__ void wg_fence() {
 #ifdef GR_WGMMA
@@ -2444,7 +2448,8 @@ __device__ __forceinline__ void wg_barrier(int wg) {  // the 128 threads of one 
 WGMMA_SRC = ("\n// ===================================== wgmma: chunk_sm90's instructions, generated ===========\n"
              "#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n#define GR_WGMMA 1\n#endif\nnamespace gr {\nnamespace {\n" +
              WGMMA_SYNC_SRC + "".join(_wgmma(*f) for f in WGMMA_FORMS) +
-             "".join(_wgmma_tf32(n, z) for n in (64, 128) for z in (True, False)) + "}  // namespace\n}  // namespace gr\n")
+             "".join(_wgmma(n, True, 0, z, "tf32") for n in (64, 128) for z in (True, False)) + WGMMA_TF32_SRC +
+             "}  // namespace\n}  // namespace gr\n")
 
 SM90_SRC = r"""
 // ===================================== sm90: what both chunk_sm90 instantiations share =========
@@ -2674,15 +2679,16 @@ __device__ __forceinline__ float lds_f(const unsigned char* p) { return *reinter
 __device__ __forceinline__ void sts_f(unsigned char* p, float v) { *reinterpret_cast<float*>(p) = v; }
 __device__ __forceinline__ void sts_u(unsigned char* p, uint32_t v) { *reinterpret_cast<uint32_t*>(p) = v; }
 
-// One 3xTF32 k-step of an RS product (A hi / lo in registers, B hi / lo descriptors); the first
-// overwrites d.
+// One 3xTF32 k-step of an RS product with A from four fp32 values: split, issued, committed (B hi / lo:
+// descriptors); the first overwrites d.
 template <int N>
-__device__ __forceinline__ void rs3(float (&d)[N], const uint32_t (&ah)[4], const uint32_t (&al)[4], uint64_t bh,
-                                    uint64_t bl, bool first) {
-  if (first) wgmma_tf32_rs_z(d, ah, bh);
-  else wgmma_tf32_rs(d, ah, bh, 1);
-  wgmma_tf32_rs(d, ah, bl, 1);
-  wgmma_tf32_rs(d, al, bh, 1);
+__device__ __forceinline__ void rs3_split(float (&d)[N], const float (&x)[4], uint64_t bh, uint64_t bl, bool first) {
+  uint32_t ah[4], al[4];
+#pragma unroll
+  for (int r = 0; r < 4; ++r) split_tf32_1(x[r], ah[r], al[r]);
+  wg_fence();
+  rs_terms<3>(d, ah, al, bh, bl, first);
+  wg_commit();
 }
 
 // P' from the P^T accumulators of aux warp BS (s = 16 BS + g + 8 ((i >> 1) & 1), t = 8 (i >> 2) + 2 qd +
@@ -2818,8 +2824,8 @@ __device__ __forceinline__ void tf32_aux(unsigned char* sm, const Sm90Maps& maps
           al[r] = *reinterpret_cast<const uint32_t*>(sm + TL::kKTL + off);
         }
         wg_fence();
-        rs3(P, ah, al, sm_desc(sm + TL::kQH + 2048 * kb, 1024, 128), sm_desc(sm + TL::kQL + 2048 * kb, 1024, 128),
-            kb == 0);
+        rs_terms<3>(P, ah, al, sm_desc(sm + TL::kQH + 2048 * kb, 1024, 128),
+                    sm_desc(sm + TL::kQL + 2048 * kb, 1024, 128), kb == 0);
         wg_commit();
       }
       wg_wait<0>();
@@ -2885,13 +2891,8 @@ __device__ __forceinline__ void tf32_consumer(unsigned char* sm, const Sm90Maps&
       for (int kb = 0; kb < 16; ++kb) {
         if (kb >= 4) wg_wait<3>();
         const float x[4] = {S[4 * kb], S[4 * kb + 2], S[4 * kb + 1], S[4 * kb + 3]};
-        uint32_t ah[4], al[4];
-#pragma unroll
-        for (int r = 0; r < 4; ++r) split_tf32_1(x[r], ah[r], al[r]);
-        wg_fence();
-        rs3(Y, ah, al, sm_desc(sm + TL::kQH + 2048 * kb, 1024, 128), sm_desc(sm + TL::kQL + 2048 * kb, 1024, 128),
-            kb == 0);
-        wg_commit();
+        rs3_split(Y, x, sm_desc(sm + TL::kQH + 2048 * kb, 1024, 128), sm_desc(sm + TL::kQL + 2048 * kb, 1024, 128),
+                  kb == 0);
       }
       wg_wait<0>();
       acc_fence(Y);
@@ -2944,13 +2945,8 @@ __device__ __forceinline__ void tf32_consumer(unsigned char* sm, const Sm90Maps&
         if (kb >= 2) wg_wait<1>();
         const float w0 = tb[kW + 8 * kb + qd], w1 = tb[kW + 8 * kb + qd + 4];
         const float x[4] = {vf[kb][0] * w0, vf[kb][1] * w0, vf[kb][2] * w1, vf[kb][3] * w1};
-        uint32_t ah[4], al[4];
-#pragma unroll
-        for (int r = 0; r < 4; ++r) split_tf32_1(x[r], ah[r], al[r]);
-        wg_fence();
-        rs3(U, ah, al, sm_desc(sm + TL::kKTH + 4128 * kb, 2064, 128), sm_desc(sm + TL::kKTL + 4128 * kb, 2064, 128),
-            kb == 0);
-        wg_commit();
+        rs3_split(U, x, sm_desc(sm + TL::kKTH + 4128 * kb, 2064, 128), sm_desc(sm + TL::kKTL + 4128 * kb, 2064, 128),
+                  kb == 0);
       }
       wg_wait<0>();
       acc_fence(U);
@@ -2968,13 +2964,8 @@ __device__ __forceinline__ void tf32_consumer(unsigned char* sm, const Sm90Maps&
 #pragma unroll
       for (int kb = 0; kb < 8; ++kb) {
         if (kb >= 4) wg_wait<3>();
-        uint32_t ah[4], al[4];
-#pragma unroll
-        for (int r = 0; r < 4; ++r) split_tf32_1(vf[kb][r], ah[r], al[r]);
-        wg_fence();
-        rs3(Z, ah, al, sm_desc(sm + TL::kPPH + 2080 * kb, 1040, 128), sm_desc(sm + TL::kPPL + 2080 * kb, 1040, 128),
-            kb == 0);
-        wg_commit();
+        rs3_split(Z, vf[kb], sm_desc(sm + TL::kPPH + 2080 * kb, 1040, 128),
+                  sm_desc(sm + TL::kPPL + 2080 * kb, 1040, 128), kb == 0);
       }
       wg_wait<0>();
       acc_fence(Z);

@@ -278,10 +278,10 @@ __device__ __forceinline__ void pv_product(float (&Y)[32], const float (&vf)[8][
     split4<TERMS, IR>(vf[kb], ah, al);
     wg_fence();
     const uint64_t bh = sm_desc(sm + kPPH + 2080 * kb, 1040, 128), bl = sm_desc(sm + kPPL + 2080 * kb, 1040, 128);
-    wg_rs(Y, ah, bh, 1);
+    wgmma_tf32_rs(Y, ah, bh, 1);
     if constexpr (TERMS == 3) {
-      wg_rs(Y, ah, bl, 1);
-      wg_rs(Y, al, bh, 1);
+      wgmma_tf32_rs(Y, ah, bl, 1);
+      wgmma_tf32_rs(Y, al, bh, 1);
     }
     wg_commit();
   }
@@ -404,8 +404,8 @@ __global__ void __launch_bounds__(384, 1) peak_kernel(float* out, int iters) {
     wg_fence();  // (ptxas injects it otherwise: C7519)
 #pragma unroll
     for (int u = 0; u < 16; ++u) {
-      if constexpr (RS) wg_rs(d, a, desc_at(db, 2048 * u), 1);
-      else wg_ss(d, desc_at(da, 2048 * u), desc_at(db, 2048 * u), 1);
+      if constexpr (RS) wgmma_tf32_rs(d, a, desc_at(db, 2048 * u), 1);
+      else wgmma_tf32_ss(d, desc_at(da, 2048 * u), desc_at(db, 2048 * u), 1);
     }
     wg_commit();
     wg_wait<1>();
@@ -461,16 +461,16 @@ __global__ void a2_kernel(const float* A, const float* B, float* D, int K, int l
     }
     wg_fence();
     if constexpr (RS) {
-      wg_rs(d, fh, desc_at(dbh, kbb), 1);
+      wgmma_tf32_rs(d, fh, desc_at(dbh, kbb), 1);
       if constexpr (TERMS == 3) {
-        wg_rs(d, fh, desc_at(dbl, kbb), 1);
-        wg_rs(d, fl, desc_at(dbh, kbb), 1);
+        wgmma_tf32_rs(d, fh, desc_at(dbl, kbb), 1);
+        wgmma_tf32_rs(d, fl, desc_at(dbh, kbb), 1);
       }
     } else {
-      wg_ss(d, desc_at(dah, ka), desc_at(dbh, kbb), 1);
+      wgmma_tf32_ss(d, desc_at(dah, ka), desc_at(dbh, kbb), 1);
       if constexpr (TERMS == 3) {
-        wg_ss(d, desc_at(dah, ka), desc_at(dbl, kbb), 1);
-        wg_ss(d, desc_at(dal, ka), desc_at(dbh, kbb), 1);
+        wgmma_tf32_ss(d, desc_at(dah, ka), desc_at(dbl, kbb), 1);
+        wgmma_tf32_ss(d, desc_at(dal, ka), desc_at(dbh, kbb), 1);
       }
     }
     wg_commit();
@@ -505,9 +505,9 @@ __global__ void a3_kernel(const float* A1, const float* B1, const float* A2, con
     const uint64_t da = sm_desc(sm + 4096 * step, 1024, 128), db = sm_desc(sm + 4096 * step + 2048, 1024, 128);
     wg_fence();
     if (step == 0) {
-      if constexpr (RS) wg_rs_z(d, a, db); else wg_ss_z(d, da, db);
+      if constexpr (RS) wgmma_tf32_rs_z(d, a, db); else wgmma_tf32_ss_z(d, da, db);
     } else {
-      if constexpr (RS) wg_rs(d, a, db, 1); else wg_ss(d, da, db, 1);
+      if constexpr (RS) wgmma_tf32_rs(d, a, db, 1); else wgmma_tf32_ss(d, da, db, 1);
     }
     wg_commit();
     wg_wait<0>();
@@ -549,11 +549,11 @@ __global__ void a4_kernel(const float* A0, const float* B1, const float* B2, con
     wg_fence();
 #pragma unroll
     for (int kb = 0; kb < 8; ++kb) {
-      if (kb == 0) wg_ss_z(c, dah, dbh);
-      else wg_ss(c, desc_at(dah, 2048 * kb), desc_at(dbh, 2048 * kb), 1);
+      if (kb == 0) wgmma_tf32_ss_z(c, dah, dbh);
+      else wgmma_tf32_ss(c, desc_at(dah, 2048 * kb), desc_at(dbh, 2048 * kb), 1);
       if constexpr (TERMS == 3) {
-        wg_ss(c, desc_at(dah, 2048 * kb), desc_at(dbl, 2048 * kb), 1);
-        wg_ss(c, desc_at(dal, 2048 * kb), desc_at(dbh, 2048 * kb), 1);
+        wgmma_tf32_ss(c, desc_at(dah, 2048 * kb), desc_at(dbl, 2048 * kb), 1);
+        wgmma_tf32_ss(c, desc_at(dal, 2048 * kb), desc_at(dbh, 2048 * kb), 1);
       }
     }
     wg_commit();
@@ -572,11 +572,11 @@ __global__ void a4_kernel(const float* A0, const float* B1, const float* B2, con
       uint32_t ah[4], al[4];
       split4<TERMS>(x, ah, al);
       wg_fence();
-      if (kb == 0) wg_rs_z(d, ah, dbh);
-      else wg_rs(d, ah, desc_at(dbh, 2048 * kb), 1);
+      if (kb == 0) wgmma_tf32_rs_z(d, ah, dbh);
+      else wgmma_tf32_rs(d, ah, desc_at(dbh, 2048 * kb), 1);
       if constexpr (TERMS == 3) {
-        wg_rs(d, ah, desc_at(dbl, 2048 * kb), 1);
-        wg_rs(d, al, desc_at(dbh, 2048 * kb), 1);
+        wgmma_tf32_rs(d, ah, desc_at(dbl, 2048 * kb), 1);
+        wgmma_tf32_rs(d, al, desc_at(dbh, 2048 * kb), 1);
       }
       wg_commit();
       wg_wait<0>();  // c's registers are read by these wgmmas; one k-step at a time (a correctness probe)
@@ -629,9 +629,9 @@ __global__ void a5_kernel(const float* X, const float* Yt, float* Sout, int step
       wg_fence();
 #pragma unroll
       for (int kb = 0; kb < 8; ++kb) {
-        wg_ss(S, desc_at(dxh, 2048 * kb), desc_at(dyh, 4128 * kb), 1);
-        wg_ss(S, desc_at(dxh, 2048 * kb), desc_at(dyl, 4128 * kb), 1);
-        wg_ss(S, desc_at(dxl, 2048 * kb), desc_at(dyh, 4128 * kb), 1);
+        wgmma_tf32_ss(S, desc_at(dxh, 2048 * kb), desc_at(dyh, 4128 * kb), 1);
+        wgmma_tf32_ss(S, desc_at(dxh, 2048 * kb), desc_at(dyl, 4128 * kb), 1);
+        wgmma_tf32_ss(S, desc_at(dxl, 2048 * kb), desc_at(dyh, 4128 * kb), 1);
       }
       wg_commit();
       wg_wait<0>();
@@ -641,10 +641,10 @@ __global__ void a5_kernel(const float* X, const float* Yt, float* Sout, int step
       wg_fence();
 #pragma unroll
       for (int kb = 0; kb < 8; ++kb) {
-        if (kb == 0) wg_ss_z(U, dxh, dyh);
-        else wg_ss(U, desc_at(dxh, 2048 * kb), desc_at(dyh, 4128 * kb), 1);
-        wg_ss(U, desc_at(dxh, 2048 * kb), desc_at(dyl, 4128 * kb), 1);
-        wg_ss(U, desc_at(dxl, 2048 * kb), desc_at(dyh, 4128 * kb), 1);
+        if (kb == 0) wgmma_tf32_ss_z(U, dxh, dyh);
+        else wgmma_tf32_ss(U, desc_at(dxh, 2048 * kb), desc_at(dyh, 4128 * kb), 1);
+        wgmma_tf32_ss(U, desc_at(dxh, 2048 * kb), desc_at(dyl, 4128 * kb), 1);
+        wgmma_tf32_ss(U, desc_at(dxl, 2048 * kb), desc_at(dyh, 4128 * kb), 1);
       }
       wg_commit();
       wg_wait<0>();

@@ -2,7 +2,7 @@
 # One device call: build once (timed), then the steps named in $@, each with a time limit, output in $OUT.
 #   bash tools/device_run.sh buildtimes tests eval kernelbench sanitize bench sweep variants ncu wmma mma wgmma configs
 #                            decode_dev decode_sanitize backward_dev varlen_sanitize serving varlen_bench
-#                            decode_bench tf32 tf32_kernel sm90_sanitize bench_all
+#                            decode_bench tf32 sm90_sanitize bench_all
 # (kernelbench needs KernelBench's src/ in .kb/src, carried: tools/kernelbench_compare.py)
 set -u
 export TORCH_EXTENSIONS_DIR=/tmp/ext PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
@@ -25,7 +25,6 @@ for step in "$@"; do
     serving) timeout 260 python3 bench.py --shapes "" --decode --varlen --trials 20 --out $OUT 2>&1 | tee $OUT/bench_serving.log | grep -v "^{" | tail -30 | tee -a $OUT/log.txt ;;
     decode_bench) timeout 200 python3 bench.py --shapes "" --decode --trials 20 --out $OUT 2>&1 | tee $OUT/bench_decode.log | grep -v "^{" | tail -24 | tee -a $OUT/log.txt ;;
     tf32) timeout 240 python3 dev/tf32_probe.py --trials 10 2>&1 | grep -v Warn | tail -60 | tee -a $OUT/log.txt ;;
-    tf32_kernel) timeout 300 python3 dev/chunk_sm90_tf32.py --trials 20 2>&1 | grep -v Warn | tail -50 | tee -a $OUT/log.txt ;;
     varlen_bench) timeout 200 python3 bench.py --shapes "" --varlen --trials 20 --out $OUT 2>&1 | tee $OUT/bench_varlen.log | grep -v "^{" | tail -20 | tee -a $OUT/log.txt ;;
     sweep) timeout 400 python3 bench.py --sweep --trials 30 --out $OUT 2>&1 | grep -v "^{" | tail -20 | tee -a $OUT/log.txt ;;
     eval) for p in fp32 fp16 bf16; do timeout 120 python3 eval.py --precision $p 2>&1 | tail -15 | tee -a $OUT/log.txt; done ;;

@@ -1,4 +1,4 @@
-"""The sm_90a builds of the dev/ TF32 scripts (dev/tf32_probe.py, dev/chunk_sm90_tf32.py): load_inline with the
+"""The sm_90a build of the dev/ TF32 probe (dev/tf32_probe.py): load_inline with the
 ptxas report captured (registers, stack, spills, warnings a kernel: a warp-specialised kernel hangs in
 setmaxnreg.inc if ptxas gives it other registers than its split assumes), and solution.py's warpgroup helpers
 without importing solution (which would compile its core unit). No device query anywhere: `--build-only`
@@ -42,44 +42,23 @@ def solution_constant(name):
     raise RuntimeError(f"solution.py has no {name}")
 
 
-def tf32_wgmma(n, rs, zero):
-    """One wgmma.m64n{n}k8.f32.tf32.tf32 (SS: two descriptors; RS: A in four .b32 registers, B a descriptor),
-    as an overload on the accumulator's size. zero: d = A B with d output only (scale-d 0), else d += A B
-    where scale_d != 0. TF32 has no transpose immediates: the tail is scale-d, imm-scale-a, imm-scale-b."""
-    regs = n // 2
-    outs = ",".join(f"%{i}" for i in range(regs))
-    if rs:
-        a, b, sc = "{" + ",".join(f"%{regs + i}" for i in range(4)) + "}", f"%{regs + 4}", f"%{regs + 5}"
-        ins, sig = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), ', "const uint32_t (&a)[4], uint64_t db"
-    else:
-        a, b, sc = f"%{regs}", f"%{regs + 1}", f"%{regs + 2}"
-        ins, sig = '"l"(da), "l"(db), ', "uint64_t da, uint64_t db"
-    ins += '"r"(0)' if zero else '"r"(scale_d)'
-    outs_c = ", ".join(f'"{"=" if zero else "+"}f"(d[{i}])' for i in range(regs))
-    body = (f'asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, {sc}, 0;\\n'
-            f'wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32 {{{outs}}}, {a}, {b}, p, 1, 1;\\n}}\\n"'
-            f' : {outs_c} : {ins});')
-    name = f"wg_{'rs' if rs else 'ss'}{'_z' if zero else ''}"
-    return (f"__device__ __forceinline__ void {name}(float (&d)[{regs}], {sig}{'' if zero else ', int scale_d'}) {{\n"
-            f"#ifdef GR_WGMMA\n  {body}\n#endif\n}}\n")
+def solution_function(name):
+    """A module-level function of solution.py (e.g. _wgmma, the wgmma generator), compiled from its
+    source text alone."""
+    for node in ast.parse(open(os.path.join(ROOT, "solution.py")).read()).body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            scope = {}
+            exec(compile(ast.Module([node], []), "solution.py", "exec"), scope)
+            return scope[name]
+    raise RuntimeError(f"solution.py has no function {name}")
 
 
 def tf32_wgmma_src(rs_forms=(False, True)):
-    """The TF32 wgmma forms (N = 64 and 128; SS and / or RS; accumulating and zeroing) and rs_terms, the k-step of
-    an RS product in TERMS terms (hi hi, + hi lo + lo hi for 3); the first k-step overwrites d. CUDA source."""
-    forms = "".join(tf32_wgmma(n, rs, z) for n in (64, 128) for rs in rs_forms for z in (False, True))
-    return forms + r"""
-template <int TERMS, int N>
-__device__ __forceinline__ void rs_terms(float (&d)[N], const uint32_t (&ah)[4], const uint32_t (&al)[4], uint64_t bh,
-                                         uint64_t bl, bool first) {
-  if (first) wg_rs_z(d, ah, bh);
-  else wg_rs(d, ah, bh, 1);
-  if constexpr (TERMS == 3) {
-    wg_rs(d, ah, bl, 1);
-    wg_rs(d, al, bh, 1);
-  }
-}
-"""
+    """solution.py's TF32 wgmma forms (wgmma_tf32_{ss,rs}[_z]: N = 64 and 128; SS and / or RS; accumulating and
+    zeroing) and rs_terms, the k-step of an RS product in TERMS terms. CUDA source."""
+    gen = solution_function("_wgmma")
+    return "".join(gen(n, rs, 0, z, "tf32") for n in (64, 128) for rs in rs_forms for z in (False, True)) + \
+        solution_constant("WGMMA_TF32_SRC")
 
 
 def summarise_ptxas(log, namespace):
