@@ -2,7 +2,7 @@
 `git show HEAD~1:solution.py > ab/old/solution.py`): bitwise y and final state on a few cases (segments, an
 initial state, a ragged end), then KernelBench medians interleaved over --reps rounds, per shape.
 
-    python3 tools/chunk_ab.py --baseline old=ab/old/solution.py [--shapes S2,S4,S3] [--dtype float32]
+    python3 tools/chunk_ab.py --baseline old=ab/old/solution.py [--shapes S2,S4,S3] [--dtype float32] [--no-bitwise]
     (writes $OUT/chunk_ab.json with OUT set)"""
 import argparse
 import importlib.util
@@ -24,6 +24,7 @@ ap.add_argument("--shapes", default="S2,S4,S3")
 ap.add_argument("--dtype", default="float32")
 ap.add_argument("--reps", type=int, default=3)
 ap.add_argument("--trials", type=int, default=30)
+ap.add_argument("--no-bitwise", dest="bitwise", action="store_false", help="timing only (other kernels planned)")
 args = ap.parse_args()
 mods = {"new": new}
 for b in args.baseline:
@@ -34,7 +35,7 @@ for b in args.baseline:
 dtype = getattr(torch, args.dtype)
 gen = torch.Generator().manual_seed(3)
 bad = 0
-for (B, T, H, D) in [(2, 300, 3, 128), (1, 4100, 2, 128), (4, 2048, 1, 128)]:
+for (B, T, H, D) in [(2, 300, 3, 128), (1, 4100, 2, 128), (4, 2048, 1, 128)] if args.bitwise else []:
     xs = reference.make_inputs(B, T, H, D, dtype=dtype, device="cuda", generator=gen)
     s0 = torch.randn(B, H, D, D, generator=gen).cuda()
     outs = {k: m.gated_recurrence(*xs, initial_state=s0, output_final_state=True) for k, m in mods.items()}
