@@ -60,6 +60,12 @@ everything the launch depends on; plan(B, T, H, D_k, D_v, dtype) prints that rec
                   DECODE_SRC,          rows (B*H >= 2 x SMs), D_k   block an SM walks the (row, head) items; the next
                   unit decode          <= 128, 16-byte pool rows    item's state streams into a shared-memory ring by
                                                                     cp.async while the current one is computed.
+    recurrent_bwd BACKWARD_SRC         autograd's backward, every   the reverse loop of the state's gradient, element by
+                  unit backward        shape and dtype (dq: a       element: one block per (b, h) walks the D_v tiles of
+                  (built on first use) forward plan with (dy, v, k) 32 columns in order; the states come back from
+                                       and S_0^T, any kernel above) checkpoints every 64 steps, recomputed every TC
+                                                                    steps, then per step into shared memory. Sums over
+                                                                    columns add tile by tile (no atomics: deterministic).
 
 The two mma.sync chunk kernels run one skeleton (CHUNK_SRC, run_chunks): block setup, segment bounds, the
 barrier schedule and the state update; each family supplies its staging and matrix products. chunk_sm90
@@ -85,6 +91,9 @@ API:
         hints max_seqlen / cu_seqlens_cpu: no synchronization (without: cu is read back once)
     plan(B, T, H, D_k, D_v, dtype="float32", numerics="accurate", varlen=False)   # a call's launch, as text
     plan_decode(B, T, H, D_k, D_v, dtype="float32")               # the decode step's launch, as text
+    plan_backward(B, T, H, D_k, D_v, dtype="float32")             # the backward's launches, as text
+    loss.backward()   # gated_recurrence and ModelNew are differentiable in q, k, v, gate, beta, initial_state
+        (gradients in each input's dtype, fp32 arithmetic, gates in linear space: exact at 0, < 0, > 1)
     torch.compile(ModelNew(), fullgraph=True)   # traced through torch.ops.<_OPS_NS>.forward / forward_ex
     build()  /  build("chunk_bf16")             # compile units ahead of their first use (servers, benchmarks)
     built_units()                               # the units loaded in this process
@@ -93,9 +102,12 @@ Numerics: "accurate" (the functional default) computes in fp32 and rounds y once
 rounds every operation to the input dtype as reference.py's Model does in that dtype (its error
 against float64 is Model's own: float16 ~5e-4, bfloat16 ~4e-3), which KernelBench's low-precision runs
 compare against; forward only, sequential, on the recurrent kernel.
+Autograd: with grad mode on and an argument that requires grad, gated_recurrence runs through the
+registered operators, whose backward saves only the inputs and recomputes the states (numerics
+"reference" included: its gradient is the exact recurrence's). cu_seqlens calls and the decode step
+are forward only: an input that requires grad there raises NotImplementedError naming it.
 Errors: a bad argument raises ValueError or TypeError naming it (checked in C++ before any launch);
-an input that requires grad raises NotImplementedError naming it (no backward yet; torch.no_grad()
-runs the call); a failed launch raises RuntimeError naming the launch. Timings live in BENCHMARKS.md.
+a failed launch raises RuntimeError naming the launch. Timings live in BENCHMARKS.md.
 """
 import ctypes
 import hashlib
@@ -132,14 +144,14 @@ if _CUDA_HOME:
         sys.modules["torch.utils.cpp_extension"].CUDA_HOME = _CUDA_HOME
 from torch.utils.cpp_extension import load_inline  # noqa: E402
 
-__all__ = ["ModelNew", "gated_recurrence", "gated_recurrence_decode_", "plan", "plan_decode", "build", "built_units",
-           "KERNELS", "UNITS"]
+__all__ = ["ModelNew", "gated_recurrence", "gated_recurrence_decode_", "plan", "plan_decode", "plan_backward", "build",
+           "built_units", "KERNELS", "UNITS"]
 
 # Every kernel a plan can name (tests check it against the __global__ kernels and plan()).
 KERNELS = ("recurrent", "parallel", "chunk_tf32", "chunk_bf16", "chunk_sm90", "segment_scan", "decode",
-           "decode_persistent")
+           "decode_persistent", "recurrent_bwd")
 # Build units: core (host code, recurrent, parallel) at import; each chunk family and the reference rounding on first use.
-UNITS = ("core", "chunk_tf32", "chunk_bf16", "reference", "chunk_sm90", "decode")
+UNITS = ("core", "chunk_tf32", "chunk_bf16", "reference", "chunk_sm90", "decode", "backward")
 
 # ---------------------------------------------------------------------------------------------
 # CUDA and C++ sources, one constant per kernel family. A unit is PRELUDE + DEVICE + its families
@@ -164,8 +176,9 @@ enum : int {
 };
 enum class DType : int { f32 = 0, f16 = 1, bf16 = 2 };
 enum class Kernel : int { recurrent = 0, parallel = 1, chunk_tf32 = 2, chunk_bf16 = 3, chunk_sm90 = 4, decode = 5,
-                          decode_persistent = 6 };
-enum class Unit : int { core = 0, chunk_tf32 = 1, chunk_bf16 = 2, reference = 3, chunk_sm90 = 4, decode = 5 };  // a launch's build unit
+                          decode_persistent = 6, recurrent_bwd = 7 };
+enum class Unit : int { core = 0, chunk_tf32 = 1, chunk_bf16 = 2, reference = 3, chunk_sm90 = 4, decode = 5,
+                        backward = 6 };  // a launch's build unit
 
 struct Strides4 { int64_t b, t, h, d; };
 struct Strides3 { int64_t b, t, h; };
@@ -185,6 +198,16 @@ struct Problem {
   const void* idx = nullptr; int64_t idx_stride = 0; int64_t P = 0; bool idx64 = false;
   // varlen: one packed row of T tokens (the .b strides zero), b indexes sequences [cu[b], cu[b + 1])
   const void* cu = nullptr; int64_t cu_stride = 0; bool cu64 = false;
+};
+
+// The backward's tensors beside the forward's (q, k, v, gate, beta, s_in = S_0; y unused): dy and the final
+// state's gradient (or nullptr) in, the gradients out (ours: contiguous, each in its input's dtype; ds0
+// float32 or nullptr). dq is not here: a forward plan computes it (make_plan_backward).
+struct BwdProblem : Problem {
+  const void* dy; Strides4 sdy;
+  const float* dfinal; StateStrides sdf;
+  void *dk, *dv, *dgate, *dbeta;
+  float* ds0;
 };
 
 // Everything a launch depends on, decided once by make_plan() (host) and only executed by a unit.
@@ -211,6 +234,8 @@ struct Plan {
   int64_t work_floats;   // workspace: (nseg - 1) segment states and decays a (b, h)
   bool varlen;           // packed sequences (cu_seqlens): b is a sequence, nseg a capacity (seg_count)
   bool full;             // decode, 32-column tiles: unit-stride q, k, v rows, D_k = 32 R and whole tiles (no bounds)
+  // recurrent_bwd: R rows a thread (D_k <= 32 R), TC steps a recomputed run in shared memory, vtiles
+  // 32-column tiles (in order, in one block), blocks = B * H; workspace: checkpoints, then the tile sums
 };
 
 // parallel: prod-g doubles, then k (L rows), q (kParallelRows) and v (L rows) in the staged dtype (esize: the input
@@ -269,8 +294,15 @@ inline size_t chunk_sm90_smem(int DK, DType dt) {
 // Compiled tiles of the parallel kernel: D_k = D_v = D with rows 16-byte aligned (common small heads).
 #define GR_PARALLEL_TILES(X) X(16) X(24) X(32) X(64)
 
+// recurrent_bwd: states every kBwdCheckpoint steps a (b, h) in the workspace; the shared memory of TC states.
+enum : int { kBwdCheckpoint = 64, kBwdStateFloats = kMaxThreads * 4 };  // a state: R x kBwdStateFloats floats
+inline size_t recurrent_bwd_smem(int R, int TC) { return sizeof(float) * (size_t)TC * R * kBwdStateFloats; }
+// Rows a thread of recurrent_bwd (D_k <= 32 R): its instantiations.
+#define GR_BWD_ROWS(X) X(1) X(2) X(4) X(8)
+
 // A unit's entry point: runs every launch of the plan on the stream; on failure returns the CUDA error
-// and names the launch in *failed. `work` holds plan.work_floats floats (or is nullptr).
+// and names the launch in *failed. `work` holds plan.work_floats floats (or is nullptr). The backward
+// unit's Problem is a BwdProblem.
 using ExecuteFn = int (*)(const Plan*, const Problem*, float* work, cudaStream_t, const char** failed);
 }  // namespace gr
 extern "C" int gr_execute_core(const gr::Plan*, const gr::Problem*, float*, cudaStream_t, const char**);
@@ -3842,6 +3874,303 @@ extern "C" int gr_execute_decode(const gr::Plan* pl, const gr::Problem* pr, floa
 }
 """
 
+BACKWARD_SRC = r"""
+// ===================================== recurrent_bwd: the reverse loop, element by element =====
+// The state's gradient Sh_t = dL/dS_t (steps t = 1..T, S_t the state after step t) runs backwards:
+//   Sh_T = G + q_T dy_T^T (G: the final state's gradient, or 0),   Sh_{t-1} = g_t Sh_t + q_{t-1} dy_{t-1}^T,
+//   dS_0 = g_1 Sh_1,   u_t = Sh_t v_t,   dk_t = beta_t u_t,   dbeta_t = k_t . u_t,   dv_t = beta_t Sh_t^T k_t,
+//   dgate_t = <Sh_t, S_{t-1}> (Frobenius).
+// Products only, no division by a gate or beta: gates of 0, < 0 and > 1 are exact. dq_t = S_t dy_t is a
+// forward pass, which the host plans (make_plan_backward). S_{t-1} is needed in reverse order: the block
+// runs the forward once and keeps the state every kBwdCheckpoint steps (workspace); for each such span,
+// backwards, it recomputes the state every TC steps (workspace), and for each run of TC steps, backwards,
+// the TC states before its steps (shared memory; a thread reads back only what it wrote: no barrier).
+// The update is the recurrent kernel's, fmaf(g, S, k (beta v)): the recomputed states are bitwise its.
+// Layout: a block a (b, h), 256 threads; thread tid holds elements (tid / 8 + 32 r, 32 tile + 4 (tid % 8) + e),
+// r < R, e < 4, of one 32-column tile of the state. The block walks the D_v tiles in order; dk, dgate and
+// dbeta (sums over all columns) add up tile by tile in fp32 in the workspace: deterministic, no atomics.
+namespace gr {
+namespace {
+
+struct BwdParams : BwdProblem {
+  int vtiles, TC, nck, nsub;  // 32-column tiles; steps a recomputed run; checkpoints a (b, h); runs a span
+  float* ckpt;                // a block's nck checkpoints, then its nsub run starts (put_state layout)
+  float* acc;                 // tile sums, rows (b, t, h) of D_k + 2 floats (vtiles > 1), or nullptr
+};
+
+// This thread's R x 4 values of a state at [(r * 256 + tid) * 4 + e]: float4s, consecutive threads adjacent.
+template <int R>
+__device__ __forceinline__ void put_state(float* dst, const float (&S)[R][4]) {
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    reinterpret_cast<float4*>(dst)[r * kMaxThreads + threadIdx.x] = make_float4(S[r][0], S[r][1], S[r][2], S[r][3]);
+}
+template <int R>
+__device__ __forceinline__ void get_state(const float* src, float (&S)[R][4]) {
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const float4 x = reinterpret_cast<const float4*>(src)[r * kMaxThreads + threadIdx.x];
+    S[r][0] = x.x; S[r][1] = x.y; S[r][2] = x.z; S[r][3] = x.w;
+  }
+}
+// This thread's values of a (B, H, D_k, D_v) fp32 state (any strides) of (b, h); zero without one or past D.
+template <int R>
+__device__ __forceinline__ void load_state_tile(const float* base, StateStrides ss, int64_t b, int h, int Dk, int Dv,
+                                                int r0, int j0, float (&S)[R][4]) {
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = r0 + 32 * r, j = j0 + e;
+      S[r][e] = base != nullptr && i < Dk && j < Dv ? base[b * ss.b + h * ss.h + i * ss.i + j * ss.j] : 0.f;
+    }
+}
+
+// One step's values for this thread: k (and q) of its rows, v (and dy) of its columns, gate, beta; zeros
+// past D_k and D_v.
+template <int R>
+struct BwdStep { float k[R], q[R], v[4], dy[4], g, b; };
+
+template <typename E, int R, bool GRADS>
+__device__ __forceinline__ void load_bwd_step(const BwdParams& p, int64_t b, int h, int64_t t, int r0, int j0,
+                                              BwdStep<R>& s) {
+  s.g = GateSeq<E>(p.gate, b * p.sg.b + h * p.sg.h, p.g32)[t * p.sg.t];
+  s.b = GateSeq<E>(p.beta, b * p.sb.b + h * p.sb.h, p.b32)[t * p.sb.t];
+  const E* k = static_cast<const E*>(p.k) + b * p.sk.b + t * p.sk.t + h * p.sk.h;
+  const E* v = static_cast<const E*>(p.v) + b * p.sv.b + t * p.sv.t + h * p.sv.h;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int i = r0 + 32 * r;
+    s.k[r] = i < p.Dk ? to_float(k[i * p.sk.d]) : 0.f;
+  }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int j = j0 + e;
+    s.v[e] = j < p.Dv ? to_float(v[j * p.sv.d]) : 0.f;
+  }
+  if constexpr (GRADS) {
+    const E* q = static_cast<const E*>(p.q) + b * p.sq.b + t * p.sq.t + h * p.sq.h;
+    const E* dy = static_cast<const E*>(p.dy) + b * p.sdy.b + t * p.sdy.t + h * p.sdy.h;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int i = r0 + 32 * r;
+      s.q[r] = i < p.Dk ? to_float(q[i * p.sq.d]) : 0.f;
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int j = j0 + e;
+      s.dy[e] = j < p.Dv ? to_float(dy[j * p.sdy.d]) : 0.f;
+    }
+  }
+}
+
+// Elements past D_k or D_v stay exactly 0: a NaN in a real v or dy must not reach them (0 * NaN).
+template <int R>
+__device__ __forceinline__ void advance_state(const BwdStep<R>& s, const bool (&ok)[R][4], float (&S)[R][4]) {
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (ok[r][e]) S[r][e] = fmaf(s.g, S[r][e], s.k[r] * (s.b * s.v[e]));
+}
+
+// A gate or beta gradient in that input's dtype (float32 beside 16-bit q, k, v: wide).
+template <typename E>
+__device__ __forceinline__ void store_gate_grad(void* out, int64_t i, float x, bool wide) {
+  if (sizeof(E) == 4 || wide) static_cast<float*>(out)[i] = x;
+  else static_cast<E*>(out)[i] = from_float<E>(x);
+}
+// A sum over the column tiles: tile 0 writes it, the others add in order, the last stores the result.
+__device__ __forceinline__ float tile_sum(float* acc, float x, int tile, int vtiles, bool& last) {
+  last = tile == vtiles - 1;
+  if (acc == nullptr) return x;
+  if (tile > 0) x += *acc;
+  if (!last) *acc = x;
+  return x;
+}
+
+template <typename E, int R>
+__global__ void __launch_bounds__(kMaxThreads, 1) recurrent_bwd_kernel(const BwdParams p) {
+  extern __shared__ __align__(16) float runs[];         // TC states, put_state layout
+  __shared__ float red_v[2][kMaxThreads / 32][32];    // a step's column sums (dv) a warp, two steps' buffers
+  __shared__ float red_s[2][kMaxThreads / 32][2];     // a step's (dgate, dbeta) sums a warp
+  const int64_t bh = blockIdx.x, b = bh / p.H;
+  const int h = (int)(bh - b * p.H);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, r0 = tid >> 3;
+  constexpr int kState = R * kBwdStateFloats;
+  float* ck = p.ckpt + bh * (int64_t)(p.nck + p.nsub) * kState;  // checkpoints
+  float* starts = ck + (int64_t)p.nck * kState;                    // run starts of the current span
+  const int64_t H = p.H, Dk = p.Dk, Dv = p.Dv;
+  int n = 0;  // steps done: the reduction buffers' parity
+  for (int tile = 0; tile < p.vtiles; ++tile) {
+    const int j0 = 32 * tile + 4 * (tid & 7);
+    bool ok[R][4];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) ok[r][e] = r0 + 32 * r < p.Dk && j0 + e < p.Dv;
+    float S[R][4];
+    BwdStep<R> s;
+    load_state_tile(p.s_in, p.ssi, b, h, p.Dk, p.Dv, r0, j0, S);
+    for (int t = 0; t < p.T; ++t) {
+      if (t % kBwdCheckpoint == 0) put_state(ck + (int64_t)(t / kBwdCheckpoint) * kState, S);
+      load_bwd_step<E, R, false>(p, b, h, t, r0, j0, s);
+      advance_state(s, ok, S);
+    }
+    float G[R][4];  // Sh, without the current step's q dy^T until the step adds it
+    load_state_tile(p.dfinal, p.sdf, b, h, p.Dk, p.Dv, r0, j0, G);
+    for (int c = p.nck - 1; c >= 0; --c) {
+      const int c0 = c * kBwdCheckpoint, c1 = min(p.T, c0 + kBwdCheckpoint);
+      get_state(ck + (int64_t)c * kState, S);
+      for (int t = c0; t < c1; ++t) {
+        if ((t - c0) % p.TC == 0) put_state(starts + (int64_t)((t - c0) / p.TC) * kState, S);
+        load_bwd_step<E, R, false>(p, b, h, t, r0, j0, s);
+        advance_state(s, ok, S);
+      }
+      for (int a = c0 + (c1 - 1 - c0) / p.TC * p.TC; a >= c0; a -= p.TC) {
+        const int e1 = min(c1, a + p.TC);
+        get_state(starts + (int64_t)((a - c0) / p.TC) * kState, S);
+        for (int t = a; t < e1; ++t) {
+          put_state(runs + (t - a) * kState, S);
+          if (t + 1 < e1) {
+            load_bwd_step<E, R, false>(p, b, h, t, r0, j0, s);
+            advance_state(s, ok, S);
+          }
+        }
+        for (int t = e1 - 1; t >= a; --t, ++n) {
+          load_bwd_step<E, R, true>(p, b, h, t, r0, j0, s);
+          float Sp[R][4];  // the state before step t
+          get_state(runs + (t - a) * kState, Sp);
+          float u[R], dvp[4] = {0.f, 0.f, 0.f, 0.f}, dgp = 0.f;
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            u[r] = 0.f;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              if (ok[r][e]) G[r][e] = fmaf(s.q[r], s.dy[e], G[r][e]);  // Sh_t
+              u[r] = fmaf(G[r][e], s.v[e], u[r]);
+              dvp[e] = fmaf(G[r][e], s.k[r], dvp[e]);
+              dgp = fmaf(G[r][e], Sp[r][e], dgp);
+            }
+          }
+          // rows: the 8 lanes of a row group hold the tile's 32 columns
+#pragma unroll
+          for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int o = 1; o < 8; o <<= 1) u[r] += __shfl_xor_sync(0xffffffffu, u[r], o);
+          float dbp = 0.f;  // k . u over this thread's rows; one lane a row group counts them
+#pragma unroll
+          for (int r = 0; r < R; ++r) dbp = fmaf(s.k[r], u[r], dbp);
+          if ((lane & 7) != 0) dbp = 0.f;
+          // columns: lanes 8 apart share them (the warp's 4 row groups)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            dvp[e] += __shfl_xor_sync(0xffffffffu, dvp[e], 8);
+            dvp[e] += __shfl_xor_sync(0xffffffffu, dvp[e], 16);
+          }
+#pragma unroll
+          for (int o = 16; o > 0; o >>= 1) {
+            dgp += __shfl_xor_sync(0xffffffffu, dgp, o);
+            dbp += __shfl_xor_sync(0xffffffffu, dbp, o);
+          }
+          if (lane < 8)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) red_v[n & 1][warp][4 * lane + e] = dvp[e];
+          if (lane == 0) {
+            red_s[n & 1][warp][0] = dgp;
+            red_s[n & 1][warp][1] = dbp;
+          }
+          const int64_t row = (b * p.T + t) * H + h;  // our outputs are contiguous (B, T, H, ...)
+          if ((lane & 7) == 0)
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+              const int i = r0 + 32 * r;
+              if (i < p.Dk) {
+                bool last;
+                const float x = tile_sum(p.acc ? p.acc + row * (Dk + 2) + i : nullptr, s.b * u[r], tile, p.vtiles, last);
+                if (last) static_cast<E*>(p.dk)[row * Dk + i] = from_float<E>(x);
+              }
+            }
+          __syncthreads();  // also: the readers of step n - 1's buffers are done
+          if (tid < 32 && 32 * tile + tid < p.Dv) {
+            float sum = 0.f;
+#pragma unroll
+            for (int w = 0; w < kMaxThreads / 32; ++w) sum += red_v[n & 1][w][tid];
+            static_cast<E*>(p.dv)[row * Dv + 32 * tile + tid] = from_float<E>(s.b * sum);
+          }
+          if (tid == 32) {
+            float dg = 0.f, db = 0.f;
+#pragma unroll
+            for (int w = 0; w < kMaxThreads / 32; ++w) {
+              dg += red_s[n & 1][w][0];
+              db += red_s[n & 1][w][1];
+            }
+            bool last;
+            float* a = p.acc ? p.acc + row * (Dk + 2) + Dk : nullptr;
+            dg = tile_sum(a, dg, tile, p.vtiles, last);
+            db = tile_sum(a ? a + 1 : nullptr, db, tile, p.vtiles, last);
+            if (last) {
+              store_gate_grad<E>(p.dgate, row, dg, p.g32);
+              store_gate_grad<E>(p.dbeta, row, db, p.b32);
+            }
+          }
+#pragma unroll
+          for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              if (ok[r][e]) G[r][e] *= s.g;  // towards Sh_{t-1}
+        }
+      }
+    }
+    if (p.ds0 != nullptr)  // dS_0 = g_1 Sh_1: G after the last step's multiplication; ours, contiguous
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (ok[r][e]) p.ds0[(bh * Dk + r0 + 32 * r) * Dv + j0 + e] = G[r][e];
+  }
+}
+
+template <typename E>
+cudaError_t launch_recurrent_bwd(const Plan& pl, const BwdProblem& pr, float* work, cudaStream_t s) {
+  BwdParams p;
+  static_cast<BwdProblem&>(p) = pr;
+  p.vtiles = pl.vtiles;
+  p.TC = pl.TC;
+  p.nck = (pr.T + kBwdCheckpoint - 1) / kBwdCheckpoint;
+  p.nsub = kBwdCheckpoint / pl.TC;
+  p.ckpt = work;
+  p.acc = pl.vtiles > 1 ? work + pl.blocks * (int64_t)(p.nck + p.nsub) * pl.R * kBwdStateFloats : nullptr;
+#define GR_CASE(R_)                                                                             \
+  if (pl.R == R_) {                                                                             \
+    static bool done[64] = {};                                                                  \
+    const auto kernel = recurrent_bwd_kernel<E, R_>;                                            \
+    const cudaError_t err = pl.smem > 48 * 1024 ? allow_smem(kernel, done) : cudaSuccess;       \
+    return err != cudaSuccess ? err : launch_ex(kernel, dim3((unsigned)pl.blocks), pl.smem, s, false, p); \
+  }
+  GR_BWD_ROWS(GR_CASE)
+#undef GR_CASE
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace
+}  // namespace gr
+
+// The backward unit's entry point: recurrent_bwd (its Problem is a BwdProblem).
+extern "C" int gr_execute_backward(const gr::Plan* pl, const gr::Problem* pr, float* work, cudaStream_t s,
+                                   const char** failed) {
+  using namespace gr;
+  *failed = "recurrent_bwd";
+  const BwdProblem& bp = static_cast<const BwdProblem&>(*pr);
+  switch (pl->dtype) {
+    case DType::f32: return (int)launch_recurrent_bwd<float>(*pl, bp, work, s);
+    case DType::f16: return (int)launch_recurrent_bwd<__half>(*pl, bp, work, s);
+    case DType::bf16: return (int)launch_recurrent_bwd<__nv_bfloat16>(*pl, bp, work, s);
+  }
+  return (int)cudaErrorInvalidValue;
+}
+"""
+
 HOST_SRC = r"""
 // ===================================== host: argument checks, the plan, the launch ==========
 // Only the headers it needs (torch/extension.h would triple the host compile time).
@@ -3869,13 +4198,13 @@ constexpr int kMaxDim = 256;
 constexpr size_t kRecurrentSmem = 48 * 1024;  // the recurrent kernel stays under the static limit
 constexpr int64_t kChunkedMinT = 256;         // use_chunked(): from the crossover sweep (BENCHMARKS.md)
 const char* const kKernelNames[] = {"recurrent", "parallel", "chunk_tf32", "chunk_bf16", "chunk_sm90", "decode",
-                                    "decode_persistent"};
+                                    "decode_persistent", "recurrent_bwd"};
 const char* const kSourceNames[] = {"RECURRENT_SRC", "PARALLEL_SRC", "CHUNK_TF32_SRC", "CHUNK_BF16_SRC", "CHUNK_SM90_SRC",
-                                    "DECODE_SRC", "DECODE_SRC"};
-const char* const kUnitNames[] = {"core", "chunk_tf32", "chunk_bf16", "reference", "chunk_sm90", "decode"};
+                                    "DECODE_SRC", "DECODE_SRC", "BACKWARD_SRC"};
+const char* const kUnitNames[] = {"core", "chunk_tf32", "chunk_bf16", "reference", "chunk_sm90", "decode", "backward"};
 constexpr Unit kUnitOf[] = {Unit::core,       Unit::core,   Unit::chunk_tf32, Unit::chunk_bf16,
-                            Unit::chunk_sm90, Unit::decode, Unit::decode};
-constexpr int kUnits = 6;
+                            Unit::chunk_sm90, Unit::decode, Unit::decode,     Unit::backward};
+constexpr int kUnits = 7;
 // The unit that runs a plan: its kernel's, except the recurrent kernel's rounding mode (its own unit).
 inline int unit_of(const Plan& pl) { return pl.round_ref ? (int)Unit::reference : (int)kUnitOf[(int)pl.kernel]; }
 constexpr int64_t kParallelMaxT = 256;  // warp 0's lanes hold at most 8 gates each (PARALLEL_SRC)
@@ -4460,6 +4789,9 @@ std::string describe(const Plan& pl) {
   else if (pl.kernel == Kernel::decode_persistent)
     s += cat("NV=", pl.NV, " D_k=", pl.DKP, " blocks=min(items, SMs) ring=2x", kRingD * kRingD * 4, "B cp.async",
              pl.pdl ? " pdl=on" : " pdl=off");
+  else if (pl.kernel == Kernel::recurrent_bwd)
+    s += cat("rows_a_thread=", pl.R, " column_tiles=", pl.vtiles, " (in order, one block a (b, h)) checkpoints=",
+             (int)kBwdCheckpoint, " steps, recomputed runs of ", pl.TC, " workspace=", pl.work_floats * 4, "B");
   else if (pl.kernel == Kernel::chunk_sm90)
     s += cat("C=64 D_k=", pl.DK, " compiled D_v=128", tf32_sm90 ? " operands=3xTF32" : "", " segments=", pl.nseg,
              pl.nseg > 1 ? cat(" + segment_scan", pl.pdl ? " pdl=on" : " pdl=off") : "", " loads=TMA",
@@ -4595,6 +4927,88 @@ bool run_ex(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
   return true;
 }
 
+// ---- the backward (autograd): dq_t = S_t dy_t is the forward's y with (q, k, v) -> (dy, v, k) and S_0^T
+// (S^T runs S^T_t = g_t S^T_{t-1} + beta_t v_t k_t^T), so `dq` is the forward plan of that problem (any
+// kernel, the fastest that fits); `bwd`, recurrent_bwd, computes the rest (BACKWARD_SRC).
+bool make_plan_backward(const Shape& s, DType dt, const Layout& lay_dq, const DeviceLimits& lim, Plan& dq, Plan& bwd) {
+  if (!make_plan(Shape{s.B, s.T, s.H, s.Dv, s.Dk}, dt, lay_dq, lim, kPlanned, kNoConfig, false, dq)) return false;
+  bwd = Plan{};
+  bwd.kernel = Kernel::recurrent_bwd;
+  bwd.dtype = dt;
+  bwd.R = s.Dk <= 32 ? 1 : s.Dk <= 64 ? 2 : s.Dk <= 128 ? 4 : 8;  // GR_BWD_ROWS
+  bwd.NV = 32;
+  bwd.vtiles = (int)ceil_div(s.Dv, 32);
+  // the longest run of states that fits beside the static reduction buffers (8 states: 1/8 of the
+  // recompute's state stores go to the workspace)
+  const size_t fixed = 2 * (kMaxThreads / 32) * (32 + 2) * sizeof(float) + 1024;
+  for (int tc = std::min(8, 32 / bwd.R); tc >= 1 && bwd.TC == 0; tc /= 2)
+    if (recurrent_bwd_smem(bwd.R, tc) + fixed <= lim.smem) bwd.TC = tc;
+  GR_REQUIRE("ValueError", bwd.TC > 0, "recurrent_bwd needs ", recurrent_bwd_smem(bwd.R, 1) + fixed,
+             " bytes of shared memory a block at D_k = ", s.Dk, "; this device has ", lim.smem);
+  bwd.smem = recurrent_bwd_smem(bwd.R, bwd.TC);
+  bwd.blocks = s.B * s.H;
+  GR_REQUIRE("ValueError", bwd.blocks <= INT32_MAX, "B * H must be below 2^31 for the backward, got ", bwd.blocks);
+  const int64_t states = ceil_div(s.T, kBwdCheckpoint) + kBwdCheckpoint / bwd.TC;
+  bwd.work_floats = bwd.blocks * states * bwd.R * kBwdStateFloats + (bwd.vtiles > 1 ? s.B * s.T * s.H * (s.Dk + 2) : 0);
+  return true;
+}
+
+// ---- the backward: [dq, dk, dv, dgate, dbeta, dS_0] of <y, dy> + <S_T, dfinal>, each in its input's dtype and
+// shape (dS_0: float32; an empty tensor without initial_state). dy: y's gradient (any strides); dfinal: the
+// final state's, or none. Two launches: dq by a forward plan, the rest by recurrent_bwd (make_plan_backward).
+bool check_grads(const at::Tensor& dy, const at::Tensor* dfinal, const at::Tensor& q, const at::Tensor& v) {
+  GR_REQUIRE("TypeError", dy.defined(), "dy must be a tensor, got an undefined tensor");
+  GR_REQUIRE("TypeError", dy.scalar_type() == q.scalar_type(), "dy has dtype ", dtype_str(dy.scalar_type()),
+             " but q has ", dtype_str(q.scalar_type()), "; dy is the gradient of y, which has q's dtype");
+  const int64_t want[4] = {q.size(0), q.size(1), q.size(2), v.size(3)};
+  GR_REQUIRE("ValueError", dy.sizes() == at::IntArrayRef(want, 4), "dy must be (B, T, H, D_v) = ",
+             shape_str(at::IntArrayRef(want, 4)), " like y, got ", shape_str(dy.sizes()));
+  if (dfinal != nullptr) {
+    GR_REQUIRE("TypeError", dfinal->scalar_type() == at::kFloat, "dfinal (the final state's gradient) must be float32, got ",
+               dtype_str(dfinal->scalar_type()));
+    const int64_t ws[4] = {q.size(0), q.size(2), q.size(3), v.size(3)};
+    GR_REQUIRE("ValueError", dfinal->sizes() == at::IntArrayRef(ws, 4), "dfinal must be (B, H, D_k, D_v) = ",
+               shape_str(at::IntArrayRef(ws, 4)), ", got ", shape_str(dfinal->sizes()));
+  }
+  return true;
+}
+
+bool run_backward(const at::Tensor& dy, const at::Tensor* dfinal, const at::Tensor& q, const at::Tensor& k,
+                  const at::Tensor& v, const at::Tensor& gate, const at::Tensor& beta, const at::Tensor* s_in,
+                  std::vector<at::Tensor>& out) {
+  if (!check_shapes(q, k, v, gate, beta, false) || (s_in && !check_state(*s_in, q, v)) || !check_grads(dy, dfinal, q, v) ||
+      !check_devices(q, k, v, gate, beta))
+    return false;
+  const std::pair<const at::Tensor*, const char*> more[] = {{&dy, "dy"}, {dfinal, "dfinal"}, {s_in, "initial_state"}};
+  for (const auto& m : more)
+    GR_REQUIRE("ValueError", m.first == nullptr || m.first->device() == q.device(), m.second, " is on ",
+               device_str(*m.first), " but q is on ", device_str(q));
+  const c10::cuda::CUDAGuard guard(q.device());
+  Plan pdq, pbw;
+  if (!make_plan_backward(shape_of(q, v), dtype_of(q), layout_of(dy, v, k, gate, beta), device_limits(), pdq, pbw) ||
+      !unit_ready(pdq) || !unit_ready(pbw))
+    return false;
+  at::Tensor dq = at::empty(q.sizes(), q.options()), dk = at::empty(k.sizes(), k.options()),
+             dv = at::empty(v.sizes(), v.options()), dg = at::empty(gate.sizes(), gate.options()),
+             db = at::empty(beta.sizes(), beta.options());
+  at::Tensor ds0 = at::empty({0}, q.options().dtype(at::kFloat));
+  if (s_in) ds0 = q.size(1) > 0 ? at::empty(s_in->sizes(), ds0.options())  // with no steps, S_T = S_0
+                                : dfinal ? dfinal->clone(at::MemoryFormat::Contiguous) : at::zeros(s_in->sizes(), ds0.options());
+  if (dq.numel() > 0 || dv.numel() > 0) {
+    const at::Tensor s0t = s_in ? s_in->transpose(2, 3) : at::Tensor();  // a view: S_0^T for the dq pass
+    if (!execute(pdq, problem_of(dy, v, k, gate, beta, dq, s_in ? &s0t : nullptr, nullptr), q)) return false;
+    BwdProblem bp;
+    static_cast<Problem&>(bp) = problem_of(q, k, v, gate, beta, dq, s_in, nullptr);
+    bp.dy = dy.data_ptr(); bp.sdy = strides4(dy);
+    bp.dfinal = dfinal ? dfinal->data_ptr<float>() : nullptr; bp.sdf = state_strides(dfinal);
+    bp.dk = dk.data_ptr(); bp.dv = dv.data_ptr(); bp.dgate = dg.data_ptr(); bp.dbeta = db.data_ptr();
+    bp.ds0 = s_in ? ds0.data_ptr<float>() : nullptr;
+    if (!execute(pbw, bp, q)) return false;
+  }
+  out = {dq, dk, dv, dg, db, ds0};
+  return true;
+}
+
 // ---- variable-length prefill (cu_seqlens): N sequences packed into one row of T tokens.
 // cu_seqlens' values on the host (a CPU tensor, any stride): 0 first, non-decreasing, T last; the longest.
 bool check_cu_values(const at::Tensor& c, const char* name, int64_t tokens, int64_t& longest) {
@@ -4668,7 +5082,7 @@ bool run_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
   const at::Tensor* s_in = initial_state.has_value() && initial_state->defined() ? &*initial_state : nullptr;
   const at::Tensor* cu_cpu = cu_seqlens_cpu.has_value() && cu_seqlens_cpu->defined() ? &*cu_seqlens_cpu : nullptr;
   int64_t longest = -1;
-  if (!check_varlen(q, v, cu, cu_cpu, max_seqlen, s_in, kernel, longest) || !check_no_grad(q, k, v, gate, beta, s_in) ||
+  if (!check_varlen(q, v, cu, cu_cpu, max_seqlen, s_in, kernel, longest) || !check_no_grad(q, k, v, gate, beta, s_in, "initial_state", "gated_recurrence with cu_seqlens") ||
       !check_devices(q, k, v, gate, beta))
     return false;
   GR_REQUIRE("ValueError", cu.device() == q.device(), "cu_seqlens is on ", device_str(cu), " but q is on ",
@@ -4744,6 +5158,18 @@ std::string plan_decode_text(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_
   return plan_decode(Shape{B, T, H, Dk, Dv}, static_cast<DType>(dtype), Dv % 4 == 0, true, device_limits(), nv, persistent,
                      pl)
              ? describe(pl) : std::string();
+}
+
+// The backward's two plans for contiguous inputs, as text: recurrent_bwd, then "dq: " and its forward plan.
+std::string plan_backward_text(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, int64_t dtype) {
+  const Shape s{B, T, H, Dk, Dv};
+  if (!check_sizes(s)) return std::string();
+  const DType dt = static_cast<DType>(dtype);
+  const int V = 16 / elem_size(dt);
+  const Layout lay{Dv % V == 0, Dv % V == 0, Dk % V == 0, Dk % V == 0, false, true};
+  Plan dq, bwd;
+  return make_plan_backward(s, dt, lay, device_limits(), dq, bwd) ? describe(bwd) + "\ndq: " + describe(dq)
+                                                                  : std::string();
 }
 
 // plan() for Python: the planned record for contiguous inputs of this shape and dtype, as text.
@@ -4826,6 +5252,16 @@ std::vector<at::Tensor> op_forward_varlen(const at::Tensor& q, const at::Tensor&
   return out;
 }
 
+std::vector<at::Tensor> op_backward(const at::Tensor& dy, const c10::optional<at::Tensor>& dfinal, const at::Tensor& q,
+                                    const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate, const at::Tensor& beta,
+                                    const c10::optional<at::Tensor>& initial_state) {
+  std::vector<at::Tensor> out;
+  if (!run_backward(dy, dfinal.has_value() && dfinal->defined() ? &*dfinal : nullptr, q, k, v, gate, beta,
+                    initial_state.has_value() && initial_state->defined() ? &*initial_state : nullptr, out))
+    throw_last_error();
+  return out;
+}
+
 at::Tensor op_decode_(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
                       const at::Tensor& beta, const at::Tensor& state_pool, const c10::optional<at::Tensor>& state_indices) {
   const at::Tensor* idx = state_indices.has_value() && state_indices->defined() ? &*state_indices : nullptr;
@@ -4845,12 +5281,16 @@ TORCH_LIBRARY(GR_OPS_NS, m) {
   // (a!): the pool is written in place (functionalization and torch.compile see the mutation)
   m.def("decode_(Tensor q, Tensor k, Tensor v, Tensor gate, Tensor beta, Tensor(a!) state_pool, "
         "Tensor? state_indices) -> Tensor");
+  // forward and forward_ex's autograd (registered from Python): [dq, dk, dv, dgate, dbeta, dS_0 or shape (0,)]
+  m.def("backward(Tensor dy, Tensor? dfinal, Tensor q, Tensor k, Tensor v, Tensor gate, Tensor beta, "
+        "Tensor? initial_state) -> Tensor[]");
 }
 TORCH_LIBRARY_IMPL(GR_OPS_NS, CUDA, m) {
   m.impl("forward", &gr::op_forward);
   m.impl("forward_ex", &gr::op_forward_ex);
   m.impl("forward_varlen", &gr::op_forward_varlen);
   m.impl("decode_", &gr::op_decode_);
+  m.impl("backward", &gr::op_backward);
 }
 // CPU tensors reach the same checks, which refuse them by name (ValueError), as the eager call does.
 TORCH_LIBRARY_IMPL(GR_OPS_NS, CPU, m) {
@@ -4858,6 +5298,7 @@ TORCH_LIBRARY_IMPL(GR_OPS_NS, CPU, m) {
   m.impl("forward_ex", &gr::op_forward_ex);
   m.impl("forward_varlen", &gr::op_forward_varlen);
   m.impl("decode_", &gr::op_decode_);
+  m.impl("backward", &gr::op_backward);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -4904,7 +5345,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       return at::Tensor();
     return gr::run_decode(*tq, *tk, *tv, *tg, *tb, *tp, ti, nv, persistent);
   });
+  m.def("backward", [](handle dy, handle dfinal, handle q, handle k, handle v, handle gate, handle beta,
+                       handle initial_state) {
+    std::vector<at::Tensor> out;
+    const at::Tensor *tdy, *tq, *tk, *tv, *tg, *tb, *tf = nullptr, *ts = nullptr;
+    if (!gr::tensor_args({{dy, "dy"}, {q, "q"}, {k, "k"}, {v, "v"}, {gate, "gate"}, {beta, "beta"}},
+                         {&tdy, &tq, &tk, &tv, &tg, &tb}) ||
+        (!dfinal.is_none() && !gr::tensor_args({{dfinal, "dfinal"}}, {&tf})) ||
+        (!initial_state.is_none() && !gr::tensor_args({{initial_state, "initial_state"}}, {&ts})))
+      return out;
+    if (!gr::run_backward(*tdy, tf, *tq, *tk, *tv, *tg, *tb, ts, out)) out.clear();
+    return out;
+  });
   m.def("plan", &gr::plan_text);
+  m.def("plan_backward", &gr::plan_backward_text);
   m.def("plan_decode", &gr::plan_decode_text);
   m.def("last_error", [] { return gr::g_error; });
   // A chunk unit's entry point (its address from ctypes) for Unit index `unit`.
@@ -4918,7 +5372,7 @@ SOURCES = {"prelude": PRELUDE_SRC, "device": DEVICE_SRC, "recurrent": RECURRENT_
            "parallel": PARALLEL_SRC,
            "chunk": CHUNK_SRC,
            "segment_scan": SEGMENT_SCAN_SRC, "tf32_mma": TF32_MMA_SRC, "chunk_tf32": CHUNK_TF32_SRC, "chunk_bf16": CHUNK_BF16_SRC,
-           "wgmma": WGMMA_SRC, "sm90": SM90_SRC, "chunk_sm90_tf32": CHUNK_SM90_TF32_SRC, "chunk_sm90": CHUNK_SM90_SRC, "decode": DECODE_SRC, "host": HOST_SRC, "host_run": HOST_RUN_SRC}
+           "wgmma": WGMMA_SRC, "sm90": SM90_SRC, "chunk_sm90_tf32": CHUNK_SM90_TF32_SRC, "chunk_sm90": CHUNK_SM90_SRC, "decode": DECODE_SRC, "backward": BACKWARD_SRC, "host": HOST_SRC, "host_run": HOST_RUN_SRC}
 
 # Each unit's CUDA sources (PRELUDE and DEVICE first) and C entry point; core adds the host file.
 _UNIT_CUDA = {
@@ -4928,6 +5382,7 @@ _UNIT_CUDA = {
     "reference": [RECURRENT_SRC, REFERENCE_SRC],
     "chunk_sm90": [CHUNK_SRC, SEGMENT_SCAN_SRC, WGMMA_SRC, SM90_SRC, CHUNK_SM90_TF32_SRC, CHUNK_SM90_SRC],
     "decode": [DECODE_SRC],
+    "backward": [BACKWARD_SRC],
 }
 # Units built for one target whatever the device or TORCH_CUDA_ARCH_LIST (wgmma is sm_90a-only code).
 _UNIT_GENCODE = {"chunk_sm90": ["-gencode=arch=compute_90a,code=sm_90a"]}
@@ -5103,10 +5558,18 @@ def _require_tensors(required, optional=()):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
 
 
+def _needs_grad(*xs):
+    """Whether a call records autograd: grad mode on and a tensor argument that requires grad."""
+    return torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in xs)
+
+
 def _traced_call(q, k, v, gate, beta, initial_state, output_final_state, numerics):
-    """gated_recurrence through the registered operators, for torch.compile and torch.export."""
+    """gated_recurrence through the registered operators: for torch.compile and torch.export, and for autograd
+    (their registered backward); eagerly the unit the call needs is built first (the operator cannot)."""
     reference = _reference(numerics)
     _require_tensors(((q, "q"), (k, "k"), (v, "v"), (gate, "gate"), (beta, "beta")), ((initial_state, "initial_state"),))
+    if not torch.compiler.is_compiling():
+        _prepare_units(q, v, reference)
     if initial_state is None and not output_final_state:
         return _ops.forward(q, k, v, gate, beta, reference)
     out = _ops.forward_ex(q, k, v, gate, beta, initial_state, bool(output_final_state), "", [], reference)
@@ -5115,8 +5578,10 @@ def _traced_call(q, k, v, gate, beta, initial_state, output_final_state, numeric
 
 def _prepare_units(q, v, reference):
     """At trace time (the fake implementations run there, not per call): build the unit the call's plan
-    needs, since the compiled graph calls the operator, which cannot build one itself."""
-    if q.device.type != "cuda":
+    needs, since the compiled graph calls the operator, which cannot build one itself. Arguments the
+    operator will refuse are left to it (its message names them)."""
+    if q.device.type != "cuda" or q.dim() != 4 or v.dim() != 4 or q.dtype not in _DTYPES or \
+            not 1 <= q.shape[3] <= 256 or not 1 <= v.shape[3] <= 256:
         return
     dims = tuple(q.shape) + (v.shape[3],)
     if reference:
@@ -5136,6 +5601,9 @@ def _register_fake(qualname):
     return torch.library.register_fake(qualname, allow_override=True)
 
 
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
 @_register_fake(f"{_OPS_NS}::forward")
 def _forward_fake(q, k, v, gate, beta, reference):
     _prepare_units(q, v, reference)
@@ -5150,6 +5618,67 @@ def _forward_ex_fake(q, k, v, gate, beta, initial_state, want_final, kernel, con
     return [y, q.new_empty((q.shape[0], q.shape[2], q.shape[3], v.shape[3]), dtype=torch.float32)]
 
 
+# ---------------------------------------------------------------------------------------------
+# Autograd: forward and forward_ex carry a registered backward (the backward operator: dq by a forward
+# plan, the rest by recurrent_bwd). Only the inputs are saved; the backward recomputes the states.
+# ---------------------------------------------------------------------------------------------
+def _prepare_backward(dy, k):
+    """The units a backward needs, built before its operator runs (eagerly, or at trace time in the fake):
+    backward, and the unit of the forward plan that computes dq (dy, v, k)."""
+    if dy.device.type == "cuda" and "backward" not in _units:
+        build("backward")
+    _prepare_units(dy, k, False)
+
+
+@_register_fake(f"{_OPS_NS}::backward")
+def _backward_fake(dy, dfinal, q, k, v, gate, beta, initial_state):
+    _prepare_backward(dy, k)
+    ds0 = q.new_empty(initial_state.shape if initial_state is not None else (0,), dtype=torch.float32)
+    return [q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), gate.new_empty(gate.shape),
+            beta.new_empty(beta.shape), ds0]
+
+
+def _backward_call(dy, dfinal, q, k, v, gate, beta, initial_state):
+    """The backward operator (traceable): (dq, dk, dv, dgate, dbeta, dS_0 or None)."""
+    if not torch.compiler.is_compiling():
+        _prepare_backward(dy, k)
+    out = _ops.backward(dy, dfinal, q, k, v, gate, beta, initial_state)
+    return tuple(out[:5]) + (out[5] if initial_state is not None else None,)
+
+
+def _setup_forward(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:5])
+
+
+def _forward_backward(ctx, dy):
+    return _backward_call(dy, None, *ctx.saved_tensors, None)[:5] + (None,)
+
+
+def _setup_forward_ex(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:6])
+
+
+def _forward_ex_backward(ctx, *grads):
+    """grads: the gradients of [y] or [y, S_T] (a list for the Tensor[] output); None where unused."""
+    if len(grads) == 1 and isinstance(grads[0], (list, tuple)):
+        grads = grads[0]
+    q, k, v, gate, beta, initial_state = ctx.saved_tensors
+    dy = grads[0] if grads[0] is not None else q.new_zeros(q.shape[:3] + v.shape[3:])  # only S_T in the loss
+    dfinal = grads[1] if len(grads) > 1 else None
+    return _backward_call(dy, dfinal, q, k, v, gate, beta, initial_state) + (None,) * 4
+
+
+torch.library.register_autograd(f"{_OPS_NS}::forward", _forward_backward, setup_context=_setup_forward)
+torch.library.register_autograd(f"{_OPS_NS}::forward_ex", _forward_ex_backward, setup_context=_setup_forward_ex)
+
+
+def _backward_with(dy, dfinal, q, k, v, gate, beta, initial_state=None):
+    """Test and benchmark hook: the backward alone, eagerly: (dq, dk, dv, dgate, dbeta, dS_0 or None) of
+    <y, dy> + <S_T, dfinal> (dfinal None: the final state unused)."""
+    out = _call(_core.backward, dy, dfinal, q, k, v, gate, beta, initial_state)
+    return tuple(out[:5]) + (out[5] if initial_state is not None else None,)
+
+
 def gated_recurrence(q, k, v, gate, beta, initial_state=None, output_final_state=False, numerics="accurate",
                      cu_seqlens=None, max_seqlen=None, cu_seqlens_cpu=None):
     """y (B, T, H, D_v) of the gated recurrence, in q's dtype. See the module docstring.
@@ -5159,6 +5688,8 @@ def gated_recurrence(q, k, v, gate, beta, initial_state=None, output_final_state
     numerics: "accurate" (fp32 arithmetic, y rounded once to the input dtype) or "reference" (the
     PyTorch loop's rounding in the input dtype, one step at a time: what reference.py's Model computes
     in float16 or bfloat16).
+    Differentiable (autograd) in q, k, v, gate, beta and initial_state, through y and S_T: each gradient in
+    its input's dtype; the backward recomputes the states from the inputs (nothing else is saved).
 
     Variable-length (packed) sequences: cu_seqlens, int32 or int64 (N + 1,) on q's device, 0 first,
     non-decreasing, T_total last; q, k, v packed as (1, T_total, H, D), gate and beta as (1, T_total, H);
@@ -5169,12 +5700,13 @@ def gated_recurrence(q, k, v, gate, beta, initial_state=None, output_final_state
     on the GPU (CUDA-graph capturable); cu_seqlens' values are then not checked on the device: offsets are
     clamped into the packed row (no access out of bounds), y and the states of bad offsets unspecified.
     With neither, cu_seqlens is copied to the host once (a synchronization) and checked there.
-    Forward only, as the dense call.
+    Forward only (no backward for packed sequences yet).
     """
     if cu_seqlens is not None or max_seqlen is not None or cu_seqlens_cpu is not None:  # (hints alone: refused there)
         return _gated_recurrence_with(q, k, v, gate, beta, None, (), initial_state, output_final_state, numerics,
                                       cu_seqlens, max_seqlen, cu_seqlens_cpu)
-    if torch.compiler.is_compiling():  # traced: the registered operators (eager keeps the cheaper pybind calls)
+    # traced, or recording autograd: the registered operators (else the pybind calls, which cost less host time)
+    if torch.compiler.is_compiling() or _needs_grad(q, k, v, gate, beta, initial_state):
         return _traced_call(q, k, v, gate, beta, initial_state, output_final_state, numerics)
     if initial_state is None and not output_final_state:
         return _call(_core.forward, q, k, v, gate, beta, _reference(numerics))
@@ -5286,6 +5818,13 @@ def plan(B, T, H, Dk, Dv, dtype="float32", numerics="accurate", varlen=False):
     beta in that dtype: float32 gates beside 16-bit inputs take the parallel kernel's run-time
     instantiation where this says "compiled". varlen: a cu_seqlens call of B sequences, the longest T."""
     return _plan_on(B, T, H, Dk, Dv, dtype, numerics=numerics, varlen=varlen)
+
+
+def plan_backward(B, T, H, Dk, Dv, dtype="float32"):
+    """The backward's launches for contiguous inputs of this shape and dtype, as text: recurrent_bwd's record,
+    then "dq: " and the forward plan that computes dq (a forward with (dy, v, k): D_k and D_v swapped)."""
+    return _call(lambda *a: _core.plan_backward(*a) or None, int(B), int(T), int(H), int(Dk), int(Dv),
+                 _dtype_code(dtype))
 
 
 def plan_decode(B, T, H, Dk, Dv, dtype="float32", nv=0, persistent=None):
