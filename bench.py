@@ -1,9 +1,10 @@
 """Benchmark: ours vs eager reference vs torch.compile vs fla, same run, KernelBench timing.
 
     python bench.py --out DIR [--shapes S0,S1,...] [--sweep] [--configs] [--compile] [--eager-max-s 1.0]
-                    [--decode] [--varlen] [--benchmarks BENCHMARKS.md] [--from-json DIR/bench.json]
+                    [--decode] [--varlen] [--train [--train-shapes S0,S2,...]] [--benchmarks BENCHMARKS.md]
+                    [--from-json DIR/bench.json]
 
-An empty --shapes ("") measures no shape (with --decode or --varlen: those tables alone).
+An empty --shapes ("") measures no shape (with --decode, --varlen or --train: those tables alone).
 
 --sweep adds the T sweeps (B=1, H=8, D=128, fp32 and bf16, T = 256 .. 65536) and DIR/bench.png, time
 against T on log-log axes for ours, fla, eager and the floor, both dtypes.
@@ -48,6 +49,18 @@ floor (q, k, v, gate, beta read and y written over the run's copy bandwidth) and
 with B = sequences and T = the longest). Unless --no-check, y's rel-L2 against the float64 loop on the first 4
 sequences truncated to 512 tokens (ours and fla) and whether the unhinted call is bitwise the hinted one.
 bench.json's "varlen".
+
+--train adds the training table (forward + backward) at --train-shapes (default S0,S2,S2-bf16,S4-bf16), inputs
+drawn as the shapes table draws them with q, k, v, gate, beta requiring grad and a fixed dy (randn, y's dtype).
+Rows: ours forward alone; ours backward alone (_backward_with(dy, None, q, k, v, gate, beta), eagerly); ours
+forward + backward (gated_recurrence, then torch.autograd.grad of <y, dy> for all five inputs); fla's
+chunk_simple_gla (the forward call of the shapes table) forward alone and forward + backward (autograd.grad for q,
+k * beta, v, g), with k * beta and g = log(gate) (float32) made as leaves outside the timed region, so fla's chain
+back to k, beta and gate is not timed. Timed in 2 interleaved rounds of KernelBench medians (fla first each round);
+a method's time is the min of its rounds'. Unless --no-check, the gradients' rel-L2 on the first B = 1, H = 2 and
+T <= 512 of the inputs against float64 autograd through naive.recurrent_naive: ours the max over the five, fla the
+max over dq and dv (its others are w.r.t. k * beta and log(gate)). fla is skipped where it is missing or raises.
+bench.json's "train" (a list of rows).
 
 --benchmarks FILE puts the tables (with the command, date, card and torch version) into FILE between
 the lines BEGIN_MARK and END_MARK, leaving the rest of the file alone. --from-json FILE skips the
@@ -536,9 +549,163 @@ def varlen_markdown(v, copy_TBps=None):
     return "\n".join(out + [""] + [" ".join(notes)])
 
 
+TRAIN_SHAPES = "S0,S2,S2-bf16,S4-bf16"  # --train-shapes' default (names of SHAPES or SWEEP)
+TRAIN_ROUNDS = 2  # interleaved rounds (fla first each round); a method's time is the min of its rounds' medians
+TRAIN_CHECK = (1, 512, 2)  # the gradient check's slice: the first B, T (at most) and H of the timed inputs
+GRAD_NAMES = ("dq", "dk", "dv", "dgate", "dbeta")
+
+
+def fla_train_peer():
+    """fla's chunk_simple_gla as fn(q, k * beta, v, g) -> o, the forward call of fla_peers (differentiable), or
+    None when fla is missing."""
+    if os.environ.get("BENCH_NO_FLA") == "1":
+        return None
+    from importlib.util import find_spec
+    if find_spec("fla") is None:
+        print("fla not importable: fla training peer skipped", file=sys.stderr)
+        return None
+    from fla.ops.simple_gla import chunk_simple_gla
+    return lambda q, kb, v, g: chunk_simple_gla(q, kb, v, g=g, scale=1.0)[0]
+
+
+def fla_train_leaves(q, k, v, gate, beta):
+    """fla's leaves for a training step on our inputs: q, k * beta, v (the inputs' dtype) and g = log(gate) in
+    float32, each a leaf requiring grad. k * beta and log(gate) are computed here, outside any timed region, so
+    their products and the chain of kb's and g's gradients back to k, beta and gate are never timed."""
+    with torch.no_grad():
+        kb = (k * beta.unsqueeze(-1)).contiguous()
+        g = gate.float().log()
+    return [x.detach().requires_grad_() for x in (q, kb, v, g)]
+
+
+def grad_step(fn, dy):
+    """A training step of fn(*leaves) -> y: y, then torch.autograd.grad of <y, dy> for every leaf (fresh
+    gradients, nothing accumulated, nothing to zero between calls)."""
+    return lambda *xs: torch.autograd.grad(fn(*xs), xs, dy)
+
+
+def train_check(sol, inputs, dy, fla):
+    """Gradient errors on the TRAIN_CHECK slice of the inputs and dy: rel-L2 of ours' dq, dk, dv, dgate, dbeta
+    (torch.autograd.grad through gated_recurrence) against float64 autograd through naive.recurrent_naive on
+    the same (rounded) inputs, and of fla's dq and dv (its other gradients are w.r.t. k * beta and log(gate));
+    returns ({name: err}, {name: err} or None, the slice's (B, T, H))."""
+    B, T, H = (min(n, m) for n, m in zip(TRAIN_CHECK, inputs[0].shape[:3]))
+    xs = [x.detach()[:B, :T, :H].contiguous() for x in inputs]
+    w = dy[:B, :T, :H].contiguous()
+    with torch.enable_grad():
+        leaves64 = [x.double().requires_grad_() for x in xs]
+        ref = torch.autograd.grad(naive.recurrent_naive(*leaves64)[0], leaves64, w.double())
+        del leaves64
+        leaves = [x.clone().requires_grad_() for x in xs]
+        got = torch.autograd.grad(sol.gated_recurrence(*leaves), leaves, w)
+        ours = {n: rel_l2(g, r) for n, g, r in zip(GRAD_NAMES, got, ref)}
+        theirs = None
+        if fla is not None:
+            try:
+                fl = fla_train_leaves(*xs)
+                fg = torch.autograd.grad(fla(*fl), fl, w)
+                theirs = {"dq": rel_l2(fg[0], ref[0]), "dv": rel_l2(fg[2], ref[2])}
+            except Exception as e:  # noqa: BLE001 (fla's failures: Triton, shapes; its row says so)
+                print(f"  fla gradient check skipped: {type(e).__name__}: {e}", flush=True)
+    return ours, theirs, (B, T, H)
+
+
+def train_row(sol, name, shape, args, fla):
+    """One row of the training table: ours forward alone, backward alone (_backward_with) and forward + backward
+    (autograd), fla's chunk_simple_gla forward and forward + backward, TRAIN_ROUNDS interleaved rounds of
+    KernelBench medians (fla first each round, the min of a method's medians), and the gradient errors."""
+    B, T, H, D, dtype = shape
+    gen = torch.Generator().manual_seed(0)
+    inputs = reference.make_inputs(B, T, H, D, dtype=dtype, device="cuda", generator=gen)
+    dy = torch.randn(B, T, H, D, generator=gen).to("cuda", dtype)  # fixed: made once, as y
+    row = {"shape": name, "B": B, "T": T, "H": H, "D": D, "dtype": str(dtype).replace("torch.", ""),
+           "rounds": TRAIN_ROUNDS, "trials": args.trials, "plan": sol.plan(B, T, H, D, D, dtype) or "-",
+           "plan_backward": (sol.plan_backward(B, T, H, D, D, dtype) or "-") if hasattr(sol, "plan_backward") else "-"}
+    leaves = [x.detach().requires_grad_() for x in inputs]  # the same storage as inputs
+    ours_step = grad_step(sol.gated_recurrence, dy)
+    fla_fns = []
+    if fla is not None:
+        fl = fla_train_leaves(*inputs)
+        try:
+            fla_step = grad_step(fla, dy)
+            fla_step(*fl)
+            torch.cuda.synchronize()
+            fla_fns = [("fla_fwdbwd", fla_step, fl), ("fla_fwd", fla, [x.detach() for x in fl])]
+        except Exception as e:  # noqa: BLE001 (a shape or dtype this fla cannot run: the row says why)
+            row["fla_skipped"] = f"{type(e).__name__}: {e}".splitlines()[0][:160]
+            print(f"  train {name}: fla skipped: {row['fla_skipped']}", flush=True)
+            del fl
+    if args.check:
+        row["grad_errs"], fla_errs, row["check_BTH"] = train_check(sol, inputs, dy, fla if fla_fns else None)
+        row["max_grad_err"] = max(row["grad_errs"].values())
+        if fla_errs is not None:
+            row["fla_grad_errs"] = fla_errs
+            row["fla_max_grad_err"] = max(fla_errs.values())
+        torch.cuda.empty_cache()
+    ours_fns = [("ours_fwdbwd", ours_step, leaves),
+                ("ours_bwd", lambda *x: sol._backward_with(dy, None, *x), inputs),
+                ("ours_fwd", sol.gated_recurrence, inputs)]  # inputs require no grad: nothing recorded
+    order = fla_fns + ours_fns  # fla first each round
+    times = {key: [] for key, *_ in order}
+    for r in range(TRAIN_ROUNDS):
+        for key, fn, xs in order:
+            times[key].append(kernelbench_time(fn, xs, trials=args.trials)["median"])
+            print(f"  train {name} round {r} {key}: {times[key][-1]:.3f} ms", flush=True)
+    for key in ("ours_fwd", "ours_bwd", "ours_fwdbwd", "fla_fwd", "fla_fwdbwd"):
+        row[key + "_ms"] = min(times[key]) if key in times else None
+    row["rounds_ms"] = times
+    row["fla_over_ours"] = row["fla_fwdbwd_ms"] / row["ours_fwdbwd_ms"] if row["fla_fwdbwd_ms"] else None
+    return row
+
+
+def train_rows(sol, args):
+    """The training table's rows, --train-shapes in order (bench.json's "train")."""
+    if not hasattr(sol, "_backward_with"):
+        sys.exit("--train: solution has no _backward_with (no backward)")
+    fla = fla_train_peer()
+    rows = []
+    for name in [n for n in args.train_shapes.split(",") if n]:
+        rows.append(train_row(sol, name, {**SHAPES, **SWEEP}[name], args, fla))
+        print(json.dumps(rows[-1]), flush=True)
+        torch.cuda.empty_cache()
+    return rows
+
+
+def train_markdown(rows):
+    """The training table (forward + backward) with its header: the method and the gradient check."""
+    r0 = rows[0]
+    chk = next((r["check_BTH"] for r in rows if "check_BTH" in r), None)
+    check = (f"grad err = rel-L2 against float64 autograd through the loop (naive.recurrent_naive) on the first "
+             f"B = {chk[0]}, H = {chk[2]} and T <= {TRAIN_CHECK[1]} of the same inputs and dy: ours the max over dq, "
+             "dk, dv, dgate, dbeta; fla the max over dq, dv (its other gradients are w.r.t. k * beta and log(gate))."
+             if chk else "no gradient check (--no-check).")
+    out = ["Training step (forward + backward), `gated_recurrence` with q, k, v, gate, beta requiring grad and a "
+           "fixed dy: KernelBench median with L2 flush, the min over "
+           f"{r0['rounds']} interleaved rounds' medians ({r0['trials']} trials each, fla first each round). ours "
+           "fwd = the forward alone (no autograd recorded); ours bwd = `_backward_with(dy, None, q, k, v, gate, "
+           "beta)` alone, eagerly; ours fwd+bwd = `gated_recurrence` then `torch.autograd.grad` of <y, dy> for all "
+           "five inputs. fla = `chunk_simple_gla(q, k * beta, v, g=log(gate), scale=1.0)` (g float32), fwd+bwd = "
+           "then `torch.autograd.grad` for q, k * beta, v, g: k * beta and log(gate) are leaves made outside the "
+           "timed region, so their products and the chain of their gradients back to k, beta and gate are not "
+           "timed (fla's row does a little less work). " + check, ""]
+    out += ["| shape | dtype | ours fwd | ours bwd | ours fwd+bwd | fla fwd | fla fwd+bwd | fla / ours (fwd+bwd) "
+            "| ours grad err | fla grad err (dq, dv) | backward plan |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        cells = [f"{r['shape']} ({r['B']},{r['T']},{r['H']},{r['D']})", r["dtype"], fmt_ms(r.get("ours_fwd_ms")),
+                 fmt_ms(r.get("ours_bwd_ms")), fmt_ms(r.get("ours_fwdbwd_ms")), fmt_ms(r.get("fla_fwd_ms")),
+                 fmt_ms(r.get("fla_fwdbwd_ms")), f"{r['fla_over_ours']:.2f}x" if r.get("fla_over_ours") else "-",
+                 f"{r['max_grad_err']:.1e}" if "max_grad_err" in r else "-",
+                 f"{r['fla_max_grad_err']:.1e}" if "fla_max_grad_err" in r else "-", r.get("plan_backward", "-")]
+        out.append("| " + " | ".join(cells) + " |")
+    skipped = [f"{r['shape']}: {r['fla_skipped']}" for r in rows if r.get("fla_skipped")]
+    if skipped:
+        out += ["", "fla skipped (it raised): " + "; ".join(skipped) + "."]
+    return "\n".join(out)
+
+
 def tables(result):
-    """bench.md: the shapes table (when the run measured shapes), the floor table, the decode table and the
-    varlen table when the run has them."""
+    """bench.md: the shapes table (when the run measured shapes), the floor table, the decode table, the
+    varlen table and the training table when the run has them."""
     parts = [markdown(result["rows"])] if result.get("rows") else []
     if result.get("floor"):
         parts.append(floor_markdown(result["floor"]))
@@ -547,6 +714,8 @@ def tables(result):
                                      result.get("rates", {}).get("copy_TBps")))
     if result.get("varlen"):
         parts.append(varlen_markdown(result["varlen"], result.get("rates", {}).get("copy_TBps")))
+    if result.get("train"):
+        parts.append(train_markdown(result["train"]))
     return "\n\n".join(parts)
 
 
@@ -656,9 +825,16 @@ def main():
     ap.add_argument("--decode", action="store_true", help="add table D1, the in-place decode step at B = 1 .. 512")
     ap.add_argument("--varlen", action="store_true",
                     help="add table V1, packed variable-length prefill (64 sequences, H = 32, D = 128, bf16)")
+    ap.add_argument("--train", action="store_true",
+                    help="add the training table: forward + backward, ours and fla, at --train-shapes")
+    ap.add_argument("--train-shapes", default=TRAIN_SHAPES, help="shapes of the training table (names of the shapes "
+                    f"and the sweep; default {TRAIN_SHAPES})")
     ap.add_argument("--benchmarks", help="a BENCHMARKS.md whose generated section gets the table")
     ap.add_argument("--from-json", help="regenerate the table and plot from this bench.json; measure nothing")
     args = ap.parse_args()
+    unknown = [n for n in args.train_shapes.split(",") if n and n not in {**SHAPES, **SWEEP}]
+    if args.train and not args.from_json and unknown:
+        ap.error(f"--train-shapes: unknown shapes {', '.join(unknown)} (known: {', '.join(SHAPES)}, T256 .. T65536[-bf16])")
     if args.from_json:
         result = json.load(open(args.from_json))
     else:
@@ -701,6 +877,8 @@ def measure(args):
     if args.varlen:
         result["varlen"] = varlen_rows(sol, result["rates"], args)
         torch.cuda.empty_cache()
+    if args.train:
+        result["train"] = train_rows(sol, args)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "bench.json"), "w") as f:
         json.dump(result, f, indent=1, default=str)

@@ -5656,6 +5656,9 @@ def _forward_backward(ctx, dy):
 
 def _setup_forward_ex(ctx, inputs, output):
     ctx.save_for_backward(*inputs[:6])
+    # the gradient of config must mirror its structure: torch's tensor-list support reads [] as an empty
+    # list of tensors (a node, given the gradient []), any other list of ints as one leaf (None)
+    ctx.config_grad = [] if len(inputs[8]) == 0 else None
 
 
 def _forward_ex_backward(ctx, *grads):
@@ -5665,7 +5668,7 @@ def _forward_ex_backward(ctx, *grads):
     q, k, v, gate, beta, initial_state = ctx.saved_tensors
     dy = grads[0] if grads[0] is not None else q.new_zeros(q.shape[:3] + v.shape[3:])  # only S_T in the loss
     dfinal = grads[1] if len(grads) > 1 else None
-    return _backward_call(dy, dfinal, q, k, v, gate, beta, initial_state) + (None,) * 4
+    return _backward_call(dy, dfinal, q, k, v, gate, beta, initial_state) + (None, None, ctx.config_grad, None)
 
 
 torch.library.register_autograd(f"{_OPS_NS}::forward", _forward_backward, setup_context=_setup_forward)

@@ -102,8 +102,8 @@ def test_errors_keep_their_contract_through_the_operator(sol):
         ops.forward(*xs, False)
     with pytest.raises(ValueError, match="numerics='reference' runs the recurrent kernel only"):
         ops.forward_ex(*xs, None, False, "parallel", [], True)
-    xs[2].requires_grad_(True)
-    with pytest.raises(NotImplementedError, match="^v requires grad"):
+    xs[2].requires_grad_(True)  # differentiable (issue 15): the same device check as without grad
+    with pytest.raises(ValueError, match="^q must be a CUDA tensor, got a tensor on cpu"):
         ops.forward(*xs, False)
 
 
@@ -134,6 +134,24 @@ def test_opcheck(sol, dtype, reference_numerics, wide_gates):
     torch.library.opcheck(ops.forward.default, (*xs, reference_numerics))
     s0 = strided_state(2, 3, 24, 20)
     torch.library.opcheck(ops.forward_ex.default, (*xs, s0, True, "", [], reference_numerics))
+
+
+@cuda
+def test_operators_record_autograd(sol):
+    """forward and forward_ex are differentiable (issue 15): with an input that requires grad their outputs carry
+    a grad_fn, the values those of the same call without grad."""
+    ops = ops_of(sol)
+    xs = inputs(*SPEC)
+    s0 = strided_state(2, 4, 24, 24)
+    want = ops.forward(*xs, False)
+    want_ex = ops.forward_ex(*xs, s0, True, "", [], False)
+    xs[2].requires_grad_(True)
+    y = ops.forward(*xs, False)
+    assert y.grad_fn is not None and torch.equal(y.detach(), want)
+    s0.requires_grad_(True)
+    out = ops.forward_ex(*xs, s0, True, "", [], False)
+    assert all(o.grad_fn is not None for o in out)
+    assert all(torch.equal(o.detach(), w) for o, w in zip(out, want_ex))
 
 
 @cuda

@@ -2,7 +2,8 @@
 unit "reference"), which ModelNew uses by default for float16 and bfloat16 inputs so that KernelBench's
 low-precision runs, which compare with Model run in that dtype, pass. GPU: against Model itself in each
 dtype (bitwise but for the fp32 order of the D_k sum), gate classes, NaN, states and chained calls, T up
-to 1024. CPU: the plan, the argument checks, and the refusal of inputs that require grad."""
+to 1024, autograd recorded when an input requires grad. CPU: the plan, the argument checks, and inputs that
+require grad reaching the device check."""
 import pytest
 import torch
 
@@ -140,10 +141,23 @@ def test_inputs_that_require_grad_run_under_no_grad(sol):
     xs[0].requires_grad_(True)
     with torch.no_grad():
         y = sol.ModelNew()(*xs)
+    assert y.grad_fn is None
     assert torch.equal(y, sol.ModelNew()(*[x.detach() for x in xs]))
 
 
-# ---- CPU: plan, arguments, gradients refused
+@cuda
+@pytest.mark.parametrize("dtype", LOW, ids=LOW_IDS)
+def test_inputs_that_require_grad_record_autograd(sol, dtype):
+    """With grad mode on (issue 15's backward), ModelNew's reference-numerics call records autograd, and y is
+    bitwise the call's without grad."""
+    xs = inputs(*SPEC, dtype=dtype)
+    want = sol.ModelNew()(*xs)
+    xs[0].requires_grad_(True)
+    y = sol.ModelNew()(*xs)
+    assert y.grad_fn is not None and torch.equal(y.detach(), want)
+
+
+# ---- CPU: plan, arguments, gradients
 def test_plan_names_the_reference_unit(sol):
     for dtype in ("float32", "float16", "bfloat16"):
         for shape in (SPEC, (8, 2048, 16, 128, 128)):
@@ -170,13 +184,13 @@ def test_reference_runs_only_the_recurrent_kernel(sol):
 
 
 @pytest.mark.parametrize("which", [0, 1, 2, 3, 4, 5], ids=["q", "k", "v", "gate", "beta", "initial_state"])
-def test_inputs_that_require_grad_are_refused(sol, which):
-    """No backward yet: an input that requires grad would silently get no gradient."""
+def test_inputs_that_require_grad_reach_the_device_check(sol, which):
+    """Differentiable (issue 15): an input that requires grad is no longer refused; with CPU tensors the call
+    gets as far as the device check, as without grad."""
     xs = inputs(*SPEC, device="cpu")
     s0 = torch.zeros(2, 4, 24, 24)
     (xs + [s0])[which].requires_grad_(True)
-    name = ["q", "k", "v", "gate", "beta", "initial_state"][which]
-    with pytest.raises(NotImplementedError, match=f"^{name} requires grad, but gated_recurrence has no backward"):
+    with pytest.raises(ValueError, match="^q must be a CUDA tensor"):
         if which == 5:
             sol.gated_recurrence(*xs, initial_state=s0)
         else:
