@@ -4010,11 +4010,13 @@ __global__ void __launch_bounds__(kMaxThreads, 1) recurrent_bwd_kernel(const Bwd
 #pragma unroll
       for (int e = 0; e < 4; ++e) ok[r][e] = r0 + 32 * r < p.Dk && j0 + e < p.Dv;
     float S[R][4];
-    BwdStep<R> s;
+    BwdStep<R> s, nx;  // nx: the next step's values, loaded a step ahead (their latency under this step's work)
     load_state_tile(p.s_in, p.ssi, b, h, p.Dk, p.Dv, r0, j0, S);
+    load_bwd_step<E, R, false>(p, b, h, 0, r0, j0, nx);
     for (int t = 0; t < p.T; ++t) {
+      s = nx;
+      if (t + 1 < p.T) load_bwd_step<E, R, false>(p, b, h, t + 1, r0, j0, nx);
       if (t % kBwdCheckpoint == 0) put_state(ck + (int64_t)(t / kBwdCheckpoint) * kState, S);
-      load_bwd_step<E, R, false>(p, b, h, t, r0, j0, s);
       advance_state(s, ok, S);
     }
     float G[R][4];  // Sh, without the current step's q dy^T until the step adds it
@@ -4022,23 +4024,27 @@ __global__ void __launch_bounds__(kMaxThreads, 1) recurrent_bwd_kernel(const Bwd
     for (int c = p.nck - 1; c >= 0; --c) {
       const int c0 = c * kBwdCheckpoint, c1 = min(p.T, c0 + kBwdCheckpoint);
       get_state(ck + (int64_t)c * kState, S);
+      load_bwd_step<E, R, false>(p, b, h, c0, r0, j0, nx);
       for (int t = c0; t < c1; ++t) {
+        s = nx;
+        if (t + 1 < c1) load_bwd_step<E, R, false>(p, b, h, t + 1, r0, j0, nx);
         if ((t - c0) % p.TC == 0) put_state(starts + (int64_t)((t - c0) / p.TC) * kState, S);
-        load_bwd_step<E, R, false>(p, b, h, t, r0, j0, s);
         advance_state(s, ok, S);
       }
       for (int a = c0 + (c1 - 1 - c0) / p.TC * p.TC; a >= c0; a -= p.TC) {
         const int e1 = min(c1, a + p.TC);
         get_state(starts + (int64_t)((a - c0) / p.TC) * kState, S);
+        load_bwd_step<E, R, false>(p, b, h, a, r0, j0, nx);
         for (int t = a; t < e1; ++t) {
+          s = nx;
+          if (t + 2 < e1) load_bwd_step<E, R, false>(p, b, h, t + 1, r0, j0, nx);
           put_state(runs + (t - a) * kState, S);
-          if (t + 1 < e1) {
-            load_bwd_step<E, R, false>(p, b, h, t, r0, j0, s);
-            advance_state(s, ok, S);
-          }
+          if (t + 1 < e1) advance_state(s, ok, S);
         }
+        load_bwd_step<E, R, true>(p, b, h, e1 - 1, r0, j0, nx);
         for (int t = e1 - 1; t >= a; --t, ++n) {
-          load_bwd_step<E, R, true>(p, b, h, t, r0, j0, s);
+          s = nx;
+          if (t > a) load_bwd_step<E, R, true>(p, b, h, t - 1, r0, j0, nx);
           float Sp[R][4];  // the state before step t
           get_state(runs + (t - a) * kState, Sp);
           float u[R], dvp[4] = {0.f, 0.f, 0.f, 0.f}, dgp = 0.f;

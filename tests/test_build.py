@@ -69,10 +69,10 @@ def test_build_of_one_unit_builds_that_unit(fresh_build):
 def test_build_builds_every_unit_once(fresh_build):
     steps, proc = fresh_build
     built, units, _ = steps["build"]
-    assert sorted(units) == ["chunk_bf16", "chunk_sm90", "chunk_tf32", "core", "decode", "reference"]
+    assert sorted(units) == ["backward", "chunk_bf16", "chunk_sm90", "chunk_tf32", "core", "decode", "reference"]
     hopper = not torch.cuda.is_available() or torch.cuda.get_device_capability() == (9, 0)
     assert sorted(built) == sorted(u for u in units if hopper or u != "chunk_sm90")  # sm_90a code where it runs
-    for unit in ("chunk_tf32", "chunk_bf16", "reference", "chunk_sm90", "decode"):
+    for unit in ("chunk_tf32", "chunk_bf16", "reference", "chunk_sm90", "decode", "backward"):
         assert proc.stderr.count(f"compiling unit {unit}") == 1, proc.stderr[-4000:]
 
 

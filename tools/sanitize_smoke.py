@@ -1,7 +1,7 @@
 """Small calls for compute-sanitizer (memcheck / racecheck / synccheck): every kernel and dtype, padded rows and
 columns, several chunks and segments, initial and final states, strided and aligned layouts.
 
-    compute-sanitizer --tool memcheck python tools/sanitize_smoke.py [--sm90-only | --decode-only | --varlen-only]
+    compute-sanitizer --tool memcheck python tools/sanitize_smoke.py [--sm90-only | --decode-only | --varlen-only | --backward-only]
 """
 import os
 import sys
@@ -56,6 +56,29 @@ def varlen_smoke():
                                                 initial_state=torch.randn(len(lens), 2, Dk, 128, device="cuda"),
                                                 output_final_state=True)
 
+
+def backward_smoke():
+    """The backward (recurrent_bwd, and dq by a forward plan): every dtype, rows a thread 1, 2, 4, 8, one and
+    several column tiles, T past one checkpoint span with a ragged run, states in and out, a NaN in v,
+    strided q and float32 gates beside bfloat16."""
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for B, T, H, Dk, Dv in [(2, 1, 2, 7, 5), (1, 70, 2, 33, 100), (2, 130, 1, 128, 40), (1, 67, 1, 200, 64)]:
+            xs = reference.make_inputs(B, T, H, Dk, Dv, dtype=dtype, device="cuda")
+            dy = torch.randn(B, T, H, Dv, device="cuda").to(dtype)
+            s0 = torch.randn(B, H, Dk, Dv, device="cuda")
+            solution._backward_with(dy, torch.randn(B, H, Dk, Dv, device="cuda"), *xs, s0)
+            solution._backward_with(dy, None, *xs)
+    q, k, v, g, b = reference.make_inputs(2, 100, 3, 64, 64, dtype=torch.bfloat16, device="cuda")
+    v[0, 50, 1, 3] = float("nan")
+    qt = q.transpose(1, 2).contiguous().transpose(1, 2)
+    solution._backward_with(torch.randn_like(v), None, qt, k, v, g.float(), b.float())
+
+
+if "--backward-only" in sys.argv:
+    backward_smoke()
+    torch.cuda.synchronize()
+    print("sanitize smoke (backward only): done")
+    sys.exit(0)
 
 if "--varlen-only" in sys.argv:
     varlen_smoke()
