@@ -5586,7 +5586,7 @@ def _prepare_units(q, v, reference):
     """At trace time (the fake implementations run there, not per call): build the unit the call's plan
     needs, since the compiled graph calls the operator, which cannot build one itself. Arguments the
     operator will refuse are left to it (its message names them)."""
-    if q.device.type != "cuda" or q.dim() != 4 or v.dim() != 4 or q.dtype not in _DTYPES or \
+    if q.device.type != "cuda" or q.dim() != 4 or v.dim() != 4 or str(q.dtype)[6:] not in _DTYPE_CODES or \
             not 1 <= q.shape[3] <= 256 or not 1 <= v.shape[3] <= 256:
         return
     dims = tuple(q.shape) + (v.shape[3],)
@@ -5605,9 +5605,6 @@ def _register_fake(qualname):
     it beside an imported copy; a notebook re-runs an unchanged cell): the same source is the same
     namespace, whose fake implementation the newer load replaces (torch 2.11 refuses that by default)."""
     return torch.library.register_fake(qualname, allow_override=True)
-
-
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @_register_fake(f"{_OPS_NS}::forward")
@@ -5677,8 +5674,12 @@ def _forward_ex_backward(ctx, *grads):
     return _backward_call(dy, dfinal, q, k, v, gate, beta, initial_state) + (None, None, ctx.config_grad, None)
 
 
-torch.library.register_autograd(f"{_OPS_NS}::forward", _forward_backward, setup_context=_setup_forward)
-torch.library.register_autograd(f"{_OPS_NS}::forward_ex", _forward_ex_backward, setup_context=_setup_forward_ex)
+# Once a process: a second load of this file (eval.py beside an imported copy, a re-run notebook cell) has the
+# same source, so the same namespace and the same backward, which torch refuses to register twice.
+for _name, _bwd, _setup in (("forward", _forward_backward, _setup_forward),
+                            ("forward_ex", _forward_ex_backward, _setup_forward_ex)):
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(f"{_OPS_NS}::{_name}", "Autograd"):
+        torch.library.register_autograd(f"{_OPS_NS}::{_name}", _bwd, setup_context=_setup)
 
 
 def _backward_with(dy, dfinal, q, k, v, gate, beta, initial_state=None):
