@@ -89,7 +89,7 @@ def test_no_process_wide_symbols(fresh_build):
         pytest.skip("nm (binutils) not installed")
     steps, _ = fresh_build
     paths = steps["build"][2]
-    assert sorted(paths) == ["chunk_bf16", "chunk_sm90", "chunk_tf32", "core", "decode", "reference"]
+    assert sorted(paths) == ["backward", "chunk_bf16", "chunk_sm90", "chunk_tf32", "core", "decode", "reference"]
     for unit, path in paths.items():
         out = subprocess.run(["nm", "-C", "--defined-only", path], capture_output=True, text=True, check=True).stdout
         unique = [ln for ln in out.splitlines() if " u gr::" in ln]
