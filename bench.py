@@ -556,16 +556,18 @@ GRAD_NAMES = ("dq", "dk", "dv", "dgate", "dbeta")
 
 
 def fla_train_peer():
-    """fla's chunk_simple_gla as fn(q, k * beta, v, g) -> o, the forward call of fla_peers (differentiable), or
-    None when fla is missing."""
+    """fla's training peers, tried in order, as [(name, fn(q, k * beta, v, g) -> o)]: chunk_simple_gla (the
+    forward call of fla_peers), then fused_recurrent_simple_gla (fla refuses its chunk backward on Hopper with
+    Triton 3.4 to 3.7.0, fla#640); None when fla is missing."""
     if os.environ.get("BENCH_NO_FLA") == "1":
         return None
     from importlib.util import find_spec
     if find_spec("fla") is None:
         print("fla not importable: fla training peer skipped", file=sys.stderr)
         return None
-    from fla.ops.simple_gla import chunk_simple_gla
-    return lambda q, kb, v, g: chunk_simple_gla(q, kb, v, g=g, scale=1.0)[0]
+    from fla.ops.simple_gla import chunk_simple_gla, fused_recurrent_simple_gla
+    return [("chunk", lambda q, kb, v, g: chunk_simple_gla(q, kb, v, g=g, scale=1.0)[0]),
+            ("fused_recurrent", lambda q, kb, v, g: fused_recurrent_simple_gla(q, kb, v, g=g, scale=1.0)[0])]
 
 
 def fla_train_leaves(q, k, v, gate, beta):
@@ -623,20 +625,21 @@ def train_row(sol, name, shape, args, fla):
            "plan_backward": (sol.plan_backward(B, T, H, D, D, dtype) or "-") if hasattr(sol, "plan_backward") else "-"}
     leaves = [x.detach().requires_grad_() for x in inputs]  # the same storage as inputs
     ours_step = grad_step(sol.gated_recurrence, dy)
-    fla_fns = []
-    if fla is not None:
+    fla_fns, fla_fn = [], None
+    for fla_name, fn in fla or []:  # the first of fla's peers that runs this shape
         fl = fla_train_leaves(*inputs)
         try:
-            fla_step = grad_step(fla, dy)
+            fla_step = grad_step(fn, dy)
             fla_step(*fl)
             torch.cuda.synchronize()
-            fla_fns = [("fla_fwdbwd", fla_step, fl), ("fla_fwd", fla, [x.detach() for x in fl])]
+            fla_fns, fla_fn, row["fla_kernel"] = [("fla_fwdbwd", fla_step, fl), ("fla_fwd", fn, [x.detach() for x in fl])], fn, fla_name
+            break
         except Exception as e:  # noqa: BLE001 (a shape or dtype this fla cannot run: the row says why)
-            row["fla_skipped"] = f"{type(e).__name__}: {e}".splitlines()[0][:160]
-            print(f"  train {name}: fla skipped: {row['fla_skipped']}", flush=True)
+            row["fla_skipped"] = row.get("fla_skipped", "") + f"{fla_name}: {type(e).__name__}: {e}".splitlines()[0][:160] + " "
+            print(f"  train {name}: fla {fla_name} skipped: {row['fla_skipped']}", flush=True)
             del fl
     if args.check:
-        row["grad_errs"], fla_errs, row["check_BTH"] = train_check(sol, inputs, dy, fla if fla_fns else None)
+        row["grad_errs"], fla_errs, row["check_BTH"] = train_check(sol, inputs, dy, fla_fn)
         row["max_grad_err"] = max(row["grad_errs"].values())
         if fla_errs is not None:
             row["fla_grad_errs"] = fla_errs
@@ -671,6 +674,11 @@ def train_rows(sol, args):
     return rows
 
 
+def short_plan(text):
+    """plan_backward()'s text as one table cell: each line's kernel name ("recurrent_bwd; dq: chunk_sm90")."""
+    return "; ".join(ln.split(" (")[0] for ln in text.splitlines()) if text else "-"
+
+
 def train_markdown(rows):
     """The training table (forward + backward) with its header: the method and the gradient check."""
     r0 = rows[0]
@@ -684,7 +692,7 @@ def train_markdown(rows):
            f"{r0['rounds']} interleaved rounds' medians ({r0['trials']} trials each, fla first each round). ours "
            "fwd = the forward alone (no autograd recorded); ours bwd = `_backward_with(dy, None, q, k, v, gate, "
            "beta)` alone, eagerly; ours fwd+bwd = `gated_recurrence` then `torch.autograd.grad` of <y, dy> for all "
-           "five inputs. fla = `chunk_simple_gla(q, k * beta, v, g=log(gate), scale=1.0)` (g float32), fwd+bwd = "
+           "five inputs. fla = `chunk_simple_gla(q, k * beta, v, g=log(gate), scale=1.0)` (g float32; `fused_recurrent_simple_gla` where the cell names it: fla refuses its chunk backward on Hopper with Triton 3.4-3.7.0, fla#640), fwd+bwd = "
            "then `torch.autograd.grad` for q, k * beta, v, g: k * beta and log(gate) are leaves made outside the "
            "timed region, so their products and the chain of their gradients back to k, beta and gate are not "
            "timed (fla's row does a little less work). " + check, ""]
@@ -693,9 +701,9 @@ def train_markdown(rows):
     for r in rows:
         cells = [f"{r['shape']} ({r['B']},{r['T']},{r['H']},{r['D']})", r["dtype"], fmt_ms(r.get("ours_fwd_ms")),
                  fmt_ms(r.get("ours_bwd_ms")), fmt_ms(r.get("ours_fwdbwd_ms")), fmt_ms(r.get("fla_fwd_ms")),
-                 fmt_ms(r.get("fla_fwdbwd_ms")), f"{r['fla_over_ours']:.2f}x" if r.get("fla_over_ours") else "-",
+                 fmt_ms(r.get("fla_fwdbwd_ms")) + (f" ({r['fla_kernel']})" if r.get("fla_kernel", "chunk") != "chunk" else ""), f"{r['fla_over_ours']:.2f}x" if r.get("fla_over_ours") else "-",
                  f"{r['max_grad_err']:.1e}" if "max_grad_err" in r else "-",
-                 f"{r['fla_max_grad_err']:.1e}" if "fla_max_grad_err" in r else "-", r.get("plan_backward", "-")]
+                 f"{r['fla_max_grad_err']:.1e}" if "fla_max_grad_err" in r else "-", short_plan(r.get("plan_backward", "-"))]
         out.append("| " + " | ".join(cells) + " |")
     skipped = [f"{r['shape']}: {r['fla_skipped']}" for r in rows if r.get("fla_skipped")]
     if skipped:
