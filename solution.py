@@ -60,10 +60,16 @@ everything the launch depends on; plan(B, T, H, D_k, D_v, dtype) prints that rec
                   DECODE_SRC,          rows (B*H >= 2 x SMs), D_k   block an SM walks the (row, head) items; the next
                   unit decode          <= 128, 16-byte pool rows    item's state streams into a shared-memory ring by
                                                                     cp.async while the current one is computed.
-    recurrent_bwd BACKWARD_SRC         autograd's backward, every   the reverse loop of the state's gradient, element by
-                  unit backward        shape and dtype (dq: a       element: one block per (b, h) walks the D_v tiles of
-                  (built on first use) forward plan with (dy, v, k) 32 columns in order; the states come back from
-                                       and S_0^T, any kernel above) checkpoints every 64 steps, recomputed every TC
+    chunk_bwd     BACKWARD_SRC         autograd's backward where    the chunked backward (docs/training-design.md 1.2,
+                  unit backward        D_k, D_v <= 128 and 216 KB   1.3) on fp32 FMAs: one block per (b, h), chunks of 32;
+                  (built on first use) of shared memory fit         the state at every chunk start saved by a forward
+                                       (Hopper and newer)           phase, then chunks backwards with the state and its
+                                                                    gradient in shared memory; dq, dk, dv, dgate (the
+                                                                    "hole" products, no quotient), dbeta, dS_0.
+    recurrent_bwd BACKWARD_SRC         the rest of the backward     the reverse loop of the state's gradient, element by
+                  unit backward        (dq: a forward plan with     element: one block per (b, h) walks the D_v tiles of
+                                       (dy, v, k) and S_0^T, any    32 columns in order; the states come back from
+                                       kernel above)                checkpoints every 64 steps, recomputed every TC
                                                                     steps, then per step into shared memory. Sums over
                                                                     columns add tile by tile (no atomics: deterministic).
 
@@ -149,7 +155,7 @@ __all__ = ["ModelNew", "gated_recurrence", "gated_recurrence_decode_", "plan", "
 
 # Every kernel a plan can name (tests check it against the __global__ kernels and plan()).
 KERNELS = ("recurrent", "parallel", "chunk_tf32", "chunk_bf16", "chunk_sm90", "segment_scan", "decode",
-           "decode_persistent", "recurrent_bwd")
+           "decode_persistent", "recurrent_bwd", "chunk_bwd")
 # Build units: core (host code, recurrent, parallel) at import; each chunk family and the reference rounding on first use.
 UNITS = ("core", "chunk_tf32", "chunk_bf16", "reference", "chunk_sm90", "decode", "backward")
 
@@ -176,7 +182,7 @@ enum : int {
 };
 enum class DType : int { f32 = 0, f16 = 1, bf16 = 2 };
 enum class Kernel : int { recurrent = 0, parallel = 1, chunk_tf32 = 2, chunk_bf16 = 3, chunk_sm90 = 4, decode = 5,
-                          decode_persistent = 6, recurrent_bwd = 7 };
+                          decode_persistent = 6, recurrent_bwd = 7, chunk_bwd = 8 };
 enum class Unit : int { core = 0, chunk_tf32 = 1, chunk_bf16 = 2, reference = 3, chunk_sm90 = 4, decode = 5,
                         backward = 6 };  // a launch's build unit
 
@@ -297,6 +303,10 @@ inline size_t chunk_sm90_smem(int DK, DType dt) {
 // recurrent_bwd: states every kBwdCheckpoint steps a (b, h) in the workspace; the shared memory of TC states.
 enum : int { kBwdCheckpoint = 64, kBwdStateFloats = kMaxThreads * 4 };  // a state: R x kBwdStateFloats floats
 inline size_t recurrent_bwd_smem(int R, int TC) { return sizeof(float) * (size_t)TC * R * kBwdStateFloats; }
+// chunk_bwd: steps a chunk, and its shared memory (S and G 128 x 129, q, k, v, dy 32 x 129, three 32 x 33
+// products, the 32 x 32 table, 7 vectors, 8 warp sums; cb:: in BACKWARD_SRC checks it).
+enum : int { kBwdChunk = 32 };
+constexpr size_t kChunkBwdSmem = 4 * (2 * 128 * 129 + 4 * 32 * 129 + 3 * 32 * 33 + 32 * 32 + 7 * 32 + 8);
 // Rows a thread of recurrent_bwd (D_k <= 32 R): its instantiations.
 #define GR_BWD_ROWS(X) X(1) X(2) X(4) X(8)
 
@@ -4137,6 +4147,367 @@ __global__ void __launch_bounds__(kMaxThreads, 1) recurrent_bwd_kernel(const Bwd
   }
 }
 
+// ===================================== chunk_bwd: the chunked backward on fp32 FMAs ============
+// docs/training-design.md 1.2-1.3, each product an fp32 FMA (fp32-level results for every dtype, no operand
+// splits). One block a (b, h), 256 threads, chunks of kBwdChunk steps, D_k, D_v <= 128. S (the state before
+// the chunk) and G (the gradient of the state after it) live in shared memory.
+//   Phase F: the forward over the chunks, S at every chunk start into the workspace.
+//   Phase R, chunks backwards: S from the workspace; q, k, v, dy (as float) and the gate tables staged;
+//     QK = Q K^T, Dd = dY V^T (C x C); R = dY S^T, Rk = V G^T, KG = K G (registers: a thread keeps the 4 x 4
+//     outputs it turns into dq, dk and dv); c0 = <G, S>; f_u = q_u . R_u, e_s = k_s . Rk_s;
+//     E[u][s] = beta_s QK Dd (s < u);
+//     dq_t = A_t R_t + sum_{s<=t} L[t][s] beta_s Dd[t][s] k_s
+//     dk_s = beta_s dkt_s, dkt_s = w_s Rk_s + sum_{u>=s} L[u][s] Dd[u][s] q_u, dbeta_s = k_s . dkt_s
+//     dv_s = beta_s w_s KG_s + sum_{u>=s} L[u][s] beta_s QK[u][s] dy_u
+//     dgate_t = w_t Ah_t c0 + w_t sum_{s<t} L[t-1][s] beta_s e_s + Ah_t sum_{u>=t} L[u][t] f_u
+//               + sum_{u>=t} L[u][t] sum_{s<t} E[u][s] L[t-1][s]     (the "hole" at t: no quotient)
+//     G <- A_{C-1} G + sum_u (A_u q_u) dy_u^T (from zero, one FMA join), after G's last read.
+// dS_0 = G at the end. Padded steps past T are identities (gate 1, beta 0, zero rows). Fixed-order sums.
+struct ChunkBwdParams : BwdProblem {
+  int nck;      // chunks
+  float* ckpt;  // (B H, nck, D_k D_v): the state at every chunk start
+};
+
+namespace cb {
+constexpr int C = kBwdChunk, NW = kMaxThreads / 32, DM = 128, P = DM + 1, PC = C + 1;
+// shared memory (floats): S, G (DM x P), Q, K, V, Y (C x P), QK, DD, EE (C x PC), L (C x C), 7 vectors of C, warp sums
+constexpr int kS = 0, kG = kS + DM * P, kQ = kG + DM * P, kK = kQ + C * P, kV = kK + C * P, kY = kV + C * P;
+constexpr int kQK = kY + C * P, kDD = kQK + C * PC, kEE = kDD + C * PC, kL = kEE + C * PC;
+constexpr int kGv = kL + C * C, kBv = kGv + C, kA = kBv + C, kAh = kA + C, kW = kAh + C, kF = kW + C, kE = kF + C;
+constexpr int kRed = kE + C, kFloats = kRed + NW;
+static_assert(kFloats * 4 == (int)kChunkBwdSmem, "chunk_bwd_smem");
+
+// This thread's state elements: i = warp + 8 a (a < 16), j = lane + 32 c (c < 4).
+__device__ __forceinline__ int st_i(int a) { return (threadIdx.x >> 5) + 8 * a; }
+__device__ __forceinline__ int st_j(int c) { return (threadIdx.x & 31) + 32 * c; }
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+// Steps t0 .. t0 + C - 1 of a (B, T, H, D) tensor (any strides) for (b, h) into dst (pitch P), zeros past T and D.
+template <typename E>
+__device__ __forceinline__ void stage(float* dst, const void* src, const Strides4& st, int64_t b, int h, int t0, int T,
+                                      int D) {
+  const E* base = static_cast<const E*>(src) + b * st.b + h * st.h;
+  for (int e = threadIdx.x; e < C * DM; e += kMaxThreads) {
+    const int r = e / DM, d = e % DM, t = t0 + r;
+    dst[r * P + d] = t < T && d < D ? to_float(base[t * st.t + d * st.d]) : 0.f;
+  }
+}
+
+// The chunk's gates and betas (padded steps: gate 1, beta 0) and its tables, each a double product rounded once:
+// L[t][s] = prod_{r=s+1..t} g_r (s <= t, else 0), A[t] = prod_{r<=t} g_r, Ah[t] = A[t-1] (Ah[0] = 1),
+// w[s] = prod_{r>s} g_r. Two barriers (the first also covers the caller's staging).
+template <typename E>
+__device__ __forceinline__ void tables(float* sm, const ChunkBwdParams& p, int64_t b, int h, int t0) {
+  const int tid = threadIdx.x;
+  if (tid < C) {
+    const int t = t0 + tid;
+    sm[kGv + tid] = t < p.T ? GateSeq<E>(p.gate, b * p.sg.b + h * p.sg.h, p.g32)[t * p.sg.t] : 1.f;
+    sm[kBv + tid] = t < p.T ? GateSeq<E>(p.beta, b * p.sb.b + h * p.sb.h, p.b32)[t * p.sb.t] : 0.f;
+  }
+  __syncthreads();
+  const float* g = sm + kGv;
+  for (int e = tid; e < C * C; e += kMaxThreads) {
+    const int t = e / C, s = e % C;
+    double pr = 1.0;
+    for (int r = s + 1; r <= t; ++r) pr *= (double)g[r];
+    sm[kL + e] = s <= t ? (float)pr : 0.f;
+  }
+  if (tid < C) {
+    double pa = 1.0, ph = 1.0, pw = 1.0;
+    for (int r = 0; r <= tid; ++r) pa *= (double)g[r];
+    for (int r = 0; r < tid; ++r) ph *= (double)g[r];
+    for (int r = tid + 1; r < C; ++r) pw *= (double)g[r];
+    sm[kA + tid] = (float)pa;
+    sm[kAh + tid] = (float)ph;
+    sm[kW + tid] = (float)pw;
+  }
+  __syncthreads();
+}
+}  // namespace cb
+
+template <typename E>
+__global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBwdParams p) {
+  using namespace cb;
+  extern __shared__ __align__(16) float sm[];
+  float *S = sm + kS, *G = sm + kG, *Q = sm + kQ, *K = sm + kK, *V = sm + kV, *Y = sm + kY;
+  float *QK = sm + kQK, *DD = sm + kDD, *EE = sm + kEE;
+  const float *L = sm + kL, *bv = sm + kBv, *A = sm + kA, *Ah = sm + kAh, *w = sm + kW;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int64_t bh = blockIdx.x, b = bh / p.H;
+  const int h = (int)(bh - b * p.H), Dk = p.Dk, Dv = p.Dv;
+  float* ck = p.ckpt + bh * (int64_t)p.nck * Dk * Dv;
+
+  // ---- phase F: S at every chunk start into the workspace
+#pragma unroll
+  for (int ia = 0; ia < 16; ++ia)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int i = st_i(ia), j = st_j(c);
+      S[i * P + j] = p.s_in != nullptr && i < Dk && j < Dv
+                         ? p.s_in[b * p.ssi.b + h * p.ssi.h + i * p.ssi.i + j * p.ssi.j] : 0.f;
+    }
+  for (int ch = 0; ch < p.nck; ++ch) {
+#pragma unroll
+    for (int ia = 0; ia < 16; ++ia)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int i = st_i(ia), j = st_j(c);
+        if (i < Dk && j < Dv) ck[((int64_t)ch * Dk + i) * Dv + j] = S[i * P + j];
+      }
+    if (ch + 1 == p.nck) break;  // the last chunk's update is never needed
+    stage<E>(K, p.k, p.sk, b, h, ch * C, p.T, Dk);
+    stage<E>(V, p.v, p.sv, b, h, ch * C, p.T, Dv);
+    tables<E>(sm, p, b, h, ch * C);
+    for (int e = tid; e < C * DM; e += kMaxThreads) K[(e / DM) * P + e % DM] *= w[e / DM] * bv[e / DM];
+    __syncthreads();
+    float acc[16][4];
+#pragma unroll
+    for (int ia = 0; ia < 16; ++ia)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[ia][c] = 0.f;
+    for (int s = 0; s < C; ++s) {
+      float vj[4];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) vj[c] = V[s * P + st_j(c)];
+#pragma unroll
+      for (int ia = 0; ia < 16; ++ia) {
+        const float ki = K[s * P + st_i(ia)];
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[ia][c] = fmaf(ki, vj[c], acc[ia][c]);
+      }
+    }
+    const float alast = A[C - 1];
+#pragma unroll
+    for (int ia = 0; ia < 16; ++ia)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        float& x = S[st_i(ia) * P + st_j(c)];
+        x = fmaf(alast, x, acc[ia][c]);  // own elements only
+      }
+    __syncthreads();  // K, V and the tables are restaged next
+  }
+
+  // ---- phase R
+#pragma unroll
+  for (int ia = 0; ia < 16; ++ia)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int i = st_i(ia), j = st_j(c);
+      G[i * P + j] = p.dfinal != nullptr && i < Dk && j < Dv
+                         ? p.dfinal[b * p.sdf.b + h * p.sdf.h + i * p.sdf.i + j * p.sdf.j] : 0.f;
+    }
+  for (int ch = p.nck - 1; ch >= 0; --ch) {
+    const int t0 = ch * C, tc = min(C, p.T - t0);
+#pragma unroll
+    for (int ia = 0; ia < 16; ++ia)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int i = st_i(ia), j = st_j(c);
+        S[i * P + j] = i < Dk && j < Dv ? ck[((int64_t)ch * Dk + i) * Dv + j] : 0.f;
+      }
+    stage<E>(Q, p.q, p.sq, b, h, t0, p.T, Dk);
+    stage<E>(K, p.k, p.sk, b, h, t0, p.T, Dk);
+    stage<E>(V, p.v, p.sv, b, h, t0, p.T, Dv);
+    stage<E>(Y, p.dy, p.sdy, b, h, t0, p.T, Dv);
+    tables<E>(sm, p, b, h, t0);
+    {  // QK and Dd: thread (u = tid / 8, s = tid % 8 + 8 m)
+      const int u = tid >> 3;
+      float qk[4] = {0.f, 0.f, 0.f, 0.f}, dd[4] = {0.f, 0.f, 0.f, 0.f};
+      for (int i = 0; i < Dk; ++i) {
+        const float qi = Q[u * P + i];
+#pragma unroll
+        for (int m = 0; m < 4; ++m) qk[m] = fmaf(qi, K[((tid & 7) + 8 * m) * P + i], qk[m]);
+      }
+      for (int j = 0; j < Dv; ++j) {
+        const float yj = Y[u * P + j];
+#pragma unroll
+        for (int m = 0; m < 4; ++m) dd[m] = fmaf(yj, V[((tid & 7) + 8 * m) * P + j], dd[m]);
+      }
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        QK[u * PC + (tid & 7) + 8 * m] = qk[m];
+        DD[u * PC + (tid & 7) + 8 * m] = dd[m];
+      }
+    }
+    // R = dY S^T, Rk = V G^T (rows t = 4 warp + r, columns i = lane + 32 c) and KG = K G (columns j)
+    float R[4][4], Rk[4][4], KG[4][4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) R[r][c] = Rk[r][c] = KG[r][c] = 0.f;
+    for (int j = 0; j < Dv; ++j) {
+      float yt[4], vt[4], sij[4], gij[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        yt[r] = Y[(4 * warp + r) * P + j];
+        vt[r] = V[(4 * warp + r) * P + j];
+      }
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        sij[c] = S[(lane + 32 * c) * P + j];
+        gij[c] = G[(lane + 32 * c) * P + j];
+      }
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          R[r][c] = fmaf(yt[r], sij[c], R[r][c]);
+          Rk[r][c] = fmaf(vt[r], gij[c], Rk[r][c]);
+        }
+    }
+    for (int i = 0; i < Dk; ++i) {
+      float kt[4], gij[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) kt[r] = K[(4 * warp + r) * P + i];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) gij[c] = G[i * P + lane + 32 * c];
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) KG[r][c] = fmaf(kt[r], gij[c], KG[r][c]);
+    }
+    {  // c0 = <G, S>: this thread's elements, the warp's, then (after the barrier) the warps' in order
+      float part = 0.f;
+#pragma unroll
+      for (int ia = 0; ia < 16; ++ia)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) part = fmaf(G[st_i(ia) * P + st_j(c)], S[st_i(ia) * P + st_j(c)], part);
+      part = warp_sum(part);
+      if (lane == 0) sm[kRed + warp] = part;
+    }
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {  // f_t = q_t . R_t, e_t = k_t . Rk_t for this warp's rows
+      const int t = 4 * warp + r;
+      float pf = 0.f, pe = 0.f;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        pf = fmaf(Q[t * P + lane + 32 * c], R[r][c], pf);
+        pe = fmaf(K[t * P + lane + 32 * c], Rk[r][c], pe);
+      }
+      pf = warp_sum(pf);
+      pe = warp_sum(pe);
+      if (lane == 0) {
+        sm[kF + t] = pf;
+        sm[kE + t] = pe;
+      }
+    }
+    __syncthreads();  // QK, DD, f, e and the warp sums are complete; every read of G is done
+    for (int e = tid; e < C * C; e += kMaxThreads) {
+      const int u = e / C, s = e % C;
+      EE[u * PC + s] = s < u ? bv[s] * QK[u * PC + s] * DD[u * PC + s] : 0.f;
+    }
+    float c0 = 0.f;
+#pragma unroll
+    for (int x = 0; x < NW; ++x) c0 += sm[kRed + x];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {  // dq, dk, dbeta, dv: this warp's rows, this lane's columns
+      const int t = 4 * warp + r;
+      float dq[4], dkt[4], dv[4];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        dq[c] = A[t] * R[r][c];
+        dkt[c] = w[t] * Rk[r][c];
+        dv[c] = bv[t] * w[t] * KG[r][c];
+      }
+      for (int s = 0; s <= t; ++s) {
+        const float m = L[t * C + s] * bv[s] * DD[t * PC + s];
+#pragma unroll
+        for (int c = 0; c < 4; ++c) dq[c] = fmaf(m, K[s * P + lane + 32 * c], dq[c]);
+      }
+      for (int u = t; u < C; ++u) {
+        const float md = L[u * C + t] * DD[u * PC + t], mp = L[u * C + t] * bv[t] * QK[u * PC + t];
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          dkt[c] = fmaf(md, Q[u * P + lane + 32 * c], dkt[c]);
+          dv[c] = fmaf(mp, Y[u * P + lane + 32 * c], dv[c]);
+        }
+      }
+      float pb = 0.f;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) pb = fmaf(K[t * P + lane + 32 * c], dkt[c], pb);
+      pb = warp_sum(pb);
+      if (t < tc) {
+        const int64_t row = (b * p.T + t0 + t) * p.H + h;  // our outputs are contiguous (B, T, H, ...)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int i = lane + 32 * c;
+          if (i < Dk) {
+            static_cast<E*>(p.y)[row * Dk + i] = from_float<E>(dq[c]);
+            static_cast<E*>(p.dk)[row * Dk + i] = from_float<E>(bv[t] * dkt[c]);
+          }
+          if (i < Dv) static_cast<E*>(p.dv)[row * Dv + i] = from_float<E>(dv[c]);
+        }
+        if (lane == 0) store_gate_grad<E>(p.dbeta, row, pb, p.b32);
+      }
+    }
+    __syncthreads();  // EE is complete
+    if (tid < C) {  // dgate_t, one thread a step
+      const int t = tid;
+      float tb = 0.f, tf = 0.f, td = 0.f;
+      for (int s = 0; s < t; ++s) tb = fmaf(L[(t - 1) * C + s] * bv[s], sm[kE + s], tb);
+      for (int u = t; u < C; ++u) {
+        tf = fmaf(L[u * C + t], sm[kF + u], tf);
+        float x = 0.f;
+        for (int s = 0; s < t; ++s) x = fmaf(EE[u * PC + s], L[(t - 1) * C + s], x);
+        td = fmaf(L[u * C + t], x, td);
+      }
+      if (t < tc) store_gate_grad<E>(p.dgate, (b * p.T + t0 + t) * p.H + h, w[t] * Ah[t] * c0 + w[t] * tb + Ah[t] * tf + td, p.g32);
+    }
+    {  // G <- A_{C-1} G + sum_u (A_u q_u) dy_u^T: own elements (every other read of G came before the barriers)
+      float acc[16][4];
+#pragma unroll
+      for (int ia = 0; ia < 16; ++ia)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[ia][c] = 0.f;
+      for (int u = 0; u < C; ++u) {
+        float yj[4];
+#pragma unroll
+        for (int c = 0; c < 4; ++c) yj[c] = Y[u * P + st_j(c)];
+#pragma unroll
+        for (int ia = 0; ia < 16; ++ia) {
+          const float qi = A[u] * Q[u * P + st_i(ia)];
+#pragma unroll
+          for (int c = 0; c < 4; ++c) acc[ia][c] = fmaf(qi, yj[c], acc[ia][c]);
+        }
+      }
+      const float alast = A[C - 1];
+#pragma unroll
+      for (int ia = 0; ia < 16; ++ia)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          float& x = G[st_i(ia) * P + st_j(c)];
+          x = fmaf(alast, x, acc[ia][c]);
+        }
+    }
+    __syncthreads();  // the next chunk restages everything and reads G
+  }
+  if (p.ds0 != nullptr)  // ours, contiguous
+#pragma unroll
+    for (int ia = 0; ia < 16; ++ia)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int i = st_i(ia), j = st_j(c);
+        if (i < Dk && j < Dv) p.ds0[(bh * Dk + i) * Dv + j] = G[i * P + j];
+      }
+}
+
+template <typename E>
+cudaError_t launch_chunk_bwd(const Plan& pl, const BwdProblem& pr, float* work, cudaStream_t s) {
+  ChunkBwdParams p;
+  static_cast<BwdProblem&>(p) = pr;
+  p.nck = (pr.T + kBwdChunk - 1) / kBwdChunk;
+  p.ckpt = work;
+  static bool done[64] = {};
+  const auto kernel = chunk_bwd_kernel<E>;
+  const cudaError_t err = allow_smem(kernel, done);
+  return err != cudaSuccess ? err : launch_ex(kernel, dim3((unsigned)pl.blocks), pl.smem, s, false, p);
+}
+
 template <typename E>
 cudaError_t launch_recurrent_bwd(const Plan& pl, const BwdProblem& pr, float* work, cudaStream_t s) {
   BwdParams p;
@@ -4166,12 +4537,17 @@ cudaError_t launch_recurrent_bwd(const Plan& pl, const BwdProblem& pr, float* wo
 extern "C" int gr_execute_backward(const gr::Plan* pl, const gr::Problem* pr, float* work, cudaStream_t s,
                                    const char** failed) {
   using namespace gr;
-  *failed = "recurrent_bwd";
+  const bool chunked = pl->kernel == Kernel::chunk_bwd;
+  *failed = chunked ? "chunk_bwd" : "recurrent_bwd";
   const BwdProblem& bp = static_cast<const BwdProblem&>(*pr);
   switch (pl->dtype) {
-    case DType::f32: return (int)launch_recurrent_bwd<float>(*pl, bp, work, s);
-    case DType::f16: return (int)launch_recurrent_bwd<__half>(*pl, bp, work, s);
-    case DType::bf16: return (int)launch_recurrent_bwd<__nv_bfloat16>(*pl, bp, work, s);
+    case DType::f32:
+      return (int)(chunked ? launch_chunk_bwd<float>(*pl, bp, work, s) : launch_recurrent_bwd<float>(*pl, bp, work, s));
+    case DType::f16:
+      return (int)(chunked ? launch_chunk_bwd<__half>(*pl, bp, work, s) : launch_recurrent_bwd<__half>(*pl, bp, work, s));
+    case DType::bf16:
+      return (int)(chunked ? launch_chunk_bwd<__nv_bfloat16>(*pl, bp, work, s)
+                           : launch_recurrent_bwd<__nv_bfloat16>(*pl, bp, work, s));
   }
   return (int)cudaErrorInvalidValue;
 }
@@ -4204,12 +4580,13 @@ constexpr int kMaxDim = 256;
 constexpr size_t kRecurrentSmem = 48 * 1024;  // the recurrent kernel stays under the static limit
 constexpr int64_t kChunkedMinT = 256;         // use_chunked(): from the crossover sweep (BENCHMARKS.md)
 const char* const kKernelNames[] = {"recurrent", "parallel", "chunk_tf32", "chunk_bf16", "chunk_sm90", "decode",
-                                    "decode_persistent", "recurrent_bwd"};
+                                    "decode_persistent", "recurrent_bwd", "chunk_bwd"};
 const char* const kSourceNames[] = {"RECURRENT_SRC", "PARALLEL_SRC", "CHUNK_TF32_SRC", "CHUNK_BF16_SRC", "CHUNK_SM90_SRC",
-                                    "DECODE_SRC", "DECODE_SRC", "BACKWARD_SRC"};
+                                    "DECODE_SRC", "DECODE_SRC", "BACKWARD_SRC", "BACKWARD_SRC"};
 const char* const kUnitNames[] = {"core", "chunk_tf32", "chunk_bf16", "reference", "chunk_sm90", "decode", "backward"};
 constexpr Unit kUnitOf[] = {Unit::core,       Unit::core,   Unit::chunk_tf32, Unit::chunk_bf16,
-                            Unit::chunk_sm90, Unit::decode, Unit::decode,     Unit::backward};
+                            Unit::chunk_sm90, Unit::decode, Unit::decode,     Unit::backward,
+                            Unit::backward};
 constexpr int kUnits = 7;
 // The unit that runs a plan: its kernel's, except the recurrent kernel's rounding mode (its own unit).
 inline int unit_of(const Plan& pl) { return pl.round_ref ? (int)Unit::reference : (int)kUnitOf[(int)pl.kernel]; }
@@ -4795,6 +5172,9 @@ std::string describe(const Plan& pl) {
   else if (pl.kernel == Kernel::decode_persistent)
     s += cat("NV=", pl.NV, " D_k=", pl.DKP, " blocks=min(items, SMs) ring=2x", kRingD * kRingD * 4, "B cp.async",
              pl.pdl ? " pdl=on" : " pdl=off");
+  else if (pl.kernel == Kernel::chunk_bwd)
+    s += cat("C=", (int)kBwdChunk, " fp32 FMA, one block a (b, h), S and its gradient in shared memory, the state at "
+             "every chunk start in the workspace=", pl.work_floats * 4, "B");
   else if (pl.kernel == Kernel::recurrent_bwd)
     s += cat("rows_a_thread=", pl.R, " column_tiles=", pl.vtiles, " (in order, one block a (b, h)) checkpoints=",
              (int)kBwdCheckpoint, " steps, recomputed runs of ", pl.TC, " workspace=", pl.work_floats * 4, "B");
@@ -4936,11 +5316,29 @@ bool run_ex(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
 // ---- the backward (autograd): dq_t = S_t dy_t is the forward's y with (q, k, v) -> (dy, v, k) and S_0^T
 // (S^T runs S^T_t = g_t S^T_{t-1} + beta_t v_t k_t^T), so `dq` is the forward plan of that problem (any
 // kernel, the fastest that fits); `bwd`, recurrent_bwd, computes the rest (BACKWARD_SRC).
-bool make_plan_backward(const Shape& s, DType dt, const Layout& lay_dq, const DeviceLimits& lim, Plan& dq, Plan& bwd) {
-  if (!make_plan(Shape{s.B, s.T, s.H, s.Dv, s.Dk}, dt, lay_dq, lim, kPlanned, kNoConfig, false, dq)) return false;
+// chunk_bwd computes dq itself (dq_pass false) where it fits: D_k, D_v <= 128 and its shared memory (Hopper's
+// and newer opt-in); recurrent_bwd elsewhere. kernel: "" (planned), "chunk_bwd" or "recurrent_bwd" (tests).
+bool make_plan_backward(const Shape& s, DType dt, const Layout& lay_dq, const DeviceLimits& lim, const std::string& kernel,
+                        Plan& dq, Plan& bwd, bool& dq_pass) {
+  GR_REQUIRE("ValueError", kernel.empty() || kernel == "chunk_bwd" || kernel == "recurrent_bwd",
+             "the backward's kernel must be chunk_bwd, recurrent_bwd or planned, got '", kernel, "'");
+  const bool fits = s.Dk <= 128 && s.Dv <= 128 && kChunkBwdSmem <= lim.smem;
+  GR_REQUIRE("ValueError", kernel != "chunk_bwd" || fits, "chunk_bwd needs D_k, D_v <= 128 and ", kChunkBwdSmem,
+             " bytes of shared memory a block, got D_k = ", s.Dk, ", D_v = ", s.Dv, " and ", lim.smem);
   bwd = Plan{};
-  bwd.kernel = Kernel::recurrent_bwd;
   bwd.dtype = dt;
+  bwd.blocks = s.B * s.H;
+  GR_REQUIRE("ValueError", bwd.blocks <= INT32_MAX, "B * H must be below 2^31 for the backward, got ", bwd.blocks);
+  if (fits && kernel != "recurrent_bwd") {
+    dq_pass = false;
+    bwd.kernel = Kernel::chunk_bwd;
+    bwd.smem = kChunkBwdSmem;
+    bwd.work_floats = bwd.blocks * ceil_div(s.T, kBwdChunk) * s.Dk * s.Dv;  // the state at every chunk start
+    return true;
+  }
+  dq_pass = true;
+  if (!make_plan(Shape{s.B, s.T, s.H, s.Dv, s.Dk}, dt, lay_dq, lim, kPlanned, kNoConfig, false, dq)) return false;
+  bwd.kernel = Kernel::recurrent_bwd;
   bwd.R = s.Dk <= 32 ? 1 : s.Dk <= 64 ? 2 : s.Dk <= 128 ? 4 : 8;  // GR_BWD_ROWS
   bwd.NV = 32;
   bwd.vtiles = (int)ceil_div(s.Dv, 32);
@@ -4952,8 +5350,6 @@ bool make_plan_backward(const Shape& s, DType dt, const Layout& lay_dq, const De
   GR_REQUIRE("ValueError", bwd.TC > 0, "recurrent_bwd needs ", recurrent_bwd_smem(bwd.R, 1) + fixed,
              " bytes of shared memory a block at D_k = ", s.Dk, "; this device has ", lim.smem);
   bwd.smem = recurrent_bwd_smem(bwd.R, bwd.TC);
-  bwd.blocks = s.B * s.H;
-  GR_REQUIRE("ValueError", bwd.blocks <= INT32_MAX, "B * H must be below 2^31 for the backward, got ", bwd.blocks);
   const int64_t states = ceil_div(s.T, kBwdCheckpoint) + kBwdCheckpoint / bwd.TC;
   bwd.work_floats = bwd.blocks * states * bwd.R * kBwdStateFloats + (bwd.vtiles > 1 ? s.B * s.T * s.H * (s.Dk + 2) : 0);
   return true;
@@ -4981,7 +5377,7 @@ bool check_grads(const at::Tensor& dy, const at::Tensor* dfinal, const at::Tenso
 
 bool run_backward(const at::Tensor& dy, const at::Tensor* dfinal, const at::Tensor& q, const at::Tensor& k,
                   const at::Tensor& v, const at::Tensor& gate, const at::Tensor& beta, const at::Tensor* s_in,
-                  std::vector<at::Tensor>& out) {
+                  const std::string& kernel, std::vector<at::Tensor>& out) {
   if (!check_shapes(q, k, v, gate, beta, false) || (s_in && !check_state(*s_in, q, v)) || !check_grads(dy, dfinal, q, v) ||
       !check_devices(q, k, v, gate, beta))
     return false;
@@ -4991,8 +5387,10 @@ bool run_backward(const at::Tensor& dy, const at::Tensor* dfinal, const at::Tens
                device_str(*m.first), " but q is on ", device_str(q));
   const c10::cuda::CUDAGuard guard(q.device());
   Plan pdq, pbw;
-  if (!make_plan_backward(shape_of(q, v), dtype_of(q), layout_of(dy, v, k, gate, beta), device_limits(), pdq, pbw) ||
-      !unit_ready(pdq) || !unit_ready(pbw))
+  bool dq_pass = true;
+  if (!make_plan_backward(shape_of(q, v), dtype_of(q), layout_of(dy, v, k, gate, beta), device_limits(), kernel, pdq, pbw,
+                          dq_pass) ||
+      (dq_pass && !unit_ready(pdq)) || !unit_ready(pbw))
     return false;
   at::Tensor dq = at::empty(q.sizes(), q.options()), dk = at::empty(k.sizes(), k.options()),
              dv = at::empty(v.sizes(), v.options()), dg = at::empty(gate.sizes(), gate.options()),
@@ -5002,7 +5400,7 @@ bool run_backward(const at::Tensor& dy, const at::Tensor* dfinal, const at::Tens
                                 : dfinal ? dfinal->clone(at::MemoryFormat::Contiguous) : at::zeros(s_in->sizes(), ds0.options());
   if (dq.numel() > 0 || dv.numel() > 0) {
     const at::Tensor s0t = s_in ? s_in->transpose(2, 3) : at::Tensor();  // a view: S_0^T for the dq pass
-    if (!execute(pdq, problem_of(dy, v, k, gate, beta, dq, s_in ? &s0t : nullptr, nullptr), q)) return false;
+    if (dq_pass && !execute(pdq, problem_of(dy, v, k, gate, beta, dq, s_in ? &s0t : nullptr, nullptr), q)) return false;
     BwdProblem bp;
     static_cast<Problem&>(bp) = problem_of(q, k, v, gate, beta, dq, s_in, nullptr);
     bp.dy = dy.data_ptr(); bp.sdy = strides4(dy);
@@ -5167,15 +5565,16 @@ std::string plan_decode_text(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_
 }
 
 // The backward's two plans for contiguous inputs, as text: recurrent_bwd, then "dq: " and its forward plan.
-std::string plan_backward_text(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, int64_t dtype) {
+std::string plan_backward_text(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, int64_t dtype, const std::string& kernel) {
   const Shape s{B, T, H, Dk, Dv};
   if (!check_sizes(s)) return std::string();
   const DType dt = static_cast<DType>(dtype);
   const int V = 16 / elem_size(dt);
   const Layout lay{Dv % V == 0, Dv % V == 0, Dk % V == 0, Dk % V == 0, false, true};
   Plan dq, bwd;
-  return make_plan_backward(s, dt, lay, device_limits(), dq, bwd) ? describe(bwd) + "\ndq: " + describe(dq)
-                                                                  : std::string();
+  bool dq_pass = true;
+  if (!make_plan_backward(s, dt, lay, device_limits(), kernel, dq, bwd, dq_pass)) return std::string();
+  return describe(bwd) + "\ndq: " + (dq_pass ? describe(dq) : std::string("in chunk_bwd"));
 }
 
 // plan() for Python: the planned record for contiguous inputs of this shape and dtype, as text.
@@ -5263,7 +5662,7 @@ std::vector<at::Tensor> op_backward(const at::Tensor& dy, const c10::optional<at
                                     const c10::optional<at::Tensor>& initial_state) {
   std::vector<at::Tensor> out;
   if (!run_backward(dy, dfinal.has_value() && dfinal->defined() ? &*dfinal : nullptr, q, k, v, gate, beta,
-                    initial_state.has_value() && initial_state->defined() ? &*initial_state : nullptr, out))
+                    initial_state.has_value() && initial_state->defined() ? &*initial_state : nullptr, kPlanned, out))
     throw_last_error();
   return out;
 }
@@ -5352,7 +5751,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return gr::run_decode(*tq, *tk, *tv, *tg, *tb, *tp, ti, nv, persistent);
   });
   m.def("backward", [](handle dy, handle dfinal, handle q, handle k, handle v, handle gate, handle beta,
-                       handle initial_state) {
+                       handle initial_state, const std::string& kernel) {
     std::vector<at::Tensor> out;
     const at::Tensor *tdy, *tq, *tk, *tv, *tg, *tb, *tf = nullptr, *ts = nullptr;
     if (!gr::tensor_args({{dy, "dy"}, {q, "q"}, {k, "k"}, {v, "v"}, {gate, "gate"}, {beta, "beta"}},
@@ -5360,7 +5759,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         (!dfinal.is_none() && !gr::tensor_args({{dfinal, "dfinal"}}, {&tf})) ||
         (!initial_state.is_none() && !gr::tensor_args({{initial_state, "initial_state"}}, {&ts})))
       return out;
-    if (!gr::run_backward(*tdy, tf, *tq, *tk, *tv, *tg, *tb, ts, out)) out.clear();
+    if (!gr::run_backward(*tdy, tf, *tq, *tk, *tv, *tg, *tb, ts, kernel, out)) out.clear();
     return out;
   });
   m.def("plan", &gr::plan_text);
@@ -5622,15 +6021,20 @@ def _forward_ex_fake(q, k, v, gate, beta, initial_state, want_final, kernel, con
 
 
 # ---------------------------------------------------------------------------------------------
-# Autograd: forward and forward_ex carry a registered backward (the backward operator: dq by a forward
-# plan, the rest by recurrent_bwd). Only the inputs are saved; the backward recomputes the states.
+# Autograd: forward and forward_ex carry a registered backward (the backward operator: chunk_bwd, or
+# recurrent_bwd with dq by a forward plan). Only the inputs are saved; the backward recomputes the states.
 # ---------------------------------------------------------------------------------------------
 def _prepare_backward(dy, k):
     """The units a backward needs, built before its operator runs (eagerly, or at trace time in the fake):
-    backward, and the unit of the forward plan that computes dq (dy, v, k)."""
-    if dy.device.type == "cuda" and "backward" not in _units:
+    backward, and where dq is a forward plan (dy, v, k) that plan's unit."""
+    if dy.device.type != "cuda":
+        return
+    if "backward" not in _units:
         build("backward")
-    _prepare_units(dy, k, False)
+    dims = tuple(dy.shape[:3]) + (k.shape[-1], dy.shape[-1]) if dy.dim() == 4 and k.dim() == 4 else None
+    if dims is None or not all(isinstance(d, int) for d in dims) or str(dy.dtype)[6:] not in _DTYPE_CODES or \
+            "dq: in chunk_bwd" not in (plan_backward(*dims, dy.dtype) if 1 <= min(dims[3:]) and max(dims[3:]) <= 256 else ""):
+        _prepare_units(dy, k, False)
 
 
 @_register_fake(f"{_OPS_NS}::backward")
@@ -5682,10 +6086,11 @@ for _name, _bwd, _setup in (("forward", _forward_backward, _setup_forward),
         torch.library.register_autograd(f"{_OPS_NS}::{_name}", _bwd, setup_context=_setup)
 
 
-def _backward_with(dy, dfinal, q, k, v, gate, beta, initial_state=None):
+def _backward_with(dy, dfinal, q, k, v, gate, beta, initial_state=None, kernel=None):
     """Test and benchmark hook: the backward alone, eagerly: (dq, dk, dv, dgate, dbeta, dS_0 or None) of
-    <y, dy> + <S_T, dfinal> (dfinal None: the final state unused)."""
-    out = _call(_core.backward, dy, dfinal, q, k, v, gate, beta, initial_state)
+    <y, dy> + <S_T, dfinal> (dfinal None: the final state unused); kernel "chunk_bwd" or "recurrent_bwd"
+    (None: planned)."""
+    out = _call(_core.backward, dy, dfinal, q, k, v, gate, beta, initial_state, kernel or "")
     return tuple(out[:5]) + (out[5] if initial_state is not None else None,)
 
 
@@ -5830,11 +6235,12 @@ def plan(B, T, H, Dk, Dv, dtype="float32", numerics="accurate", varlen=False):
     return _plan_on(B, T, H, Dk, Dv, dtype, numerics=numerics, varlen=varlen)
 
 
-def plan_backward(B, T, H, Dk, Dv, dtype="float32"):
-    """The backward's launches for contiguous inputs of this shape and dtype, as text: recurrent_bwd's record,
-    then "dq: " and the forward plan that computes dq (a forward with (dy, v, k): D_k and D_v swapped)."""
+def plan_backward(B, T, H, Dk, Dv, dtype="float32", kernel=None):
+    """The backward's launches for contiguous inputs of this shape and dtype, as text: the backward kernel's
+    record, then "dq: " and where dq comes from (chunk_bwd itself, or for recurrent_bwd a forward plan with
+    (dy, v, k): D_k and D_v swapped). kernel: as _backward_with's."""
     return _call(lambda *a: _core.plan_backward(*a) or None, int(B), int(T), int(H), int(Dk), int(Dv),
-                 _dtype_code(dtype))
+                 _dtype_code(dtype), kernel or "")
 
 
 def plan_decode(B, T, H, Dk, Dv, dtype="float32", nv=0, persistent=None):

@@ -399,17 +399,41 @@ def test_backward_hook_refuses_cpu_tensors(sol, states):
 
 # ---- unit, kernel, plan
 def test_backward_unit_and_kernel_are_named(sol):
-    assert "backward" in sol.UNITS and "recurrent_bwd" in sol.KERNELS
+    assert "backward" in sol.UNITS and "recurrent_bwd" in sol.KERNELS and "chunk_bwd" in sol.KERNELS
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("shape", [SPEC, (2, 50, 2, 33, 100), (1, 300, 2, 64, 200)], ids=shape_id)
 def test_plan_backward(sol, shape, dtype):
-    """Names recurrent_bwd and unit backward; the dq line is the forward plan of (dy, v, k): D_k and D_v swapped."""
-    text = sol.plan_backward(*shape, dtype=dtype)
-    assert isinstance(text, str) and "recurrent_bwd" in text and "unit backward" in text, text
+    """D_k, D_v <= 128 (on an H200's shared memory, or this GPU's where it has as much): chunk_bwd, which forms dq
+    itself; else recurrent_bwd, whose dq line is the forward plan of (dy, v, k): D_k and D_v swapped. Forced
+    recurrent_bwd names that plan too."""
     B, T, H, Dk, Dv = shape
-    assert [ln for ln in text.splitlines() if ln.startswith("dq: ")] == [f"dq: {sol.plan(B, T, H, Dv, Dk, dtype)}"], text
+    dq_line = [f"dq: {sol.plan(B, T, H, Dv, Dk, dtype)}"]
+    text = sol.plan_backward(*shape, dtype=dtype)
+    assert isinstance(text, str) and "unit backward" in text, text
+    big = not torch.cuda.is_available() or torch.cuda.get_device_properties(0).shared_memory_per_block_optin >= 216000
+    if max(Dk, Dv) <= 128 and big:
+        assert text.startswith("chunk_bwd ") and "dq: in chunk_bwd" in text, text
+    else:
+        assert text.startswith("recurrent_bwd ") and [ln for ln in text.splitlines() if ln.startswith("dq: ")] == dq_line, text
+    forced = sol.plan_backward(*shape, dtype=dtype, kernel="recurrent_bwd")
+    assert forced.startswith("recurrent_bwd ") and [ln for ln in forced.splitlines() if ln.startswith("dq: ")] == dq_line
+
+
+@cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("shape", [(2, 100, 3, 33, 40), (1, 65, 2, 128, 128), (2, 31, 1, 7, 100)], ids=shape_id)
+def test_both_backward_kernels(sol, shape, dtype):
+    """chunk_bwd and recurrent_bwd, each forced through the hook, against float64 (chunk edges, a ragged end)."""
+    if torch.cuda.get_device_properties(0).shared_memory_per_block_optin < 216000:
+        pytest.skip("chunk_bwd needs Hopper's shared memory")
+    xs, s0, w, ws = problem(shape, dtype, seed=5)
+    want = reference_grads(xs, s0, w, ws)
+    for kernel in ("chunk_bwd", "recurrent_bwd"):
+        poison_allocator()
+        got = sol._backward_with(w, ws, *xs, s0, kernel=kernel)
+        check_grads(got, want, list(xs) + [s0])
 
 
 UNITS_SCRIPT = """
