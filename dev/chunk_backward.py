@@ -79,6 +79,36 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
+// acc = sum_s (x1_s x2_s X[s][i]) Y[s][j] over the chunk, for this thread's 64 state elements (x1, x2: per-step
+// scales or nullptr), then M <- m M + acc (own elements): the state's update and its gradient's.
+__device__ __forceinline__ void rank_update(float* M, float m, const float* X, const float* x1, const float* x2,
+                                            const float* Y) {
+  float acc[16][4];
+#pragma unroll
+  for (int ia = 0; ia < 16; ++ia)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[ia][c] = 0.f;
+  for (int s = 0; s < C; ++s) {
+    const float scale = (x1 ? x1[s] : 1.f) * (x2 ? x2[s] : 1.f);
+    float yj[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) yj[c] = Y[s * P + st_j(c)];
+#pragma unroll
+    for (int ia = 0; ia < 16; ++ia) {
+      const float xi = scale * X[s * P + st_i(ia)];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[ia][c] = fmaf(xi, yj[c], acc[ia][c]);
+    }
+  }
+#pragma unroll
+  for (int ia = 0; ia < 16; ++ia)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      float& x = M[st_i(ia) * P + st_j(c)];
+      x = fmaf(m, x, acc[ia][c]);
+    }
+}
+
 // Rows t0 .. t0 + C - 1 of a (B, T, H, D) tensor for (b, h) into dst (pitch P), zeros past T (rows) and D.
 template <typename E>
 __device__ __forceinline__ void stage(float* dst, const E* src, int64_t b, int h, int t0, int T, int H, int D) {
@@ -151,36 +181,7 @@ __global__ void __launch_bounds__(NT, 1) chunk_bwd_kernel(const Args<E> a) {
     stage(K, a.k, b, h, t0, a.T, a.H, Dk);
     stage(V, a.v, b, h, t0, a.T, a.H, Dv);
     tables(sm, a, b, h, t0);  // its barriers also cover the staging
-    // K <- (w beta) K, each element by the thread that reads it below? no: all read all, so a barrier after
-    for (int e = tid; e < C * DM; e += NT) {
-      const int s = e / DM, i = e % DM;
-      K[s * P + i] *= sm[kW + s] * sm[kBv + s];
-    }
-    __syncthreads();
-    const float alast = sm[kA + C - 1];
-    float acc[16][4];
-#pragma unroll
-    for (int ia = 0; ia < 16; ++ia)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[ia][c] = 0.f;
-    for (int s = 0; s < C; ++s) {
-      float vj[4];
-#pragma unroll
-      for (int c = 0; c < 4; ++c) vj[c] = V[s * P + st_j(c)];
-#pragma unroll
-      for (int ia = 0; ia < 16; ++ia) {
-        const float ki = K[s * P + st_i(ia)];
-#pragma unroll
-        for (int c = 0; c < 4; ++c) acc[ia][c] = fmaf(ki, vj[c], acc[ia][c]);
-      }
-    }
-#pragma unroll
-    for (int ia = 0; ia < 16; ++ia)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        float& x = S[st_i(ia) * P + st_j(c)];
-        x = fmaf(alast, x, acc[ia][c]);  // own elements only
-      }
+    rank_update(S, sm[kA + C - 1], K, sm + kW, sm + kBv, V);  // S <- A_{C-1} S + (w beta K)^T V
     __syncthreads();  // K, V and the tables are restaged next
   }
 
@@ -362,33 +363,8 @@ __global__ void __launch_bounds__(NT, 1) chunk_bwd_kernel(const Args<E> a) {
       const float dg = w[t] * Ah[t] * c0 + w[t] * tb + Ah[t] * tcq + td;
       if (t < tc) a.dg[(b * a.T + t0 + t) * a.H + h] = dg;
     }
-    // G <- A_{C-1} G + sum_u (A_u q_u) dy_u^T: own elements (every other read of G was before the barriers above)
-    {
-      const float alast = A[C - 1];
-      float acc[16][4];
-#pragma unroll
-      for (int ia = 0; ia < 16; ++ia)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) acc[ia][c] = 0.f;
-      for (int u = 0; u < C; ++u) {
-        float yj[4];
-#pragma unroll
-        for (int c = 0; c < 4; ++c) yj[c] = Y[u * P + st_j(c)];
-#pragma unroll
-        for (int ia = 0; ia < 16; ++ia) {
-          const float qi = A[u] * Q[u * P + st_i(ia)];
-#pragma unroll
-          for (int c = 0; c < 4; ++c) acc[ia][c] = fmaf(qi, yj[c], acc[ia][c]);
-        }
-      }
-#pragma unroll
-      for (int ia = 0; ia < 16; ++ia)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          float& x = G[st_i(ia) * P + st_j(c)];
-          x = fmaf(alast, x, acc[ia][c]);
-        }
-    }
+    // G <- A_{C-1} G + sum_u (A_u q_u) dy_u^T (own elements; every other read of G came before the barriers above)
+    rank_update(G, A[C - 1], Q, A, nullptr, Y);
     __syncthreads();  // the next chunk restages everything and reads G
   }
   if (a.ds0 != nullptr)
