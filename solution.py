@@ -3948,29 +3948,19 @@ __device__ __forceinline__ void load_bwd_step(const BwdParams& p, int64_t b, int
   s.b = GateSeq<E>(p.beta, b * p.sb.b + h * p.sb.h, p.b32)[t * p.sb.t];
   const E* k = static_cast<const E*>(p.k) + b * p.sk.b + t * p.sk.t + h * p.sk.h;
   const E* v = static_cast<const E*>(p.v) + b * p.sv.b + t * p.sv.t + h * p.sv.h;
+  const E* q = static_cast<const E*>(p.q) + b * p.sq.b + t * p.sq.t + h * p.sq.h;
+  const E* dy = static_cast<const E*>(p.dy) + b * p.sdy.b + t * p.sdy.t + h * p.sdy.h;
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int i = r0 + 32 * r;
-    s.k[r] = i < p.Dk ? to_float(k[i * p.sk.d]) : 0.f;
+  for (int r = 0; r < R; ++r) {  // rows: k (and q)
+    const bool in = r0 + 32 * r < p.Dk;
+    s.k[r] = in ? to_float(k[(r0 + 32 * r) * p.sk.d]) : 0.f;
+    if constexpr (GRADS) s.q[r] = in ? to_float(q[(r0 + 32 * r) * p.sq.d]) : 0.f;
   }
 #pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const int j = j0 + e;
-    s.v[e] = j < p.Dv ? to_float(v[j * p.sv.d]) : 0.f;
-  }
-  if constexpr (GRADS) {
-    const E* q = static_cast<const E*>(p.q) + b * p.sq.b + t * p.sq.t + h * p.sq.h;
-    const E* dy = static_cast<const E*>(p.dy) + b * p.sdy.b + t * p.sdy.t + h * p.sdy.h;
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int i = r0 + 32 * r;
-      s.q[r] = i < p.Dk ? to_float(q[i * p.sq.d]) : 0.f;
-    }
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int j = j0 + e;
-      s.dy[e] = j < p.Dv ? to_float(dy[j * p.sdy.d]) : 0.f;
-    }
+  for (int e = 0; e < 4; ++e) {  // columns: v (and dy)
+    const bool in = j0 + e < p.Dv;
+    s.v[e] = in ? to_float(v[(j0 + e) * p.sv.d]) : 0.f;
+    if constexpr (GRADS) s.dy[e] = in ? to_float(dy[(j0 + e) * p.sdy.d]) : 0.f;
   }
 }
 

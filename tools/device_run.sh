@@ -1,7 +1,7 @@
 #!/bin/bash
 # One device call: build once (timed), then the steps named in $@, each with a time limit, output in $OUT.
 #   bash tools/device_run.sh buildtimes tests eval kernelbench sanitize bench sweep variants ncu wmma mma wgmma configs
-#                            decode_dev decode_sanitize backward_dev varlen_sanitize serving varlen_bench
+#                            decode_dev decode_sanitize varlen_sanitize serving varlen_bench
 #                            decode_bench tf32 sm90_sanitize bench_all bwd_sanitize train
 # (kernelbench needs KernelBench's src/ in .kb/src, carried: tools/kernelbench_compare.py)
 set -u
@@ -38,8 +38,6 @@ for step in "$@"; do
       done ;;
     configs) timeout 300 python3 dev/chunk_configs.py --trials 15 2>&1 | tail -60 | tee -a $OUT/log.txt ;;
     decode_dev) timeout 200 python3 dev/decode_persistent.py --trials 40 2>&1 | tail -8 | tee -a $OUT/log.txt ;;
-    backward_dev) timeout 300 python3 dev/recurrent_backward.py --trials 10 2>&1 | tail -30 | tee -a $OUT/log.txt ;;
-
     varlen_sanitize)
       for tool in memcheck racecheck synccheck; do
         timeout 150 compute-sanitizer --tool $tool python3 tools/sanitize_smoke.py --varlen-only 2>&1 | tail -1 | tee -a $OUT/log.txt
