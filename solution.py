@@ -5579,6 +5579,10 @@ bool tensor_args(std::initializer_list<std::pair<pybind11::handle, const char*>>
   }
   return true;
 }
+// An optional argument: None leaves *out nullptr; anything else must be a tensor (tensor_args' TypeError).
+bool optional_arg(pybind11::handle h, const char* name, const at::Tensor** out) {
+  return h.is_none() || tensor_args({{h, name}}, {out});
+}
 }  // namespace gr
 
 // ---- registered operators: what torch.compile traces (eager calls keep the pybind functions below,
@@ -5690,7 +5694,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     std::vector<at::Tensor> out;
     const at::Tensor *tq, *tk, *tv, *tg, *tb, *ts = nullptr;
     if (!gr::tensor_args({{q, "q"}, {k, "k"}, {v, "v"}, {gate, "gate"}, {beta, "beta"}}, {&tq, &tk, &tv, &tg, &tb}) ||
-        (!initial_state.is_none() && !gr::tensor_args({{initial_state, "initial_state"}}, {&ts})))
+        !gr::optional_arg(initial_state, "initial_state", &ts))
       return out;
     const c10::optional<at::Tensor> s0 = ts != nullptr ? c10::optional<at::Tensor>(*ts) : c10::nullopt;
     if (!gr::run_ex(*tq, *tk, *tv, *tg, *tb, s0, want_final, kernel, config, reference, out)) out.clear();
@@ -5703,8 +5707,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     const at::Tensor *tq, *tk, *tv, *tg, *tb, *tc, *ts = nullptr, *th = nullptr;
     if (!gr::tensor_args({{q, "q"}, {k, "k"}, {v, "v"}, {gate, "gate"}, {beta, "beta"}, {cu_seqlens, "cu_seqlens"}},
                          {&tq, &tk, &tv, &tg, &tb, &tc}) ||
-        (!initial_state.is_none() && !gr::tensor_args({{initial_state, "initial_state"}}, {&ts})) ||
-        (!cu_seqlens_cpu.is_none() && !gr::tensor_args({{cu_seqlens_cpu, "cu_seqlens_cpu"}}, {&th})))
+        !gr::optional_arg(initial_state, "initial_state", &ts) ||
+        !gr::optional_arg(cu_seqlens_cpu, "cu_seqlens_cpu", &th))
       return out;
     const c10::optional<at::Tensor> s0 = ts != nullptr ? c10::optional<at::Tensor>(*ts) : c10::nullopt;
     const c10::optional<at::Tensor> host = th != nullptr ? c10::optional<at::Tensor>(*th) : c10::nullopt;
@@ -5717,7 +5721,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     const at::Tensor *tq, *tk, *tv, *tg, *tb, *tp, *ti = nullptr;
     if (!gr::tensor_args({{q, "q"}, {k, "k"}, {v, "v"}, {gate, "gate"}, {beta, "beta"}, {state_pool, "state_pool"}},
                          {&tq, &tk, &tv, &tg, &tb, &tp}) ||
-        (!state_indices.is_none() && !gr::tensor_args({{state_indices, "state_indices"}}, {&ti})))
+        !gr::optional_arg(state_indices, "state_indices", &ti))
       return at::Tensor();
     return gr::run_decode(*tq, *tk, *tv, *tg, *tb, *tp, ti, nv, persistent);
   });
@@ -5727,8 +5731,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     const at::Tensor *tdy, *tq, *tk, *tv, *tg, *tb, *tf = nullptr, *ts = nullptr;
     if (!gr::tensor_args({{dy, "dy"}, {q, "q"}, {k, "k"}, {v, "v"}, {gate, "gate"}, {beta, "beta"}},
                          {&tdy, &tq, &tk, &tv, &tg, &tb}) ||
-        (!dfinal.is_none() && !gr::tensor_args({{dfinal, "dfinal"}}, {&tf})) ||
-        (!initial_state.is_none() && !gr::tensor_args({{initial_state, "initial_state"}}, {&ts})))
+        !gr::optional_arg(dfinal, "dfinal", &tf) || !gr::optional_arg(initial_state, "initial_state", &ts))
       return out;
     if (!gr::run_backward(*tdy, tf, *tq, *tk, *tv, *tg, *tb, ts, kernel, out)) out.clear();
     return out;
