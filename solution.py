@@ -304,9 +304,9 @@ inline size_t chunk_sm90_smem(int DK, DType dt) {
 enum : int { kBwdCheckpoint = 64, kBwdStateFloats = kMaxThreads * 4 };  // a state: R x kBwdStateFloats floats
 inline size_t recurrent_bwd_smem(int R, int TC) { return sizeof(float) * (size_t)TC * R * kBwdStateFloats; }
 // chunk_bwd: steps a chunk, and its shared memory (S and G 128 x 129, q, k, v, dy 32 x 129, three 32 x 33
-// products, the 32 x 32 table, 7 vectors, 8 warp sums; cb:: in BACKWARD_SRC checks it).
+// products and the 32 x 33 table, 7 vectors, 8 warp sums; cb:: in BACKWARD_SRC checks it).
 enum : int { kBwdChunk = 32 };
-constexpr size_t kChunkBwdSmem = 4 * (2 * 128 * 129 + 4 * 32 * 129 + 3 * 32 * 33 + 32 * 32 + 7 * 32 + 8);
+constexpr size_t kChunkBwdSmem = 4 * (2 * 128 * 129 + 4 * 32 * 129 + 4 * 32 * 33 + 7 * 32 + 8);
 // Rows a thread of recurrent_bwd (D_k <= 32 R): its instantiations.
 #define GR_BWD_ROWS(X) X(1) X(2) X(4) X(8)
 
@@ -4160,10 +4160,10 @@ struct ChunkBwdParams : BwdProblem {
 
 namespace cb {
 constexpr int C = kBwdChunk, NW = kMaxThreads / 32, DM = 128, P = DM + 1, PC = C + 1;
-// shared memory (floats): S, G (DM x P), Q, K, V, Y (C x P), QK, DD, EE (C x PC), L (C x C), 7 vectors of C, warp sums
+// shared memory (floats): S, G (DM x P), Q, K, V, Y (C x P), QK, DD, EE, L (C x PC: the dgate loop reads L down a column), 7 vectors of C, warp sums
 constexpr int kS = 0, kG = kS + DM * P, kQ = kG + DM * P, kK = kQ + C * P, kV = kK + C * P, kY = kV + C * P;
 constexpr int kQK = kY + C * P, kDD = kQK + C * PC, kEE = kDD + C * PC, kL = kEE + C * PC;
-constexpr int kGv = kL + C * C, kBv = kGv + C, kA = kBv + C, kAh = kA + C, kW = kAh + C, kF = kW + C, kE = kF + C;
+constexpr int kGv = kL + C * PC, kBv = kGv + C, kA = kBv + C, kAh = kA + C, kW = kAh + C, kF = kW + C, kE = kF + C;
 constexpr int kRed = kE + C, kFloats = kRed + NW;
 static_assert(kFloats * 4 == (int)kChunkBwdSmem, "chunk_bwd_smem");
 
@@ -4235,7 +4235,7 @@ __device__ __forceinline__ void tables(float* sm, const ChunkBwdParams& p, int64
     const int t = e / C, s = e % C;
     double pr = 1.0;
     for (int r = s + 1; r <= t; ++r) pr *= (double)g[r];
-    sm[kL + e] = s <= t ? (float)pr : 0.f;
+    sm[kL + t * PC + s] = s <= t ? (float)pr : 0.f;
   }
   if (tid < C) {
     double pa = 1.0, ph = 1.0, pw = 1.0;
@@ -4410,12 +4410,12 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
         dv[c] = bv[t] * w[t] * KG[r][c];
       }
       for (int s = 0; s <= t; ++s) {
-        const float m = L[t * C + s] * bv[s] * DD[t * PC + s];
+        const float m = L[t * PC + s] * bv[s] * DD[t * PC + s];
 #pragma unroll
         for (int c = 0; c < 4; ++c) dq[c] = fmaf(m, K[s * P + lane + 32 * c], dq[c]);
       }
       for (int u = t; u < C; ++u) {
-        const float md = L[u * C + t] * DD[u * PC + t], mp = L[u * C + t] * bv[t] * QK[u * PC + t];
+        const float md = L[u * PC + t] * DD[u * PC + t], mp = L[u * PC + t] * bv[t] * QK[u * PC + t];
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
           dkt[c] = fmaf(md, Q[u * P + lane + 32 * c], dkt[c]);
@@ -4444,12 +4444,12 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
     if (tid < C) {  // dgate_t, one thread a step
       const int t = tid;
       float tb = 0.f, tf = 0.f, td = 0.f;
-      for (int s = 0; s < t; ++s) tb = fmaf(L[(t - 1) * C + s] * bv[s], sm[kE + s], tb);
+      for (int s = 0; s < t; ++s) tb = fmaf(L[(t - 1) * PC + s] * bv[s], sm[kE + s], tb);
       for (int u = t; u < C; ++u) {
-        tf = fmaf(L[u * C + t], sm[kF + u], tf);
+        tf = fmaf(L[u * PC + t], sm[kF + u], tf);
         float x = 0.f;
-        for (int s = 0; s < t; ++s) x = fmaf(EE[u * PC + s], L[(t - 1) * C + s], x);
-        td = fmaf(L[u * C + t], x, td);
+        for (int s = 0; s < t; ++s) x = fmaf(EE[u * PC + s], L[(t - 1) * PC + s], x);
+        td = fmaf(L[u * PC + t], x, td);
       }
       if (t < tc) store_gate_grad<E>(p.dgate, (b * p.T + t0 + t) * p.H + h, w[t] * Ah[t] * c0 + w[t] * tb + Ah[t] * tf + td, p.g32);
     }
