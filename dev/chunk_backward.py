@@ -50,10 +50,10 @@ SRC = r"""
 
 namespace {
 constexpr int C = 32, NT = 256, NW = NT / 32, DM = 128, P = DM + 1, PC = C + 1;
-// shared memory (floats): S, G (DM x P), Q, K, V, Y (C x P), QK, DD, EE (C x PC), L (C x C), 8 vectors of C, warp sums
+// shared memory (floats): S, G (DM x P), Q, K, V, Y (C x P), QK, DD, EE, L (C x PC: the dgate loop reads L down a column), 8 vectors of C, warp sums
 constexpr int kS = 0, kG = kS + DM * P, kQ = kG + DM * P, kK = kQ + C * P, kV = kK + C * P, kY = kV + C * P;
 constexpr int kQK = kY + C * P, kDD = kQK + C * PC, kEE = kDD + C * PC, kL = kEE + C * PC;
-constexpr int kGv = kL + C * C, kBv = kGv + C, kA = kBv + C, kAh = kA + C, kW = kAh + C, kF = kW + C, kE = kF + C;
+constexpr int kGv = kL + C * PC, kBv = kGv + C, kA = kBv + C, kAh = kA + C, kW = kAh + C, kF = kW + C, kE = kF + C;
 constexpr int kRed = kE + C, kFloats = kRed + 2 * NW;
 
 __device__ __forceinline__ float f32(float x) { return x; }
@@ -136,7 +136,7 @@ __device__ __forceinline__ void tables(float* sm, const Args<E>& a, int64_t b, i
     const int t = e / C, s = e % C;
     double p = 1.0;
     for (int r = s + 1; r <= t; ++r) p *= (double)g[r];
-    sm[kL + e] = s <= t ? (float)p : 0.f;
+    sm[kL + t * PC + s] = s <= t ? (float)p : 0.f;
   }
   if (tid < C) {
     double pa = 1.0, ph = 1.0, pw = 1.0;
@@ -318,13 +318,13 @@ __global__ void __launch_bounds__(NT, 1) chunk_bwd_kernel(const Args<E> a) {
         dv[c] = bv[t] * w[t] * KG[r][c];
       }
       for (int s = 0; s <= t; ++s) {  // dq_t: sum_{s<=t} L[t][s] beta_s Dd[t][s] k_s
-        const float m = L[t * C + s] * bv[s] * DD[t * PC + s];
+        const float m = L[t * PC + s] * bv[s] * DD[t * PC + s];
 #pragma unroll
         for (int c = 0; c < 4; ++c) dq[c] = fmaf(m, K[s * P + lane + 32 * c], dq[c]);
       }
       for (int u = t; u < C; ++u) {  // dk_t, dv_t: sums over u >= t
-        const float md = L[u * C + t] * DD[u * PC + t];
-        const float mp = L[u * C + t] * bv[t] * QK[u * PC + t];
+        const float md = L[u * PC + t] * DD[u * PC + t];
+        const float mp = L[u * PC + t] * bv[t] * QK[u * PC + t];
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
           dkt[c] = fmaf(md, Q[u * P + lane + 32 * c], dkt[c]);
@@ -353,12 +353,12 @@ __global__ void __launch_bounds__(NT, 1) chunk_bwd_kernel(const Args<E> a) {
     if (tid < C) {  // dgate_t, one thread a step
       const int t = tid;
       float tb = 0.f, tcq = 0.f, td = 0.f;
-      for (int s = 0; s < t; ++s) tb = fmaf(L[(t - 1) * C + s] * bv[s], sm[kE + s], tb);
+      for (int s = 0; s < t; ++s) tb = fmaf(L[(t - 1) * PC + s] * bv[s], sm[kE + s], tb);
       for (int u = t; u < C; ++u) {
-        tcq = fmaf(L[u * C + t], sm[kF + u], tcq);
+        tcq = fmaf(L[u * PC + t], sm[kF + u], tcq);
         float x = 0.f;
-        for (int s = 0; s < t; ++s) x = fmaf(EE[u * PC + s], L[(t - 1) * C + s], x);
-        td = fmaf(L[u * C + t], x, td);
+        for (int s = 0; s < t; ++s) x = fmaf(EE[u * PC + s], L[(t - 1) * PC + s], x);
+        td = fmaf(L[u * PC + t], x, td);
       }
       const float dg = w[t] * Ah[t] * c0 + w[t] * tb + Ah[t] * tcq + td;
       if (t < tc) a.dg[(b * a.T + t0 + t) * a.H + h] = dg;
