@@ -5346,9 +5346,11 @@ bool check_grads(const at::Tensor& dy, const at::Tensor* dfinal, const at::Tenso
   return true;
 }
 
-bool run_backward(const at::Tensor& dy, const at::Tensor* dfinal, const at::Tensor& q, const at::Tensor& k,
-                  const at::Tensor& v, const at::Tensor& gate, const at::Tensor& beta, const at::Tensor* s_in,
-                  const std::string& kernel, std::vector<at::Tensor>& out) {
+// The backward's checks and plans, and whether their units are loaded (NeedUnit names a missing one). kernel:
+// make_plan_backward's; dq_pass: whether a forward plan computes dq.
+bool plan_backward_call(const at::Tensor& dy, const at::Tensor* dfinal, const at::Tensor& q, const at::Tensor& k,
+                        const at::Tensor& v, const at::Tensor& gate, const at::Tensor& beta, const at::Tensor* s_in,
+                        const std::string& kernel, Plan& pdq, Plan& pbw, bool& dq_pass) {
   if (!check_shapes(q, k, v, gate, beta, false) || (s_in && !check_state(*s_in, q, v)) || !check_grads(dy, dfinal, q, v) ||
       !check_devices(q, k, v, gate, beta))
     return false;
@@ -5357,12 +5359,32 @@ bool run_backward(const at::Tensor& dy, const at::Tensor* dfinal, const at::Tens
     GR_REQUIRE("ValueError", m.first == nullptr || m.first->device() == q.device(), m.second, " is on ",
                device_str(*m.first), " but q is on ", device_str(q));
   const c10::cuda::CUDAGuard guard(q.device());
+  return make_plan_backward(shape_of(q, v), dtype_of(q), layout_of(dy, v, k, gate, beta), device_limits(), kernel, pdq,
+                            pbw, dq_pass) &&
+         (!dq_pass || unit_ready(pdq)) && unit_ready(pbw);
+}
+
+// The registered operators cannot build a unit, and an eager call that records autograd goes through them:
+// Python asks first, with the call's own tensors (their layout decides the plan), and builds what is missing.
+bool forward_ready(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
+                   const at::Tensor& beta, const at::Tensor* s_in, bool reference) {
+  if (!check_shapes(q, k, v, gate, beta, reference) || (s_in && !check_state(*s_in, q, v)) ||
+      !check_devices(q, k, v, gate, beta))
+    return false;
+  const c10::cuda::CUDAGuard guard(q.device());
+  Plan pl;
+  return make_plan(shape_of(q, v), dtype_of(q), layout_of(q, k, v, gate, beta), device_limits(), kPlanned, kNoConfig,
+                   reference, pl) &&
+         unit_ready(pl);
+}
+
+bool run_backward(const at::Tensor& dy, const at::Tensor* dfinal, const at::Tensor& q, const at::Tensor& k,
+                  const at::Tensor& v, const at::Tensor& gate, const at::Tensor& beta, const at::Tensor* s_in,
+                  const std::string& kernel, std::vector<at::Tensor>& out) {
   Plan pdq, pbw;
   bool dq_pass = true;
-  if (!make_plan_backward(shape_of(q, v), dtype_of(q), layout_of(dy, v, k, gate, beta), device_limits(), kernel, pdq, pbw,
-                          dq_pass) ||
-      (dq_pass && !unit_ready(pdq)) || !unit_ready(pbw))
-    return false;
+  if (!plan_backward_call(dy, dfinal, q, k, v, gate, beta, s_in, kernel, pdq, pbw, dq_pass)) return false;
+  const c10::cuda::CUDAGuard guard(q.device());
   at::Tensor dq = at::empty(q.sizes(), q.options()), dk = at::empty(k.sizes(), k.options()),
              dv = at::empty(v.sizes(), v.options()), dg = at::empty(gate.sizes(), gate.options()),
              db = at::empty(beta.sizes(), beta.options());
@@ -5736,6 +5758,27 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     if (!gr::run_backward(*tdy, tf, *tq, *tk, *tv, *tg, *tb, ts, kernel, out)) out.clear();
     return out;
   });
+  // true, or None with last_error() (NeedUnit: the unit to build), for the operators' eager callers
+  m.def("forward_ready", [](handle q, handle k, handle v, handle gate, handle beta, handle initial_state,
+                            bool reference) -> pybind11::object {
+    const at::Tensor *tq, *tk, *tv, *tg, *tb, *ts = nullptr;
+    if (!gr::tensor_args({{q, "q"}, {k, "k"}, {v, "v"}, {gate, "gate"}, {beta, "beta"}}, {&tq, &tk, &tv, &tg, &tb}) ||
+        !gr::optional_arg(initial_state, "initial_state", &ts) || !gr::forward_ready(*tq, *tk, *tv, *tg, *tb, ts, reference))
+      return pybind11::none();
+    return pybind11::bool_(true);
+  });
+  m.def("backward_ready", [](handle dy, handle dfinal, handle q, handle k, handle v, handle gate, handle beta,
+                             handle initial_state) -> pybind11::object {
+    const at::Tensor *tdy, *tq, *tk, *tv, *tg, *tb, *tf = nullptr, *ts = nullptr;
+    gr::Plan pdq, pbw;
+    bool dq_pass = true;
+    if (!gr::tensor_args({{dy, "dy"}, {q, "q"}, {k, "k"}, {v, "v"}, {gate, "gate"}, {beta, "beta"}},
+                         {&tdy, &tq, &tk, &tv, &tg, &tb}) ||
+        !gr::optional_arg(dfinal, "dfinal", &tf) || !gr::optional_arg(initial_state, "initial_state", &ts) ||
+        !gr::plan_backward_call(*tdy, tf, *tq, *tk, *tv, *tg, *tb, ts, gr::kPlanned, pdq, pbw, dq_pass))
+      return pybind11::none();
+    return pybind11::bool_(true);
+  });
   m.def("plan", &gr::plan_text);
   m.def("plan_backward", &gr::plan_backward_text);
   m.def("plan_decode", &gr::plan_decode_text);
@@ -5947,8 +5990,8 @@ def _traced_call(q, k, v, gate, beta, initial_state, output_final_state, numeric
     (their registered backward); eagerly the unit the call needs is built first (the operator cannot)."""
     reference = _reference(numerics)
     _require_tensors(((q, "q"), (k, "k"), (v, "v"), (gate, "gate"), (beta, "beta")), ((initial_state, "initial_state"),))
-    if not torch.compiler.is_compiling():
-        _prepare_units(q, v, reference)
+    if not torch.compiler.is_compiling() and q.device.type == "cuda":  # the unit this call's plan needs (its own
+        _call(_core.forward_ready, q, k, v, gate, beta, initial_state, reference)  # layout), built if missing
     if initial_state is None and not output_final_state:
         return _ops.forward(q, k, v, gate, beta, reference)
     out = _ops.forward_ex(q, k, v, gate, beta, initial_state, bool(output_final_state), "", [], reference)
@@ -5956,20 +5999,27 @@ def _traced_call(q, k, v, gate, beta, initial_state, output_final_state, numeric
 
 
 def _prepare_units(q, v, reference):
-    """At trace time (the fake implementations run there, not per call): build the unit the call's plan
-    needs, since the compiled graph calls the operator, which cannot build one itself. Arguments the
+    """At trace time (the fake implementations run there, not per call): build the units the call's plan
+    may need, since the compiled graph calls the operator, which cannot build one itself. The plan of
+    contiguous inputs, and where that is chunk_sm90 also the dtype's mma.sync chunk unit (a layout TMA cannot
+    describe takes it); symbolic sizes: the chunk units of long sequences at these widths. Arguments the
     operator will refuse are left to it (its message names them)."""
-    if q.device.type != "cuda" or q.dim() != 4 or v.dim() != 4 or str(q.dtype)[6:] not in _DTYPE_CODES or \
-            not 1 <= q.shape[3] <= 256 or not 1 <= v.shape[3] <= 256:
+    if q.device.type != "cuda" or q.dim() != 4 or v.dim() != 4 or str(q.dtype)[6:] not in _DTYPE_CODES:
+        return
+    dk, dv = (d if isinstance(d, int) else 64 for d in (q.shape[3], v.shape[3]))
+    if not 1 <= dk <= 256 or not 1 <= dv <= 256:
         return
     dims = tuple(q.shape) + (v.shape[3],)
     if reference:
-        unit = "reference"
+        plans = [(1, 1, 1, dk, dv)]
     elif all(isinstance(d, int) for d in dims):
-        unit = re.search(r"unit (\w+)", plan(*dims, q.dtype)).group(1)
-    else:  # symbolic sizes: the dtype's chunk unit, which long sequences take
-        unit = re.search(r"unit (\w+)", plan(1, 4096, 1, 64, 64, q.dtype)).group(1)
-    if unit not in _units:
+        plans = [dims, (1, 4096, 1, dk, dv)]
+    else:
+        plans = [(2, 4096, 1, dk, dv), (1, 4096, 1, dk, dv)]
+    units = {"reference"} if reference else {re.search(r"unit (\w+)", plan(*d, q.dtype)).group(1) for d in plans}
+    if not reference and "chunk_sm90" not in units:  # the extra mma.sync plan only backs up chunk_sm90
+        units = {re.search(r"unit (\w+)", plan(*plans[0], q.dtype)).group(1)}
+    for unit in sorted(units - set(_units)):
         build(unit)
 
 
@@ -6021,22 +6071,26 @@ def _backward_fake(dy, dfinal, q, k, v, gate, beta, initial_state):
 
 def _backward_call(dy, dfinal, q, k, v, gate, beta, initial_state):
     """The backward operator (traceable): (dq, dk, dv, dgate, dbeta, dS_0 or None)."""
-    if not torch.compiler.is_compiling():
-        _prepare_backward(dy, k)
+    if not torch.compiler.is_compiling() and dy.device.type == "cuda":  # the units this call's plans need (its
+        _call(_core.backward_ready, dy, dfinal, q, k, v, gate, beta, initial_state)  # own layouts), built if missing
     out = _ops.backward(dy, dfinal, q, k, v, gate, beta, initial_state)
     return tuple(out[:5]) + (out[5] if initial_state is not None else None,)
 
 
 def _setup_forward(ctx, inputs, output):
     ctx.save_for_backward(*inputs[:5])
+    ctx.set_materialize_grads(False)  # an unused output's gradient stays None (no zeros, no work on them)
 
 
 def _forward_backward(ctx, dy):
+    if dy is None:
+        return (None,) * 6
     return _backward_call(dy, None, *ctx.saved_tensors, None)[:5] + (None,)
 
 
 def _setup_forward_ex(ctx, inputs, output):
     ctx.save_for_backward(*inputs[:6])
+    ctx.set_materialize_grads(False)
     # the gradient of config must mirror its structure: torch's tensor-list support reads [] as an empty
     # list of tensors (a node, given the gradient []), any other list of ints as one leaf (None)
     ctx.config_grad = [] if len(inputs[8]) == 0 else None
@@ -6047,15 +6101,33 @@ def _forward_ex_backward(ctx, *grads):
     if len(grads) == 1 and isinstance(grads[0], (list, tuple)):
         grads = grads[0]
     q, k, v, gate, beta, initial_state = ctx.saved_tensors
-    dy = grads[0] if grads[0] is not None else q.new_zeros(q.shape[:3] + v.shape[3:])  # only S_T in the loss
     dfinal = grads[1] if len(grads) > 1 else None
+    if grads[0] is None and dfinal is None:
+        return (None,) * 8 + (ctx.config_grad, None)
+    dy = grads[0] if grads[0] is not None else q.new_zeros(q.shape[:3] + v.shape[3:])  # only S_T in the loss
     return _backward_call(dy, dfinal, q, k, v, gate, beta, initial_state) + (None, None, ctx.config_grad, None)
 
 
+def _no_double_backward(ctx, *grads):
+    raise NotImplementedError("gated_recurrence: no double backward (create_graph=True through its backward)")
+
+
+def _no_varlen_backward(ctx, *grads):
+    raise NotImplementedError("gated_recurrence with cu_seqlens has no backward yet (forward only)")
+
+
+def _setup_nothing(ctx, inputs, output):
+    return None
+
+
 # Once a process: a second load of this file (eval.py beside an imported copy, a re-run notebook cell) has the
-# same source, so the same namespace and the same backward, which torch refuses to register twice.
+# same source, so the same namespace and the same backward, which torch refuses to register twice. The
+# backward operator and forward_varlen get formulas that refuse (without one, torch would only warn and
+# leave the gradients out: in compiled graphs the C++ grad check does not see requires_grad).
 for _name, _bwd, _setup in (("forward", _forward_backward, _setup_forward),
-                            ("forward_ex", _forward_ex_backward, _setup_forward_ex)):
+                            ("forward_ex", _forward_ex_backward, _setup_forward_ex),
+                            ("backward", _no_double_backward, _setup_nothing),
+                            ("forward_varlen", _no_varlen_backward, _setup_nothing)):
     if not torch._C._dispatch_has_kernel_for_dispatch_key(f"{_OPS_NS}::{_name}", "Autograd"):
         torch.library.register_autograd(f"{_OPS_NS}::{_name}", _bwd, setup_context=_setup)
 
@@ -6184,6 +6256,11 @@ def gated_recurrence_decode_(q, k, v, gate, beta, state_pool, state_indices=None
     if torch.compiler.is_compiling():
         _require_tensors(((q, "q"), (k, "k"), (v, "v"), (gate, "gate"), (beta, "beta"), (state_pool, "state_pool")),
                          ((state_indices, "state_indices"),))
+        # the C++ check does not see requires_grad in a compiled graph (and decode_ has no autograd formula)
+        for x, name in ((q, "q"), (k, "k"), (v, "v"), (gate, "gate"), (beta, "beta"), (state_pool, "state_pool")):
+            if _needs_grad(x):
+                raise NotImplementedError(f"{name} requires grad, but gated_recurrence_decode_ has no backward (forward "
+                                          "only): call it under torch.no_grad() or give it detached tensors")
         return _ops.decode_(q, k, v, gate, beta, state_pool, state_indices)
     return _call(_core.decode_, q, k, v, gate, beta, state_pool, state_indices, 0, -1)
 

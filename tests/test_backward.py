@@ -459,6 +459,60 @@ def test_backward_unit_is_built_on_first_use(sol):
     assert "backward" in after_backward
 
 
+LAYOUT_UNITS_SCRIPT = """
+import torch, solution
+# bfloat16 D = 128 with B*H*T >= 8192: contiguous inputs plan chunk_sm90 on Hopper; a stride-0 dy (y.sum()) and a
+# q whose rows are not 16-byte aligned plan the mma.sync chunk unit, which nothing has built yet
+B, T, H, D = 1, 8192, 1, 128
+base = torch.randn(B, T, H, D + 1, device="cuda").bfloat16()
+q = base[..., 1:].requires_grad_(False).detach().requires_grad_()  # rows start 2 bytes in
+xs = [q] + [torch.randn(B, T, H, D, device="cuda").bfloat16().requires_grad_() for _ in range(2)] + \
+     [torch.rand(B, T, H, device="cuda").bfloat16().requires_grad_() for _ in range(2)]
+solution.gated_recurrence(*xs).float().sum().backward()
+print("ok", all(torch.isfinite(x.grad.float()).all().item() for x in xs), flush=True)
+"""
+
+
+@cuda
+def test_units_follow_the_call_layout(sol):
+    """A fresh process: the units of the plans of the call's own layouts (not of contiguous inputs) are built before
+    the registered operators run, forward and backward."""
+    proc = subprocess.run([sys.executable, "-c", LAYOUT_UNITS_SCRIPT], cwd=ROOT, env=dict(os.environ),
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "ok True" in proc.stdout, proc.stdout[-2000:]
+
+
+@cuda
+def test_double_backward_is_refused(sol):
+    """create_graph=True through the backward, then a second gradient: a clear NotImplementedError, not silence."""
+    xs, s0, w, ws = problem((1, 40, 2, 16, 16), seed=11)
+    leaves = [x.detach().requires_grad_() for x in xs]
+    y = sol.gated_recurrence(*leaves)
+    g = torch.autograd.grad((y * w).sum(), leaves, create_graph=True)
+    with pytest.raises(NotImplementedError, match="no double backward"):
+        torch.autograd.grad(g[0].square().sum(), leaves, allow_unused=True)
+
+
+@cuda
+def test_forward_only_paths_refuse_under_compile(sol):
+    """Compiled graphs do not reach the C++ grad check: cu_seqlens calls refuse in their backward, the decode step
+    when it is traced; neither leaves the gradients out silently."""
+    torch._dynamo.reset()
+    xs = [x.detach().requires_grad_() for x in inputs(1, 20, 2, 8, 8, dtype=FP32, seed=3)]
+    cu = torch.tensor([0, 7, 20], device="cuda", dtype=torch.int32)
+    f = torch.compile(lambda *a: sol.gated_recurrence(*a, cu_seqlens=cu, max_seqlen=13).sum(), fullgraph=True)
+    with pytest.raises(NotImplementedError, match="cu_seqlens has no backward"):
+        f(*xs).backward()
+    torch._dynamo.reset()
+    pool = torch.zeros(2, 2, 8, 8, device="cuda")
+    step = [x.detach() for x in inputs(2, 1, 2, 8, 8, dtype=FP32, seed=4)]
+    step[0].requires_grad_(True)
+    g = torch.compile(lambda *a: sol.gated_recurrence_decode_(*a, pool), fullgraph=True)
+    with pytest.raises(Exception, match="q requires grad"):
+        g(*step)
+
+
 # ---- torch.compile
 @cuda
 @pytest.mark.parametrize("states", [False, True], ids=["plain", "states"])
