@@ -61,11 +61,12 @@ everything the launch depends on; plan(B, T, H, D_k, D_v, dtype) prints that rec
                   unit decode          <= 128, 16-byte pool rows    item's state streams into a shared-memory ring by
                                                                     cp.async while the current one is computed.
     chunk_bwd     BACKWARD_SRC         autograd's backward where    the chunked backward (docs/training-design.md 1.2,
-                  unit backward        D_k, D_v <= 128 and 216 KB   1.3) on fp32 FMAs: one block per (b, h), chunks of 32;
-                  (built on first use) of shared memory fit         the state at every chunk start saved by a forward
-                                       (Hopper and newer)           phase, then chunks backwards with the state and its
-                                                                    gradient in shared memory; dq, dk, dv, dgate (the
-                                                                    "hole" products, no quotient), dbeta, dS_0.
+                  unit backward        D_k, D_v <= 128 and 216 KB   1.3) on fp32 FMAs: one block per (b, h), chunks of
+                  (built on first use) of shared memory fit         32; a forward phase saves the state at every other
+                                       (Hopper and newer)           chunk start, then the chunks run backwards with the
+                                                                    state and its gradient in shared memory; dq, dk,
+                                                                    dv, dgate (the "hole" products, no quotient),
+                                                                    dbeta, dS_0.
     recurrent_bwd BACKWARD_SRC         the rest of the backward     the reverse loop of the state's gradient, element by
                   unit backward        (dq: a forward plan with     element: one block per (b, h) walks the D_v tiles of
                                        (dy, v, k) and S_0^T, any    32 columns in order; the states come back from
@@ -4141,7 +4142,8 @@ __global__ void __launch_bounds__(kMaxThreads, 1) recurrent_bwd_kernel(const Bwd
 // docs/training-design.md 1.2-1.3, each product an fp32 FMA (fp32-level results for every dtype, no operand
 // splits). One block a (b, h), 256 threads, chunks of kBwdChunk steps, D_k, D_v <= 128. S (the state before
 // the chunk) and G (the gradient of the state after it) live in shared memory.
-//   Phase F: the forward over the chunks, S at every chunk start into the workspace.
+//   Phase F: the forward over the chunks, S at every other chunk start into the workspace (an odd chunk's start is
+//   recomputed in phase R: one more state update per two chunks, half the workspace).
 //   Phase R, chunks backwards: S from the workspace; q, k, v, dy (as float) and the gate tables staged;
 //     QK = Q K^T, Dd = dY V^T (C x C); R = dY S^T, Rk = V G^T, KG = K G (registers: a thread keeps the 4 x 4
 //     outputs it turns into dq, dk and dv); c0 = <G, S>; f_u = q_u . R_u, e_s = k_s . Rk_s;
@@ -4155,7 +4157,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) recurrent_bwd_kernel(const Bwd
 // dS_0 = G at the end. Padded steps past T are identities (gate 1, beta 0, zero rows). Fixed-order sums.
 struct ChunkBwdParams : BwdProblem {
   int nck;      // chunks
-  float* ckpt;  // (B H, nck, D_k D_v): the state at every chunk start
+  float* ckpt;  // (B H, ceil(nck / 2), D_k D_v): the state at every even chunk's start
 };
 
 namespace cb {
@@ -4260,9 +4262,9 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int64_t bh = blockIdx.x, b = bh / p.H;
   const int h = (int)(bh - b * p.H), Dk = p.Dk, Dv = p.Dv;
-  float* ck = p.ckpt + bh * (int64_t)p.nck * Dk * Dv;
+  float* ck = p.ckpt + bh * (int64_t)((p.nck + 1) / 2) * Dk * Dv;
 
-  // ---- phase F: S at every chunk start into the workspace
+  // ---- phase F: S at every even chunk's start into the workspace
 #pragma unroll
   for (int ia = 0; ia < 16; ++ia)
 #pragma unroll
@@ -4277,7 +4279,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int i = st_i(ia), j = st_j(c);
-        if (i < Dk && j < Dv) ck[((int64_t)ch * Dk + i) * Dv + j] = S[i * P + j];
+        if (i < Dk && j < Dv && ch % 2 == 0) ck[((int64_t)(ch / 2) * Dk + i) * Dv + j] = S[i * P + j];
       }
     if (ch + 1 == p.nck) break;  // the last chunk's update is never needed
     stage<E>(K, p.k, p.sk, b, h, ch * C, p.T, Dk);
@@ -4303,8 +4305,15 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int i = st_i(ia), j = st_j(c);
-        S[i * P + j] = i < Dk && j < Dv ? ck[((int64_t)ch * Dk + i) * Dv + j] : 0.f;
+        S[i * P + j] = i < Dk && j < Dv ? ck[((int64_t)(ch / 2) * Dk + i) * Dv + j] : 0.f;
       }
+    if (ch % 2 == 1) {  // an odd chunk's start: one update from the even chunk's checkpoint (its steps)
+      stage<E>(K, p.k, p.sk, b, h, t0 - C, p.T, Dk);
+      stage<E>(V, p.v, p.sv, b, h, t0 - C, p.T, Dv);
+      tables<E>(sm, p, b, h, t0 - C);
+      rank_update(S, A[C - 1], K, w, bv, V);  // bitwise phase F's update
+      __syncthreads();  // K, V and the tables are restaged below
+    }
     stage<E>(Q, p.q, p.sq, b, h, t0, p.T, Dk);
     stage<E>(K, p.k, p.sk, b, h, t0, p.T, Dk);
     stage<E>(V, p.v, p.sv, b, h, t0, p.T, Dv);
@@ -5145,7 +5154,7 @@ std::string describe(const Plan& pl) {
              pl.pdl ? " pdl=on" : " pdl=off");
   else if (pl.kernel == Kernel::chunk_bwd)
     s += cat("C=", (int)kBwdChunk, " fp32 FMA, one block a (b, h), S and its gradient in shared memory, the state at "
-             "every chunk start in the workspace=", pl.work_floats * 4, "B");
+             "every other chunk start in the workspace=", pl.work_floats * 4, "B");
   else if (pl.kernel == Kernel::recurrent_bwd)
     s += cat("rows_a_thread=", pl.R, " column_tiles=", pl.vtiles, " (in order, one block a (b, h)) checkpoints=",
              (int)kBwdCheckpoint, " steps, recomputed runs of ", pl.TC, " workspace=", pl.work_floats * 4, "B");
@@ -5304,7 +5313,7 @@ bool make_plan_backward(const Shape& s, DType dt, const Layout& lay_dq, const De
     dq_pass = false;
     bwd.kernel = Kernel::chunk_bwd;
     bwd.smem = kChunkBwdSmem;
-    bwd.work_floats = bwd.blocks * ceil_div(s.T, kBwdChunk) * s.Dk * s.Dv;  // the state at every chunk start
+    bwd.work_floats = bwd.blocks * ceil_div(ceil_div(s.T, kBwdChunk), 2) * s.Dk * s.Dv;  // every other chunk start
     return true;
   }
   dq_pass = true;
