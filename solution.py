@@ -4762,14 +4762,16 @@ bool check_pool_devices(const at::Tensor& pool, const at::Tensor* idx, const at:
 // No backward yet: an input that requires grad would silently get none, so it is refused (under
 // torch.no_grad() or with detached inputs the call runs).
 // `state` is initial_state (gated_recurrence) or state_pool (the decode step), or nullptr.
+// kind "NeedAutograd" (the dense pybind calls): not an error, Python reroutes the call through the registered
+// operators, which carry the backward; the check is already here, so the no-grad path pays nothing for it.
 bool check_no_grad(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
                    const at::Tensor& beta, const at::Tensor* state, const char* state_name = "initial_state",
-                   const char* entry = "gated_recurrence") {
+                   const char* entry = "gated_recurrence", const char* kind = "NotImplementedError") {
   if (!at::GradMode::is_enabled()) return true;
   const std::pair<const at::Tensor*, const char*> all[] = {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&gate, "gate"},
                                                            {&beta, "beta"}, {state, state_name}};
   for (const auto& a : all)
-    GR_REQUIRE("NotImplementedError", a.first == nullptr || !a.first->requires_grad(), a.second,
+    GR_REQUIRE(kind, a.first == nullptr || !a.first->requires_grad(), a.second,
                " requires grad, but ", entry, " has no backward yet (forward only): call it under "
                "torch.no_grad() or give it detached tensors");
   return true;
@@ -5253,7 +5255,8 @@ at::Tensor final_states(int64_t B, int64_t T, const at::Tensor& q, const at::Ten
 // The hot path: checks, the plan, one output allocation, the plan's launches.
 at::Tensor run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
                const at::Tensor& beta, bool reference) {
-  if (!check_shapes(q, k, v, gate, beta, reference) || !check_no_grad(q, k, v, gate, beta, nullptr) ||
+  if (!check_shapes(q, k, v, gate, beta, reference) ||
+      !check_no_grad(q, k, v, gate, beta, nullptr, "initial_state", "gated_recurrence", "NeedAutograd") ||
       !check_devices(q, k, v, gate, beta))
     return at::Tensor();
   const c10::cuda::CUDAGuard guard(q.device());
@@ -5275,7 +5278,9 @@ bool run_ex(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
   c10::cuda::OptionalCUDAGuard guard;  // q's device before anything reads device limits
   if (q.is_cuda()) guard.set_device(q.device());
   const at::Tensor* s_in = initial_state.has_value() && initial_state->defined() ? &*initial_state : nullptr;
-  if ((s_in && !check_state(*s_in, q, v)) || !check_no_grad(q, k, v, gate, beta, s_in)) return false;
+  if ((s_in && !check_state(*s_in, q, v)) ||
+      !check_no_grad(q, k, v, gate, beta, s_in, "initial_state", "gated_recurrence", "NeedAutograd"))
+    return false;
   Plan pl;
   if (!make_plan(shape_of(q, v), dtype_of(q), layout_of(q, k, v, gate, beta), device_limits(), kernel, config, reference, pl) ||
       !check_devices(q, k, v, gate, beta))
@@ -5376,13 +5381,14 @@ bool plan_backward_call(const at::Tensor& dy, const at::Tensor* dfinal, const at
 // The registered operators cannot build a unit, and an eager call that records autograd goes through them:
 // Python asks first, with the call's own tensors (their layout decides the plan), and builds what is missing.
 bool forward_ready(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
-                   const at::Tensor& beta, const at::Tensor* s_in, bool reference) {
+                   const at::Tensor& beta, const at::Tensor* s_in, const std::string& kernel,
+                   const std::vector<int64_t>& config, bool reference) {
   if (!check_shapes(q, k, v, gate, beta, reference) || (s_in && !check_state(*s_in, q, v)) ||
       !check_devices(q, k, v, gate, beta))
     return false;
   const c10::cuda::CUDAGuard guard(q.device());
   Plan pl;
-  return make_plan(shape_of(q, v), dtype_of(q), layout_of(q, k, v, gate, beta), device_limits(), kPlanned, kNoConfig,
+  return make_plan(shape_of(q, v), dtype_of(q), layout_of(q, k, v, gate, beta), device_limits(), kernel, config,
                    reference, pl) &&
          unit_ready(pl);
 }
@@ -5769,10 +5775,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   // true, or None with last_error() (NeedUnit: the unit to build), for the operators' eager callers
   m.def("forward_ready", [](handle q, handle k, handle v, handle gate, handle beta, handle initial_state,
+                            const std::string& kernel, const std::vector<int64_t>& config,
                             bool reference) -> pybind11::object {
     const at::Tensor *tq, *tk, *tv, *tg, *tb, *ts = nullptr;
     if (!gr::tensor_args({{q, "q"}, {k, "k"}, {v, "v"}, {gate, "gate"}, {beta, "beta"}}, {&tq, &tk, &tv, &tg, &tb}) ||
-        !gr::optional_arg(initial_state, "initial_state", &ts) || !gr::forward_ready(*tq, *tk, *tv, *tg, *tb, ts, reference))
+        !gr::optional_arg(initial_state, "initial_state", &ts) ||
+        !gr::forward_ready(*tq, *tk, *tv, *tg, *tb, ts, kernel, config, reference))
       return pybind11::none();
     return pybind11::bool_(true);
   });
@@ -5968,12 +5976,17 @@ def _reference(numerics):
     raise ValueError(f"numerics must be 'accurate' or 'reference', got {numerics!r}")
 
 
+_AUTOGRAD = object()  # _call's answer when a dense call records autograd: the caller takes the registered operators
+
+
 def _call(fn, *args):
     """fn(*args) from the core; None (or []) means refused: raise what it reports, or build the unit
-    the plan needs and call again."""
+    the plan needs and call again; _AUTOGRAD where the call records autograd (the core checks that anyway)."""
     out = fn(*args)
     if out is None or (isinstance(out, list) and not out):
         kind, _, msg = _core.last_error().partition(": ")
+        if kind == "NeedAutograd":
+            return _AUTOGRAD
         if kind != "NeedUnit":
             raise _ERRORS[kind](msg)
         build(msg)
@@ -5994,16 +6007,17 @@ def _needs_grad(*xs):
     return torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in xs)
 
 
-def _traced_call(q, k, v, gate, beta, initial_state, output_final_state, numerics):
+def _traced_call(q, k, v, gate, beta, initial_state, output_final_state, numerics, kernel="", config=()):
     """gated_recurrence through the registered operators: for torch.compile and torch.export, and for autograd
     (their registered backward); eagerly the unit the call needs is built first (the operator cannot)."""
     reference = _reference(numerics)
     _require_tensors(((q, "q"), (k, "k"), (v, "v"), (gate, "gate"), (beta, "beta")), ((initial_state, "initial_state"),))
+    config = [int(x) for x in config]
     if not torch.compiler.is_compiling() and q.device.type == "cuda":  # the unit this call's plan needs (its own
-        _call(_core.forward_ready, q, k, v, gate, beta, initial_state, reference)  # layout), built if missing
-    if initial_state is None and not output_final_state:
+        _call(_core.forward_ready, q, k, v, gate, beta, initial_state, kernel, config, reference)  # layout)
+    if initial_state is None and not output_final_state and not kernel and not config:
         return _ops.forward(q, k, v, gate, beta, reference)
-    out = _ops.forward_ex(q, k, v, gate, beta, initial_state, bool(output_final_state), "", [], reference)
+    out = _ops.forward_ex(q, k, v, gate, beta, initial_state, bool(output_final_state), kernel, config, reference)
     return (out[0], out[1]) if output_final_state else out[0]
 
 
@@ -6175,11 +6189,12 @@ def gated_recurrence(q, k, v, gate, beta, initial_state=None, output_final_state
     if cu_seqlens is not None or max_seqlen is not None or cu_seqlens_cpu is not None:  # (hints alone: refused there)
         return _gated_recurrence_with(q, k, v, gate, beta, None, (), initial_state, output_final_state, numerics,
                                       cu_seqlens, max_seqlen, cu_seqlens_cpu)
-    # traced, or recording autograd: the registered operators (else the pybind calls, which cost less host time)
-    if torch.compiler.is_compiling() or _needs_grad(q, k, v, gate, beta, initial_state):
+    if torch.compiler.is_compiling():  # traced: the registered operators (eager keeps the cheaper pybind calls)
         return _traced_call(q, k, v, gate, beta, initial_state, output_final_state, numerics)
     if initial_state is None and not output_final_state:
-        return _call(_core.forward, q, k, v, gate, beta, _reference(numerics))
+        y = _call(_core.forward, q, k, v, gate, beta, _reference(numerics))
+        # recording autograd (the core found an input that requires grad): the operators, with their backward
+        return y if y is not _AUTOGRAD else _traced_call(q, k, v, gate, beta, None, False, numerics)
     return _gated_recurrence_with(q, k, v, gate, beta, None, (), initial_state, output_final_state, numerics)
 
 
@@ -6223,6 +6238,8 @@ def _gated_recurrence_with(q, k, v, gate, beta, kernel=None, config=(), initial_
             raise ValueError("max_seqlen and cu_seqlens_cpu are hints for cu_seqlens, which is None")
         out = _call(_core.forward_ex, q, k, v, gate, beta, initial_state, bool(output_final_state), kernel or "",
                     [int(x) for x in config], _reference(numerics))
+        if out is _AUTOGRAD:  # recording autograd: the operators, with their backward
+            return _traced_call(q, k, v, gate, beta, initial_state, output_final_state, numerics, kernel or "", config)
     return (out[0], out[1]) if output_final_state else out[0]
 
 
