@@ -2,7 +2,8 @@
 up once (build, shared-memory opt-in, allocator), then makes the call to profile between
 cudaProfilerStart and cudaProfilerStop.
 
-    python3 tools/ncu_profile.py B T H D [dtype]          (dtype: float32 (default), float16, bfloat16)
+    python3 tools/ncu_profile.py B T H D [dtype] [--backward]   (dtype: float32 (default), float16, bfloat16;
+                                                                 --backward: the backward, _backward_with)
     ncu --profile-from-start off -k regex:chunk --section WarpStateStats python3 tools/ncu_profile.py 8 2048 16 128
     ncu --clock-control none --profile-from-start off -k regex:recurrent python3 tools/ncu_profile.py 2 128 4 24
 
@@ -20,16 +21,25 @@ import solution  # noqa: E402
 
 
 def main():
+    backward = "--backward" in sys.argv
+    if backward:
+        sys.argv.remove("--backward")
     if len(sys.argv) not in (5, 6):
         sys.exit(__doc__)
     B, T, H, D = (int(x) for x in sys.argv[1:5])
     dtype = getattr(torch, sys.argv[5]) if len(sys.argv) > 5 else torch.float32
     xs = reference.make_inputs(B, T, H, D, dtype=dtype, device="cuda")
-    print(solution.plan(B, T, H, D, D, dtype), flush=True)
-    solution.gated_recurrence(*xs)  # warm-up
+    if backward:
+        dy = torch.randn_like(xs[2])
+        print(solution.plan_backward(B, T, H, D, D, dtype), flush=True)
+        call = lambda: solution._backward_with(dy, None, *xs)  # noqa: E731
+    else:
+        print(solution.plan(B, T, H, D, D, dtype), flush=True)
+        call = lambda: solution.gated_recurrence(*xs)  # noqa: E731
+    call()  # warm-up
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
-    solution.gated_recurrence(*xs)  # the call to profile
+    call()  # the call to profile
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
 
