@@ -4209,20 +4209,35 @@ __device__ __forceinline__ void rank_update(float* M, float m, const float* X, c
     }
 }
 
-// Steps t0 .. t0 + C - 1 of a (B, T, H, D) tensor (any strides) for (b, h) into dst (pitch P), zeros past T and D.
-template <typename E>
-__device__ __forceinline__ void stage(float* dst, const void* src, const Strides4& st, int64_t b, int h, int t0, int T,
-                                      int D) {
-  const E* base = static_cast<const E*>(src) + b * st.b + h * st.h;
-  for (int e = threadIdx.x; e < C * DM; e += kMaxThreads) {
-    const int r = e / DM, d = e % DM, t = t0 + r;
-    dst[r * P + d] = t < T && d < D ? to_float(base[t * st.t + d * st.d]) : 0.f;
+// Steps t0 .. t0 + C - 1 of a (B, T, H, D) tensor (any strides) for (b, h), zeros past T and D: load() issues
+// this thread's C DM / kMaxThreads loads (one column d, rows 2n + tid / DM) into registers, store() writes them to
+// shared memory (pitch P). Several tensors' loads go first and stay in flight together (a load a store in one
+// loop waited out each load's latency in turn: a third of the kernel's time, ncu, eighteenth session).
+struct Staged {
+  static constexpr int N = C * DM / kMaxThreads;
+  float x[N];
+  template <typename E>
+  __device__ __forceinline__ void load(const void* src, const Strides4& st, int64_t b, int h, int t0, int T, int D) {
+    const E* base = static_cast<const E*>(src) + b * st.b + h * st.h;
+    const int d = threadIdx.x % DM, r0 = threadIdx.x / DM;
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      const int t = t0 + r0 + n * (kMaxThreads / DM);
+      x[n] = t < T && d < D ? to_float(base[t * st.t + d * st.d]) : 0.f;
+    }
   }
-}
+  __device__ __forceinline__ void store(float* dst) const {
+    const int d = threadIdx.x % DM, r0 = threadIdx.x / DM;
+#pragma unroll
+    for (int n = 0; n < N; ++n) dst[(r0 + n * (kMaxThreads / DM)) * P + d] = x[n];
+  }
+};
+static_assert(kMaxThreads % DM == 0 && C * DM % kMaxThreads == 0 && kMaxThreads == 8 * C, "the staging and dgate mappings");
 
 // The chunk's gates and betas (padded steps: gate 1, beta 0) and its tables, each a double product rounded once:
 // L[t][s] = prod_{r=s+1..t} g_r (s <= t, else 0), A[t] = prod_{r<=t} g_r, Ah[t] = A[t-1] (Ah[0] = 1),
-// w[s] = prod_{r>s} g_r. Two barriers (the first also covers the caller's staging).
+// w[s] = prod_{r>s} g_r. Warp 0 walks L's columns (lane s: a running product down t, the same roundings as
+// a product per element), warp 1 the vectors. Two barriers (the first also covers the caller's staging).
 template <typename E>
 __device__ __forceinline__ void tables(float* sm, const ChunkBwdParams& p, int64_t b, int h, int t0) {
   const int tid = threadIdx.x;
@@ -4233,20 +4248,22 @@ __device__ __forceinline__ void tables(float* sm, const ChunkBwdParams& p, int64
   }
   __syncthreads();
   const float* g = sm + kGv;
-  for (int e = tid; e < C * C; e += kMaxThreads) {
-    const int t = e / C, s = e % C;
-    double pr = 1.0;
-    for (int r = s + 1; r <= t; ++r) pr *= (double)g[r];
-    sm[kL + t * PC + s] = s <= t ? (float)pr : 0.f;
-  }
   if (tid < C) {
+    const int s = tid;
+    double pr = 1.0;
+    for (int t = 0; t < C; ++t) {
+      if (t > s) pr *= (double)g[t];
+      sm[kL + t * PC + s] = t >= s ? (float)pr : 0.f;
+    }
+  } else if (tid < 2 * C) {
+    const int t = tid - C;
     double pa = 1.0, ph = 1.0, pw = 1.0;
-    for (int r = 0; r <= tid; ++r) pa *= (double)g[r];
-    for (int r = 0; r < tid; ++r) ph *= (double)g[r];
-    for (int r = tid + 1; r < C; ++r) pw *= (double)g[r];
-    sm[kA + tid] = (float)pa;
-    sm[kAh + tid] = (float)ph;
-    sm[kW + tid] = (float)pw;
+    for (int r = 0; r <= t; ++r) pa *= (double)g[r];
+    for (int r = 0; r < t; ++r) ph *= (double)g[r];
+    for (int r = t + 1; r < C; ++r) pw *= (double)g[r];
+    sm[kA + t] = (float)pa;
+    sm[kAh + t] = (float)ph;
+    sm[kW + t] = (float)pw;
   }
   __syncthreads();
 }
@@ -4282,8 +4299,13 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
         if (i < Dk && j < Dv && ch % 2 == 0) ck[((int64_t)(ch / 2) * Dk + i) * Dv + j] = S[i * P + j];
       }
     if (ch + 1 == p.nck) break;  // the last chunk's update is never needed
-    stage<E>(K, p.k, p.sk, b, h, ch * C, p.T, Dk);
-    stage<E>(V, p.v, p.sv, b, h, ch * C, p.T, Dv);
+    {
+      Staged sk, sv;
+      sk.load<E>(p.k, p.sk, b, h, ch * C, p.T, Dk);
+      sv.load<E>(p.v, p.sv, b, h, ch * C, p.T, Dv);
+      sk.store(K);
+      sv.store(V);
+    }
     tables<E>(sm, p, b, h, ch * C);
     rank_update(S, A[C - 1], K, w, bv, V);  // S <- A_{C-1} S + (w beta K)^T V
     __syncthreads();  // K, V and the tables are restaged next
@@ -4308,16 +4330,26 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
         S[i * P + j] = i < Dk && j < Dv ? ck[((int64_t)(ch / 2) * Dk + i) * Dv + j] : 0.f;
       }
     if (ch % 2 == 1) {  // an odd chunk's start: one update from the even chunk's checkpoint (its steps)
-      stage<E>(K, p.k, p.sk, b, h, t0 - C, p.T, Dk);
-      stage<E>(V, p.v, p.sv, b, h, t0 - C, p.T, Dv);
+      Staged sk, sv;
+      sk.load<E>(p.k, p.sk, b, h, t0 - C, p.T, Dk);
+      sv.load<E>(p.v, p.sv, b, h, t0 - C, p.T, Dv);
+      sk.store(K);
+      sv.store(V);
       tables<E>(sm, p, b, h, t0 - C);
       rank_update(S, A[C - 1], K, w, bv, V);  // bitwise phase F's update
       __syncthreads();  // K, V and the tables are restaged below
     }
-    stage<E>(Q, p.q, p.sq, b, h, t0, p.T, Dk);
-    stage<E>(K, p.k, p.sk, b, h, t0, p.T, Dk);
-    stage<E>(V, p.v, p.sv, b, h, t0, p.T, Dv);
-    stage<E>(Y, p.dy, p.sdy, b, h, t0, p.T, Dv);
+    {
+      Staged sq, sk, sv, sy;
+      sq.load<E>(p.q, p.sq, b, h, t0, p.T, Dk);
+      sk.load<E>(p.k, p.sk, b, h, t0, p.T, Dk);
+      sv.load<E>(p.v, p.sv, b, h, t0, p.T, Dv);
+      sy.load<E>(p.dy, p.sdy, b, h, t0, p.T, Dv);
+      sq.store(Q);
+      sk.store(K);
+      sv.store(V);
+      sy.store(Y);
+    }
     tables<E>(sm, p, b, h, t0);
     {  // QK and Dd: thread (u = tid / 8, s = tid % 8 + 8 m)
       const int u = tid >> 3;
@@ -4450,17 +4482,25 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
       }
     }
     __syncthreads();  // EE is complete
-    if (tid < C) {  // dgate_t, one thread a step
-      const int t = tid;
+    {  // dgate_t: 8 lanes a step (t = tid / 8; lane part x takes s and u = x mod 8), the 8 parts summed in a
+       // fixed order (xor shuffles), so every warp shares the work (one warp alone left 7 at the barrier)
+      const int t = tid >> 3, x = tid & 7;
       float tb = 0.f, tf = 0.f, td = 0.f;
-      for (int s = 0; s < t; ++s) tb = fmaf(L[(t - 1) * PC + s] * bv[s], sm[kE + s], tb);
-      for (int u = t; u < C; ++u) {
+      for (int s = x; s < t; s += 8) tb = fmaf(L[(t - 1) * PC + s] * bv[s], sm[kE + s], tb);
+      for (int u = t + x; u < C; u += 8) {
         tf = fmaf(L[u * PC + t], sm[kF + u], tf);
-        float x = 0.f;
-        for (int s = 0; s < t; ++s) x = fmaf(EE[u * PC + s], L[(t - 1) * PC + s], x);
-        td = fmaf(L[u * PC + t], x, td);
+        float e = 0.f;
+        for (int s = 0; s < t; ++s) e = fmaf(EE[u * PC + s], L[(t - 1) * PC + s], e);
+        td = fmaf(L[u * PC + t], e, td);
       }
-      if (t < tc) store_gate_grad<E>(p.dgate, (b * p.T + t0 + t) * p.H + h, w[t] * Ah[t] * c0 + w[t] * tb + Ah[t] * tf + td, p.g32);
+#pragma unroll
+      for (int o = 1; o < 8; o <<= 1) {
+        tb += __shfl_xor_sync(0xffffffffu, tb, o);
+        tf += __shfl_xor_sync(0xffffffffu, tf, o);
+        td += __shfl_xor_sync(0xffffffffu, td, o);
+      }
+      if (x == 0 && t < tc)
+        store_gate_grad<E>(p.dgate, (b * p.T + t0 + t) * p.H + h, w[t] * Ah[t] * c0 + w[t] * tb + Ah[t] * tf + td, p.g32);
     }
     // G <- A_{C-1} G + sum_u (A_u q_u) dy_u^T (own elements; every other read of G came before the barriers above)
     rank_update(G, A[C - 1], Q, A, nullptr, Y);
