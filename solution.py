@@ -304,10 +304,10 @@ inline size_t chunk_sm90_smem(int DK, DType dt) {
 // recurrent_bwd: states every kBwdCheckpoint steps a (b, h) in the workspace; the shared memory of TC states.
 enum : int { kBwdCheckpoint = 64, kBwdStateFloats = kMaxThreads * 4 };  // a state: R x kBwdStateFloats floats
 inline size_t recurrent_bwd_smem(int R, int TC) { return sizeof(float) * (size_t)TC * R * kBwdStateFloats; }
-// chunk_bwd: steps a chunk, and its shared memory (S and G 128 x 129, q, k, v, dy 32 x 129, three 32 x 33
+// chunk_bwd: steps a chunk, and its shared memory (S and G 128 x 132, q, k, v, dy 32 x 132, three 32 x 33
 // products and the 32 x 33 table, 7 vectors, 8 warp sums; cb:: in BACKWARD_SRC checks it).
 enum : int { kBwdChunk = 32 };
-constexpr size_t kChunkBwdSmem = 4 * (2 * 128 * 129 + 4 * 32 * 129 + 4 * 32 * 33 + 7 * 32 + 8);
+constexpr size_t kChunkBwdSmem = 4 * (2 * 128 * 132 + 4 * 32 * 132 + 4 * 32 * 33 + 7 * 32 + 8);
 // Rows a thread of recurrent_bwd (D_k <= 32 R): its instantiations.
 #define GR_BWD_ROWS(X) X(1) X(2) X(4) X(8)
 
@@ -4161,7 +4161,9 @@ struct ChunkBwdParams : BwdProblem {
 };
 
 namespace cb {
-constexpr int C = kBwdChunk, NW = kMaxThreads / 32, DM = 128, P = DM + 1, PC = C + 1;
+// P = DM + 4: rows 16-byte aligned for float4 reads along a row, and a quarter warp's float4 reads down a
+// column (8 rows) fall in distinct banks; scalar reads are along rows (lanes on consecutive columns).
+constexpr int C = kBwdChunk, NW = kMaxThreads / 32, DM = 128, P = DM + 4, PC = C + 1;
 // shared memory (floats): S, G (DM x P), Q, K, V, Y (C x P), QK, DD, EE, L (C x PC: the dgate loop reads L down a column), 7 vectors of C, warp sums
 constexpr int kS = 0, kG = kS + DM * P, kQ = kG + DM * P, kK = kQ + C * P, kV = kK + C * P, kY = kV + C * P;
 constexpr int kQK = kY + C * P, kDD = kQK + C * PC, kEE = kDD + C * PC, kL = kEE + C * PC;
@@ -4169,8 +4171,9 @@ constexpr int kGv = kL + C * PC, kBv = kGv + C, kA = kBv + C, kAh = kA + C, kW =
 constexpr int kRed = kE + C, kFloats = kRed + NW;
 static_assert(kFloats * 4 == (int)kChunkBwdSmem, "chunk_bwd_smem");
 
-// This thread's state elements: i = warp + 8 a (a < 16), j = lane + 32 c (c < 4).
-__device__ __forceinline__ int st_i(int a) { return (threadIdx.x >> 5) + 8 * a; }
+// This thread's state elements: i = 16 warp + a (a < 16: a warp's rows contiguous, read as float4), j = lane + 32 c (c < 4).
+__device__ __forceinline__ int st_i(int a) { return 16 * (threadIdx.x >> 5) + a; }
+__device__ __forceinline__ float4 ld4(const float* x) { return *reinterpret_cast<const float4*>(x); }
 __device__ __forceinline__ int st_j(int c) { return (threadIdx.x & 31) + 32 * c; }
 
 __device__ __forceinline__ float warp_sum(float x) {
@@ -4190,15 +4193,18 @@ __device__ __forceinline__ void rank_update(float* M, float m, const float* X, c
     for (int c = 0; c < 4; ++c) acc[ia][c] = 0.f;
   for (int s = 0; s < C; ++s) {
     const float scale = (x1 ? x1[s] : 1.f) * (x2 ? x2[s] : 1.f);
-    float yj[4];
+    float yj[4], xi[16];
 #pragma unroll
-    for (int c = 0; c < 4; ++c) yj[c] = Y[s * P + st_j(c)];
+    for (int c = 0; c < 4; ++c) yj[c] = scale * Y[s * P + st_j(c)];
 #pragma unroll
-    for (int ia = 0; ia < 16; ++ia) {
-      const float xi = scale * X[s * P + st_i(ia)];
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[ia][c] = fmaf(xi, yj[c], acc[ia][c]);
+    for (int a = 0; a < 4; ++a) {  // the warp's 16 rows: 4 broadcast float4 reads
+      const float4 x4 = ld4(X + s * P + st_i(4 * a));
+      xi[4 * a] = x4.x, xi[4 * a + 1] = x4.y, xi[4 * a + 2] = x4.z, xi[4 * a + 3] = x4.w;
     }
+#pragma unroll
+    for (int ia = 0; ia < 16; ++ia)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[ia][c] = fmaf(xi[ia], yj[c], acc[ia][c]);
   }
 #pragma unroll
   for (int ia = 0; ia < 16; ++ia)
@@ -4354,15 +4360,21 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
     {  // QK and Dd: thread (u = tid / 8, s = tid % 8 + 8 m)
       const int u = tid >> 3;
       float qk[4] = {0.f, 0.f, 0.f, 0.f}, dd[4] = {0.f, 0.f, 0.f, 0.f};
-      for (int i = 0; i < Dk; ++i) {
-        const float qi = Q[u * P + i];
+      for (int i = 0; i < Dk; i += 4) {  // staged zeros past D_k (i + 3 < DM)
+        const float4 q4 = ld4(Q + u * P + i);
 #pragma unroll
-        for (int m = 0; m < 4; ++m) qk[m] = fmaf(qi, K[((tid & 7) + 8 * m) * P + i], qk[m]);
+        for (int m = 0; m < 4; ++m) {
+          const float4 k4 = ld4(K + ((tid & 7) + 8 * m) * P + i);
+          qk[m] = fmaf(q4.w, k4.w, fmaf(q4.z, k4.z, fmaf(q4.y, k4.y, fmaf(q4.x, k4.x, qk[m]))));
+        }
       }
-      for (int j = 0; j < Dv; ++j) {
-        const float yj = Y[u * P + j];
+      for (int j = 0; j < Dv; j += 4) {
+        const float4 y4 = ld4(Y + u * P + j);
 #pragma unroll
-        for (int m = 0; m < 4; ++m) dd[m] = fmaf(yj, V[((tid & 7) + 8 * m) * P + j], dd[m]);
+        for (int m = 0; m < 4; ++m) {
+          const float4 v4 = ld4(V + ((tid & 7) + 8 * m) * P + j);
+          dd[m] = fmaf(y4.w, v4.w, fmaf(y4.z, v4.z, fmaf(y4.y, v4.y, fmaf(y4.x, v4.x, dd[m]))));
+        }
       }
 #pragma unroll
       for (int m = 0; m < 4; ++m) {
@@ -4376,36 +4388,42 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
     for (int r = 0; r < 4; ++r)
 #pragma unroll
       for (int c = 0; c < 4; ++c) R[r][c] = Rk[r][c] = KG[r][c] = 0.f;
-    for (int j = 0; j < Dv; ++j) {
-      float yt[4], vt[4], sij[4], gij[4];
+    for (int j = 0; j < Dv; j += 4) {  // float4 along j: rows broadcast, S and G down columns (zeros past D_v)
+      float4 yt[4], vt[4], sij[4], gij[4];
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        yt[r] = Y[(4 * warp + r) * P + j];
-        vt[r] = V[(4 * warp + r) * P + j];
+        yt[r] = ld4(Y + (4 * warp + r) * P + j);
+        vt[r] = ld4(V + (4 * warp + r) * P + j);
       }
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        sij[c] = S[(lane + 32 * c) * P + j];
-        gij[c] = G[(lane + 32 * c) * P + j];
+        sij[c] = ld4(S + (lane + 32 * c) * P + j);
+        gij[c] = ld4(G + (lane + 32 * c) * P + j);
       }
 #pragma unroll
       for (int r = 0; r < 4; ++r)
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
-          R[r][c] = fmaf(yt[r], sij[c], R[r][c]);
-          Rk[r][c] = fmaf(vt[r], gij[c], Rk[r][c]);
+          R[r][c] = fmaf(yt[r].w, sij[c].w, fmaf(yt[r].z, sij[c].z, fmaf(yt[r].y, sij[c].y, fmaf(yt[r].x, sij[c].x, R[r][c]))));
+          Rk[r][c] = fmaf(vt[r].w, gij[c].w, fmaf(vt[r].z, gij[c].z, fmaf(vt[r].y, gij[c].y, fmaf(vt[r].x, gij[c].x, Rk[r][c]))));
         }
     }
-    for (int i = 0; i < Dk; ++i) {
-      float kt[4], gij[4];
+    for (int i = 0; i < Dk; i += 4) {
+      float4 kt[4];
 #pragma unroll
-      for (int r = 0; r < 4; ++r) kt[r] = K[(4 * warp + r) * P + i];
+      for (int r = 0; r < 4; ++r) kt[r] = ld4(K + (4 * warp + r) * P + i);
 #pragma unroll
-      for (int c = 0; c < 4; ++c) gij[c] = G[i * P + lane + 32 * c];
+      for (int ii = 0; ii < 4; ++ii) {
+        float gij[4];
 #pragma unroll
-      for (int r = 0; r < 4; ++r)
+        for (int c = 0; c < 4; ++c) gij[c] = G[(i + ii) * P + lane + 32 * c];
 #pragma unroll
-        for (int c = 0; c < 4; ++c) KG[r][c] = fmaf(kt[r], gij[c], KG[r][c]);
+        for (int r = 0; r < 4; ++r) {
+          const float k = ii == 0 ? kt[r].x : ii == 1 ? kt[r].y : ii == 2 ? kt[r].z : kt[r].w;
+#pragma unroll
+          for (int c = 0; c < 4; ++c) KG[r][c] = fmaf(k, gij[c], KG[r][c]);
+        }
+      }
     }
     {  // c0 = <G, S>: this thread's elements, the warp's, then (after the barrier) the warps' in order
       float part = 0.f;
