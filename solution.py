@@ -6065,13 +6065,20 @@ def _needs_grad(*xs):
     return torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in xs)
 
 
+def _eager_cuda(x):
+    """x is a real CUDA tensor outside any trace, so the core may read it (forward_ready, backward_ready). Not
+    while Dynamo traces, nor while AOT autograd traces a backward formula (is_compiling() is False there, and x
+    is a FunctionalTensor or FakeTensor: the fakes build the units instead)."""
+    return not torch.compiler.is_compiling() and type(x) in (torch.Tensor, torch.nn.Parameter) and x.device.type == "cuda"
+
+
 def _traced_call(q, k, v, gate, beta, initial_state, output_final_state, numerics, kernel="", config=()):
     """gated_recurrence through the registered operators: for torch.compile and torch.export, and for autograd
     (their registered backward); eagerly the unit the call needs is built first (the operator cannot)."""
     reference = _reference(numerics)
     _require_tensors(((q, "q"), (k, "k"), (v, "v"), (gate, "gate"), (beta, "beta")), ((initial_state, "initial_state"),))
     config = [int(x) for x in config]
-    if not torch.compiler.is_compiling() and q.device.type == "cuda":  # the unit this call's plan needs (its own
+    if _eager_cuda(q):  # the unit this call's plan needs (its own
         _call(_core.forward_ready, q, k, v, gate, beta, initial_state, kernel, config, reference)  # layout)
     if initial_state is None and not output_final_state and not kernel and not config:
         return _ops.forward(q, k, v, gate, beta, reference)
@@ -6152,7 +6159,7 @@ def _backward_fake(dy, dfinal, q, k, v, gate, beta, initial_state):
 
 def _backward_call(dy, dfinal, q, k, v, gate, beta, initial_state):
     """The backward operator (traceable): (dq, dk, dv, dgate, dbeta, dS_0 or None)."""
-    if not torch.compiler.is_compiling() and dy.device.type == "cuda":  # the units this call's plans need (its
+    if _eager_cuda(dy):  # the units this call's plans need (its
         _call(_core.backward_ready, dy, dfinal, q, k, v, gate, beta, initial_state)  # own layouts), built if missing
     out = _ops.backward(dy, dfinal, q, k, v, gate, beta, initial_state)
     return tuple(out[:5]) + (out[5] if initial_state is not None else None,)
@@ -6189,8 +6196,61 @@ def _forward_ex_backward(ctx, *grads):
     return _backward_call(dy, dfinal, q, k, v, gate, beta, initial_state) + (None, None, ctx.config_grad, None)
 
 
+_NO_DOUBLE_BACKWARD = "gated_recurrence: no double backward (create_graph=True through its backward)"
+
+
 def _no_double_backward(ctx, *grads):
-    raise NotImplementedError("gated_recurrence: no double backward (create_graph=True through its backward)")
+    raise NotImplementedError(_NO_DOUBLE_BACKWARD)
+
+
+class _EagerGrad(torch.autograd.Function):
+    """Eager calls that record autograd on CUDA tensors: the pybind entry points both ways. This skips torch's
+    custom-op autograd machinery, most of a small training step's host time (perf-notes, seventeenth session).
+    torch.compile traces the registered operators and their formulas (_traced_call) instead; both backwards
+    run the same kernels. Saved: the inputs only."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, gate, beta, initial_state, want_final, reference, kernel, config):
+        ctx.save_for_backward(q, k, v, gate, beta, initial_state)
+        ctx.set_materialize_grads(False)  # an unused output's gradient stays None (no zeros, no work on them)
+        out = _call(_core.forward_ex, q, k, v, gate, beta, initial_state, want_final, kernel, config, reference)
+        return (out[0], out[1]) if want_final else out[0]
+
+    @staticmethod
+    def backward(ctx, dy, dfinal=None):
+        q, k, v, gate, beta, initial_state = ctx.saved_tensors
+        if dy is None and dfinal is None:
+            return (None,) * 10
+        if dy is None:  # only S_T in the loss
+            dy = q.new_zeros(q.shape[:3] + v.shape[3:])
+        out = _call(_core.backward, dy, dfinal, q, k, v, gate, beta, initial_state, "")
+        grads = tuple(out[:5]) + (out[5] if initial_state is not None else None,)
+        if torch.is_grad_enabled():  # create_graph=True: a second gradient through these refuses
+            grads = _Refuse.apply(*ctx.saved_tensors, *grads)
+        return tuple(grads) + (None,) * 4
+
+
+class _Refuse(torch.autograd.Function):
+    """The gradients of _EagerGrad under create_graph=True, unchanged, attached to its six saved inputs (so they
+    record a node when any of those requires grad); that node's backward refuses."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, gate, beta, initial_state, *grads):
+        return tuple(g if g is None else g.view_as(g) for g in grads)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError(_NO_DOUBLE_BACKWARD)
+
+
+def _autograd_call(q, k, v, gate, beta, initial_state, output_final_state, numerics, kernel="", config=()):
+    """A dense call that records autograd: _EagerGrad on plain CUDA tensors, else the operators (_traced_call:
+    meta tensors, tensor subclasses)."""
+    if all(x is None or type(x) in (torch.Tensor, torch.nn.Parameter) and x.device.type == "cuda"
+           for x in (q, k, v, gate, beta, initial_state)):
+        return _EagerGrad.apply(q, k, v, gate, beta, initial_state, bool(output_final_state), _reference(numerics),
+                                kernel or "", [int(x) for x in config])
+    return _traced_call(q, k, v, gate, beta, initial_state, output_final_state, numerics, kernel, config)
 
 
 def _no_varlen_backward(ctx, *grads):
@@ -6252,7 +6312,7 @@ def gated_recurrence(q, k, v, gate, beta, initial_state=None, output_final_state
     if initial_state is None and not output_final_state:
         y = _call(_core.forward, q, k, v, gate, beta, _reference(numerics))
         # recording autograd (the core found an input that requires grad): the operators, with their backward
-        return y if y is not _AUTOGRAD else _traced_call(q, k, v, gate, beta, None, False, numerics)
+        return y if y is not _AUTOGRAD else _autograd_call(q, k, v, gate, beta, None, False, numerics)
     return _gated_recurrence_with(q, k, v, gate, beta, None, (), initial_state, output_final_state, numerics)
 
 
@@ -6296,8 +6356,8 @@ def _gated_recurrence_with(q, k, v, gate, beta, kernel=None, config=(), initial_
             raise ValueError("max_seqlen and cu_seqlens_cpu are hints for cu_seqlens, which is None")
         out = _call(_core.forward_ex, q, k, v, gate, beta, initial_state, bool(output_final_state), kernel or "",
                     [int(x) for x in config], _reference(numerics))
-        if out is _AUTOGRAD:  # recording autograd: the operators, with their backward
-            return _traced_call(q, k, v, gate, beta, initial_state, output_final_state, numerics, kernel or "", config)
+        if out is _AUTOGRAD:  # recording autograd
+            return _autograd_call(q, k, v, gate, beta, initial_state, output_final_state, numerics, kernel or "", config)
     return (out[0], out[1]) if output_final_state else out[0]
 
 
