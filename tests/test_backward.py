@@ -508,7 +508,8 @@ def test_forward_only_paths_refuse_under_compile(sol):
     xs = [x.detach().requires_grad_() for x in inputs(1, 20, 2, 8, 8, dtype=FP32, seed=3)]
     cu = torch.tensor([0, 7, 20], device="cuda", dtype=torch.int32)
     f = torch.compile(lambda *a: sol.gated_recurrence(*a, cu_seqlens=cu, max_seqlen=13).sum(), fullgraph=True)
-    with pytest.raises(NotImplementedError, match="cu_seqlens has no backward"):
+    # AOT autograd traces the backward when it compiles, so the refusal may come wrapped (BackendCompilerFailed)
+    with pytest.raises(Exception, match="cu_seqlens has no backward"):
         f(*xs).backward()
     torch._dynamo.reset()
     pool = torch.zeros(2, 2, 8, 8, device="cuda")
