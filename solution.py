@@ -6120,13 +6120,23 @@ def _register_fake(qualname):
 
 @_register_fake(f"{_OPS_NS}::forward")
 def _forward_fake(q, k, v, gate, beta, reference):
+    return _fake_y(q, k, v, gate, beta, reference, None)
+
+
+def _fake_y(q, k, v, gate, beta, reference, initial_state):
+    """The forward operators' y at trace time, with the units the call needs built."""
     _prepare_units(q, v, reference)
-    return q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
+    y = q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
+    # Dynamo's trace, where inputs carry requires_grad: a backward may follow, so its units are built now. The
+    # backward's own fake may never run: AOT autograd's cache can answer a second process without tracing it.
+    if any(x is not None and x.requires_grad for x in (q, k, v, gate, beta, initial_state)):
+        _prepare_backward(y, k)
+    return y
 
 
 @_register_fake(f"{_OPS_NS}::forward_ex")
 def _forward_ex_fake(q, k, v, gate, beta, initial_state, want_final, kernel, config, reference):
-    y = _forward_fake(q, k, v, gate, beta, reference)
+    y = _fake_y(q, k, v, gate, beta, reference, initial_state)
     if not want_final:
         return [y]
     return [y, q.new_empty((q.shape[0], q.shape[2], q.shape[3], v.shape[3]), dtype=torch.float32)]

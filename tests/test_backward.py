@@ -521,6 +521,35 @@ def test_forward_only_paths_refuse_under_compile(sol):
 
 
 # ---- torch.compile
+COMPILED_FIRST_SCRIPT = """
+import torch, solution
+gen = torch.Generator().manual_seed(0)
+xs = [x.cuda().requires_grad_() for x in (torch.randn(2, 64, 2, 32, generator=gen), torch.randn(2, 64, 2, 32, generator=gen),
+                                          torch.randn(2, 64, 2, 32, generator=gen), torch.rand(2, 64, 2, generator=gen),
+                                          torch.rand(2, 64, 2, generator=gen))]
+torch.compile(lambda *a: solution.gated_recurrence(*a).sum(), fullgraph=True)(*xs).backward()
+got = [x.grad.clone() for x in xs]
+for x in xs:
+    x.grad = None
+solution.gated_recurrence(*xs).sum().backward()
+assert all(torch.equal(a, x.grad) for a, x in zip(got, xs)), "compiled gradients differ from eager"
+print("ok", flush=True)
+"""
+
+
+@cuda
+def test_compiled_backward_first_in_a_process(sol, tmp_path):
+    """A process whose first backward is compiled, twice with one compiler cache: the second process gets the
+    compiled graphs from AOT autograd's cache, which traces no backward formula, so no backward fake builds the
+    unit; the forward's fake must have (a real failure: "unit backward is not built")."""
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path), TORCHINDUCTOR_FX_GRAPH_CACHE="1",
+               TORCHINDUCTOR_AUTOGRAD_CACHE="1")
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", COMPILED_FIRST_SCRIPT], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=900)
+        assert proc.returncode == 0 and "ok" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+
 @cuda
 @pytest.mark.parametrize("states", [False, True], ids=["plain", "states"])
 def test_compiled_backward_is_bitwise_eager(sol, states):
