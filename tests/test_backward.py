@@ -527,11 +527,12 @@ gen = torch.Generator().manual_seed(0)
 xs = [x.cuda().requires_grad_() for x in (torch.randn(2, 64, 2, 32, generator=gen), torch.randn(2, 64, 2, 32, generator=gen),
                                           torch.randn(2, 64, 2, 32, generator=gen), torch.rand(2, 64, 2, generator=gen),
                                           torch.rand(2, 64, 2, generator=gen))]
-torch.compile(lambda *a: solution.gated_recurrence(*a).sum(), fullgraph=True)(*xs).backward()
+w = torch.randn(2, 64, 2, 32, generator=gen).cuda()
+torch.compile(lambda *a: (solution.gated_recurrence(*a) * w).sum(), fullgraph=True)(*xs).backward()
 got = [x.grad.clone() for x in xs]
 for x in xs:
     x.grad = None
-solution.gated_recurrence(*xs).sum().backward()
+(solution.gated_recurrence(*xs) * w).sum().backward()
 assert all(torch.equal(a, x.grad) for a, x in zip(got, xs)), "compiled gradients differ from eager"
 print("ok", flush=True)
 """
