@@ -306,8 +306,7 @@ enum : int { kBwdCheckpoint = 64, kBwdStateFloats = kMaxThreads * 4 };  // a sta
 inline size_t recurrent_bwd_smem(int R, int TC) { return sizeof(float) * (size_t)TC * R * kBwdStateFloats; }
 // chunk_bwd: steps a chunk, and its shared memory (S and G 128 x 132, q, k, v, dy 32 x 132, three 32 x 33
 // products and the 32 x 33 table, 7 vectors, 8 warp sums; cb:: in BACKWARD_SRC checks it).
-enum : int { kBwdChunk = 32 };
-constexpr size_t kChunkBwdSmem = 4 * (2 * 128 * 132 + 4 * 32 * 132 + 4 * 32 * 33 + 7 * 32 + 8);
+enum : int { kBwdChunk = 32, kChunkBwdSmem = 4 * (2 * 128 * 132 + 4 * 32 * 132 + 4 * 32 * 33 + 7 * 32 + 8) };
 // Rows a thread of recurrent_bwd (D_k <= 32 R): its instantiations.
 #define GR_BWD_ROWS(X) X(1) X(2) X(4) X(8)
 
@@ -5365,7 +5364,7 @@ bool make_plan_backward(const Shape& s, DType dt, const Layout& lay_dq, const De
                         Plan& dq, Plan& bwd, bool& dq_pass) {
   GR_REQUIRE("ValueError", kernel.empty() || kernel == "chunk_bwd" || kernel == "recurrent_bwd",
              "the backward's kernel must be chunk_bwd, recurrent_bwd or planned, got '", kernel, "'");
-  const bool fits = s.Dk <= 128 && s.Dv <= 128 && kChunkBwdSmem <= lim.smem;
+  const bool fits = s.Dk <= 128 && s.Dv <= 128 && (size_t)kChunkBwdSmem <= lim.smem;
   GR_REQUIRE("ValueError", kernel != "chunk_bwd" || fits, "chunk_bwd needs D_k, D_v <= 128 and ", kChunkBwdSmem,
              " bytes of shared memory a block, got D_k = ", s.Dk, ", D_v = ", s.Dv, " and ", lim.smem);
   bwd = Plan{};
