@@ -6066,8 +6066,8 @@ def _needs_grad(*xs):
 
 def _eager_cuda(x):
     """x is a real CUDA tensor outside any trace, so the core may read it (forward_ready, backward_ready). Not
-    while Dynamo traces, nor while AOT autograd traces a backward formula (is_compiling() is False there, and x
-    is a FunctionalTensor or FakeTensor: the fakes build the units instead)."""
+    while Dynamo traces, nor while AOT autograd traces a backward formula (where x is a FunctionalTensor or a
+    FakeTensor, whatever is_compiling() says): the fakes build the units there."""
     return not torch.compiler.is_compiling() and type(x) in (torch.Tensor, torch.nn.Parameter) and x.device.type == "cuda"
 
 
@@ -6255,8 +6255,7 @@ class _Refuse(torch.autograd.Function):
 def _autograd_call(q, k, v, gate, beta, initial_state, output_final_state, numerics, kernel="", config=()):
     """A dense call that records autograd: _EagerGrad on plain CUDA tensors, else the operators (_traced_call:
     meta tensors, tensor subclasses)."""
-    if all(x is None or type(x) in (torch.Tensor, torch.nn.Parameter) and x.device.type == "cuda"
-           for x in (q, k, v, gate, beta, initial_state)):
+    if all(x is None or _eager_cuda(x) for x in (q, k, v, gate, beta, initial_state)):
         return _EagerGrad.apply(q, k, v, gate, beta, initial_state, bool(output_final_state), _reference(numerics),
                                 kernel or "", [int(x) for x in config])
     return _traced_call(q, k, v, gate, beta, initial_state, output_final_state, numerics, kernel, config)

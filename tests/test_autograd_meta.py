@@ -1,9 +1,12 @@
 """CPU (CI has no GPU): the autograd glue on meta tensors, where the registered operators run their fake
 implementations. Which outputs the loss uses (y, S_T, both), which inputs require grad, gradient dtypes and
 shapes, float32 gates beside bfloat16, ModelNew, double backward refused, torch.compile of the loss (static
-and dynamic shapes) with .backward() outside. The values are the GPU tests' (tests/test_backward.py)."""
+and dynamic shapes) with .backward() outside. The values are the GPU tests' (tests/test_backward.py). Last,
+the eager autograd.Function (_EagerGrad) with a stand-in core on CPU tensors (naive's float64 loop)."""
 import pytest
 import torch
+
+import naive
 
 B, T, H, DK, DV = 2, 16, 3, 8, 6
 
@@ -72,3 +75,53 @@ def test_compiled_loss_backward(sol, dynamic):
         f(*xs).backward()
         assert_like([x.grad for x in xs], xs)
     torch._dynamo.reset()
+
+
+# ---- the eager autograd.Function (_EagerGrad) with a stand-in core: the float64 loop on the CPU
+class LoopCore:
+    """forward_ex and backward as the pybind core answers them, computed by naive's float64 loop."""
+
+    def forward_ex(self, q, k, v, g, b, s0, want_final, kernel, config, reference):
+        y, s_t = naive.recurrent_naive(q, k, v, g, b, s0)
+        return [y.to(q.dtype), s_t.float()] if want_final else [y.to(q.dtype)]
+
+    def backward(self, dy, dfinal, q, k, v, g, b, s0, kernel):
+        out = naive.recurrent_backward_naive(q, k, v, g, b, dy, initial_state=s0, d_final_state=dfinal)
+        return [o.to(x.dtype) for o, x in zip(out[:5], (q, k, v, g, b))] + \
+            [out[5].float() if out[5] is not None else torch.empty(0)]
+
+
+def cpu_leaves():
+    gen = torch.Generator().manual_seed(0)
+    xs = [torch.randn(B, T, H, DK, generator=gen), torch.randn(B, T, H, DK, generator=gen),
+          torch.randn(B, T, H, DV, generator=gen), torch.rand(B, T, H, generator=gen), torch.rand(B, T, H, generator=gen),
+          torch.randn(B, H, DK, DV, generator=gen)]
+    return [x.requires_grad_() for x in xs]
+
+
+@pytest.mark.parametrize("loss", ["y", "both", "final-state"])
+def test_eager_function_gradients(sol, monkeypatch, loss):
+    """_EagerGrad's plumbing: which outputs carry a gradient (None for an unused one), the state's, and the
+    values against autograd through the float64 loop."""
+    monkeypatch.setattr(sol, "_core", LoopCore())
+    xs = cpu_leaves()
+    want_final = loss != "y"
+    out = sol._EagerGrad.apply(*xs, want_final, False, "", [])
+    y, s_t = out if want_final else (out, None)
+    value = {"y": lambda y, s: (y * y).sum(), "both": lambda y, s: (y * y).sum() + s.sum(),
+             "final-state": lambda y, s: s.square().sum()}[loss]
+    got = torch.autograd.grad(value(y, s_t), xs, allow_unused=True)
+    l64 = [x.detach().double().requires_grad_() for x in xs]
+    want = torch.autograd.grad(value(*naive.recurrent_naive(*l64)), l64, allow_unused=True)
+    for name, a, b in zip(["q", "k", "v", "gate", "beta", "initial_state"], got, want):
+        b = torch.zeros_like(a, dtype=torch.float64) if b is None else b  # (q does not reach S_T)
+        assert a is not None and a.shape == b.shape, name
+        assert torch.allclose(a.double(), b, rtol=1e-5, atol=1e-6), name
+
+
+def test_eager_function_refuses_double_backward(sol, monkeypatch):
+    monkeypatch.setattr(sol, "_core", LoopCore())
+    xs = cpu_leaves()
+    grads = torch.autograd.grad(sol._EagerGrad.apply(*xs, False, False, "", []).sum(), xs, create_graph=True)
+    with pytest.raises(NotImplementedError, match="no double backward"):
+        torch.autograd.grad(grads[0].sum(), xs, allow_unused=True)
