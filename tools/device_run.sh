@@ -2,8 +2,9 @@
 # One device call: build once (timed), then the steps named in $@, each with a time limit, output in $OUT.
 #   bash tools/device_run.sh buildtimes tests eval kernelbench sanitize bench sweep variants ncu wmma mma wgmma configs
 #                            decode_dev decode_sanitize varlen_sanitize serving varlen_bench
-#                            decode_bench tf32 sm90_sanitize bench_all bwd_sanitize train
-# (kernelbench needs KernelBench's src/ in .kb/src, carried: tools/kernelbench_compare.py)
+#                            decode_bench tf32 sm90_sanitize bench_all bwd_sanitize train bwd_ab
+# (kernelbench needs KernelBench's src/ in .kb/src, carried: tools/kernelbench_compare.py; bwd_ab reads
+#  BWD_AB_ARGS, e.g. --baseline mma=scratch/ab_mma.py with that copy made by git show and scratch carried)
 set -u
 export TORCH_EXTENSIONS_DIR=/tmp/ext PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -48,6 +49,7 @@ for step in "$@"; do
       done ;;
     bench_all) timeout 300 python3 bench.py --shapes S0,S1,S2,S3,S4,S2-bf16,S3-bf16,S4-bf16 --trials 20 --eager-max-s 0.05 --out $OUT 2>&1 | tee $OUT/bench.log | grep -v "^{" | tail -12 | tee -a $OUT/log.txt ;;
     train) timeout 400 python3 bench.py --shapes "" --train --trials 10 --out $OUT 2>&1 | tee $OUT/bench_train.log | grep -v "^{" | tail -20 | tee -a $OUT/log.txt ;;
+    bwd_ab) timeout 500 python3 tools/bwd_ab.py ${BWD_AB_ARGS:-} 2>&1 | grep -v Warn | tail -40 | tee -a $OUT/log.txt ;;
     bwd_sanitize)
       for tool in memcheck racecheck synccheck; do
         timeout 150 compute-sanitizer --tool $tool python3 tools/sanitize_smoke.py --backward-only 2>&1 | tail -1 | tee -a $OUT/log.txt
