@@ -7,7 +7,6 @@ states, each dtype): the worst rel-L2 per copy and case. Then KernelBench median
     python3 tools/bwd_ab.py --baseline mma=ab/mma/solution.py [--shapes S0,S2,S2-bf16,S4-bf16] [--reps 2]
     (writes $OUT/bwd_ab.json with OUT set)"""
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -19,6 +18,7 @@ import solution as new  # noqa: E402
 import naive  # noqa: E402
 import reference  # noqa: E402
 from bench import SHAPES  # noqa: E402
+from tools.common import load_copies  # noqa: E402
 from timing import kernelbench_time, rel_l2  # noqa: E402
 
 ap = argparse.ArgumentParser()
@@ -27,12 +27,7 @@ ap.add_argument("--shapes", default="S0,S2,S2-bf16,S4-bf16")
 ap.add_argument("--reps", type=int, default=2)
 ap.add_argument("--trials", type=int, default=10)
 args = ap.parse_args()
-mods = {"new": new}
-for b in args.baseline:
-    label, path = b.split("=", 1)
-    spec = importlib.util.spec_from_file_location(f"solution_{label}", path)
-    mods[label] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mods[label])
+mods = load_copies(args.baseline, new)
 
 # (B, T, H, D_k, D_v, dtype, gate class, with states)
 CASES = [(2, 100, 3, 128, 128, torch.float32, "sigmoid", True), (1, 67, 2, 33, 100, torch.float32, "negative", False),

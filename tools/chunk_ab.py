@@ -5,7 +5,6 @@ initial state, a ragged end), then KernelBench medians interleaved over --reps r
     python3 tools/chunk_ab.py --baseline old=ab/old/solution.py [--shapes S2,S4,S3] [--dtype float32] [--no-bitwise]
     (writes $OUT/chunk_ab.json with OUT set)"""
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -16,6 +15,7 @@ sys.path.insert(0, os.getcwd())
 import solution as new  # noqa: E402
 import reference  # noqa: E402
 from bench import SHAPES  # noqa: E402
+from tools.common import load_copies  # noqa: E402
 from timing import kernelbench_time  # noqa: E402
 
 ap = argparse.ArgumentParser()
@@ -26,12 +26,7 @@ ap.add_argument("--reps", type=int, default=3)
 ap.add_argument("--trials", type=int, default=30)
 ap.add_argument("--no-bitwise", dest="bitwise", action="store_false", help="timing only (other kernels planned)")
 args = ap.parse_args()
-mods = {"new": new}
-for b in args.baseline:
-    label, path = b.split("=", 1)
-    spec = importlib.util.spec_from_file_location(f"solution_{label}", path)
-    mods[label] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mods[label])
+mods = load_copies(args.baseline, new)
 dtype = getattr(torch, args.dtype)
 gen = torch.Generator().manual_seed(3)
 bad = 0
