@@ -17,7 +17,7 @@ echo "first import + build() of every unit $(python3 -c "print(round($(date +%s.
 for step in "$@"; do
   echo "== $step" | tee -a $OUT/log.txt
   case $step in
-    tests) timeout 240 python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tail -4 | tee -a $OUT/log.txt ;;
+    tests) timeout 400 python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tail -4 | tee -a $OUT/log.txt ;;
     buildtimes) timeout 300 python3 tools/build_times.py --repeat ${BUILD_REPEAT:-1} 2>&1 | tail -8 | tee -a $OUT/log.txt ;;
     wmma) timeout 300 python3 dev/chunk_wmma.py --trials 30 2>&1 | tail -12 | tee -a $OUT/log.txt ;;
     mma) timeout 120 python3 dev/mma_peak.py 2>&1 | tail -8 | tee -a $OUT/log.txt ;;
