@@ -61,7 +61,7 @@ everything the launch depends on; plan(B, T, H, D_k, D_v, dtype) prints that rec
                   unit decode          <= 128, 16-byte pool rows    item's state streams into a shared-memory ring by
                                                                     cp.async while the current one is computed.
     chunk_bwd     BACKWARD_SRC         autograd's backward where    the chunked backward (docs/training-design.md 1.2,
-                  unit backward        D_k, D_v <= 128 and 216 KB   1.3) on fp32 FMAs: one block per (b, h), chunks of
+                  unit backward        D_k, D_v <= 128 and 216 KB   1.3) on 3xTF32 mma.sync: one block per (b, h), chunks of
                   (built on first use) of shared memory fit         32; a forward phase saves the state at every other
                                        (Hopper and newer)           chunk start, then the chunks run backwards with the
                                                                     state and its gradient in shared memory; dq, dk,
@@ -4137,15 +4137,16 @@ __global__ void __launch_bounds__(kMaxThreads, 1) recurrent_bwd_kernel(const Bwd
   }
 }
 
-// ===================================== chunk_bwd: the chunked backward on fp32 FMAs ============
-// docs/training-design.md 1.2-1.3, each product an fp32 FMA (fp32-level results for every dtype, no operand
-// splits). One block a (b, h), 256 threads, chunks of kBwdChunk steps, D_k, D_v <= 128. S (the state before
+// ===================================== chunk_bwd: the chunked backward on TF32 mma.sync ========
+// docs/training-design.md 1.2-1.3. The C x C, C x D and D x D products on TF32 mma.sync with 3xTF32 splits
+// (fp32-level results for every dtype; a staged 16-bit input is a TF32 value, so its lo term is dropped), the
+// masked sums and the gate terms in fp32 FMAs. One block a (b, h), 256 threads, chunks of kBwdChunk steps, D_k, D_v <= 128. S (the state before
 // the chunk) and G (the gradient of the state after it) live in shared memory.
 //   Phase F: the forward over the chunks, S at every other chunk start into the workspace (an odd chunk's start is
 //   recomputed in phase R: one more state update per two chunks, half the workspace).
 //   Phase R, chunks backwards: S from the workspace; q, k, v, dy (as float) and the gate tables staged;
-//     QK = Q K^T, Dd = dY V^T (C x C); R = dY S^T, Rk = V G^T, KG = K G (registers: a thread keeps the 4 x 4
-//     outputs it turns into dq, dk and dv); c0 = <G, S>; f_u = q_u . R_u, e_s = k_s . Rk_s;
+//     QK = Q K^T, Dd = dY V^T (C x C); R = dY S^T, Rk = V G^T, KG = K G (mma, then to S's space for the
+//     FMA stages, S being dead by then); c0 = <G, S>; f_u = q_u . R_u, e_s = k_s . Rk_s;
 //     E[u][s] = beta_s QK Dd (s < u);
 //     dq_t = A_t R_t + sum_{s<=t} L[t][s] beta_s Dd[t][s] k_s
 //     dk_s = beta_s dkt_s, dkt_s = w_s Rk_s + sum_{u>=s} L[u][s] Dd[u][s] q_u, dbeta_s = k_s . dkt_s
@@ -4181,37 +4182,87 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
-// acc = sum_s (x1_s x2_s X[s][i]) Y[s][j] over the chunk, for this thread's 64 state elements (x1, x2: per-step
-// scales or nullptr), then M <- m M + acc (own elements): the state's update and its gradient's.
+// d += a b on TF32 mma.sync with fp32-level accuracy (3xTF32: the lo terms' products first, then hi hi). b is
+// split here; a comes split (ah, al) or, kExactA, as TF32 values already (staged 16-bit inputs: al is zero).
+template <bool kExactA>
+__device__ __forceinline__ void mma_split(float (&d)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4],
+                                          const float (&b)[2]) {
+  uint32_t bh[2], bl[2];
+  split_tf32<2>(b, bh, bl);
+  if constexpr (!kExactA) mma_tf32(d, al, bh);
+  mma_tf32(d, ah, bl);
+  mma_tf32(d, ah, bh);
+}
+
+template <bool kExactA>
+__device__ __forceinline__ void split_a(const float (&a)[4], uint32_t (&ah)[4], uint32_t (&al)[4]) {
+  if constexpr (kExactA) {
+#pragma unroll
+    for (int x = 0; x < 4; ++x) ah[x] = __float_as_uint(a[x]), al[x] = 0u;
+  } else {
+    split_tf32<4>(a, ah, al);
+  }
+}
+
+// M <- m M + sum_s (x1_s x2_s X[s][i]) Y[s][j] (x1, x2: per-step scales or nullptr): the state's update and its
+// gradient's. The sum from zero on mma (k = the chunk's steps), M joins in one FMA. Warp w owns rows 16 w ..
+// 16 w + 15 (as st_i), 16 tiles of 8 columns. kExactY: Y's staged values are TF32 values (16-bit inputs).
+template <bool kExactY>
 __device__ __forceinline__ void rank_update(float* M, float m, const float* X, const float* x1, const float* x2,
                                             const float* Y) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3, i0 = 16 * (threadIdx.x >> 5);
   float acc[16][4];
 #pragma unroll
-  for (int ia = 0; ia < 16; ++ia)
+  for (int n = 0; n < 16; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
 #pragma unroll
-    for (int c = 0; c < 4; ++c) acc[ia][c] = 0.f;
-  for (int s = 0; s < C; ++s) {
-    const float scale = (x1 ? x1[s] : 1.f) * (x2 ? x2[s] : 1.f);
-    float yj[4], xi[16];
+  for (int s0 = 0; s0 < C; s0 += 8) {
+    const float c0 = (x1 ? x1[s0 + q] : 1.f) * (x2 ? x2[s0 + q] : 1.f);
+    const float c1 = (x1 ? x1[s0 + q + 4] : 1.f) * (x2 ? x2[s0 + q + 4] : 1.f);
+    const float* xa = X + (s0 + q) * P + i0 + g;
+    const float a[4] = {c0 * xa[0], c0 * xa[8], c1 * xa[4 * P], c1 * xa[4 * P + 8]};
+    uint32_t ah[4], al[4];
+    split_tf32<4>(a, ah, al);
 #pragma unroll
-    for (int c = 0; c < 4; ++c) yj[c] = scale * Y[s * P + st_j(c)];
-#pragma unroll
-    for (int a = 0; a < 4; ++a) {  // the warp's 16 rows: 4 broadcast float4 reads
-      const float4 x4 = ld4(X + s * P + st_i(4 * a));
-      xi[4 * a] = x4.x, xi[4 * a + 1] = x4.y, xi[4 * a + 2] = x4.z, xi[4 * a + 3] = x4.w;
+    for (int n = 0; n < 16; ++n) {
+      const float* yb = Y + (s0 + q) * P + 8 * n + g;
+      if constexpr (kExactY) {  // Y's lo terms are zero: al hi + ah hi
+        const uint32_t bh[2] = {__float_as_uint(yb[0]), __float_as_uint(yb[4 * P])};
+        mma_tf32(acc[n], al, bh);
+        mma_tf32(acc[n], ah, bh);
+      } else {
+        const float b[2] = {yb[0], yb[4 * P]};
+        mma_split<false>(acc[n], ah, al, b);
+      }
     }
-#pragma unroll
-    for (int ia = 0; ia < 16; ++ia)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[ia][c] = fmaf(xi[ia], yj[c], acc[ia][c]);
   }
 #pragma unroll
-  for (int ia = 0; ia < 16; ++ia)
+  for (int n = 0; n < 16; ++n) {
+    float2* r0 = reinterpret_cast<float2*>(M + (i0 + g) * P + 8 * n + 2 * q);
+    float2* r1 = reinterpret_cast<float2*>(M + (i0 + g + 8) * P + 8 * n + 2 * q);
+    const float2 u = *r0, v = *r1;
+    *r0 = make_float2(fmaf(m, u.x, acc[n][0]), fmaf(m, u.y, acc[n][1]));
+    *r1 = make_float2(fmaf(m, v.x, acc[n][2]), fmaf(m, v.y, acc[n][3]));
+  }
+}
+
+// acc[n] += A B for a 16 x 32 strip: A the 16 rows at a (pitch P, k along the row, by ldmatrix), B[k][n] at
+// b[n * P + k] (kBT: S^T, G^T, conflict-free) or b[k * P + n]; k < kend (a multiple of 8).
+template <bool kExactA, bool kBT>
+__device__ __forceinline__ void strip(float (&acc)[4][4], const float* a, const float* b, int kend) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+#pragma unroll 2
+  for (int k0 = 0; k0 < kend; k0 += 8) {
+    float af[4];
+    uint32_t ah[4], al[4];
+    frag_a(af, a + k0, P, g, q);
+    split_a<kExactA>(af, ah, al);
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      float& x = M[st_i(ia) * P + st_j(c)];
-      x = fmaf(m, x, acc[ia][c]);
+    for (int n = 0; n < 4; ++n) {
+      const float* bp = kBT ? b + (8 * n + g) * P + k0 + q : b + (k0 + q) * P + 8 * n + g;
+      const float bb[2] = {bp[0], kBT ? bp[4] : bp[4 * P]};
+      mma_split<kExactA>(acc[n], ah, al, bb);
     }
+  }
 }
 
 // Steps t0 .. t0 + C - 1 of a (B, T, H, D) tensor (any strides) for (b, h), zeros past T and D: load() issues
@@ -4284,6 +4335,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int64_t bh = blockIdx.x, b = bh / p.H;
   const int h = (int)(bh - b * p.H), Dk = p.Dk, Dv = p.Dv;
+  constexpr bool kExact = !std::is_same<E, float>::value;  // staged 16-bit inputs are TF32 values
   float* ck = p.ckpt + bh * (int64_t)((p.nck + 1) / 2) * Dk * Dv;
 
   // ---- phase F: S at every even chunk's start into the workspace
@@ -4312,7 +4364,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
       sv.store(V);
     }
     tables<E>(sm, p, b, h, ch * C);
-    rank_update(S, A[C - 1], K, w, bv, V);  // S <- A_{C-1} S + (w beta K)^T V
+    rank_update<kExact>(S, A[C - 1], K, w, bv, V);  // S <- A_{C-1} S + (w beta K)^T V
     __syncthreads();  // K, V and the tables are restaged next
   }
 
@@ -4341,7 +4393,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
       sk.store(K);
       sv.store(V);
       tables<E>(sm, p, b, h, t0 - C);
-      rank_update(S, A[C - 1], K, w, bv, V);  // bitwise phase F's update
+      rank_update<kExact>(S, A[C - 1], K, w, bv, V);  // bitwise phase F's update
       __syncthreads();  // K, V and the tables are restaged below
     }
     {
@@ -4356,91 +4408,64 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
       sy.store(Y);
     }
     tables<E>(sm, p, b, h, t0);
-    {  // QK and Dd: thread (u = tid / 8, s = tid % 8 + 8 m)
-      const int u = tid >> 3;
-      float qk[4] = {0.f, 0.f, 0.f, 0.f}, dd[4] = {0.f, 0.f, 0.f, 0.f};
-      for (int i = 0; i < Dk; i += 4) {  // staged zeros past D_k (i + 3 < DM)
-        const float4 q4 = ld4(Q + u * P + i);
-#pragma unroll
-        for (int m = 0; m < 4; ++m) {
-          const float4 k4 = ld4(K + ((tid & 7) + 8 * m) * P + i);
-          qk[m] = fmaf(q4.w, k4.w, fmaf(q4.z, k4.z, fmaf(q4.y, k4.y, fmaf(q4.x, k4.x, qk[m]))));
-        }
-      }
-      for (int j = 0; j < Dv; j += 4) {
-        const float4 y4 = ld4(Y + u * P + j);
-#pragma unroll
-        for (int m = 0; m < 4; ++m) {
-          const float4 v4 = ld4(V + ((tid & 7) + 8 * m) * P + j);
-          dd[m] = fmaf(y4.w, v4.w, fmaf(y4.z, v4.z, fmaf(y4.y, v4.y, fmaf(y4.x, v4.x, dd[m]))));
-        }
-      }
-#pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        QK[u * PC + (tid & 7) + 8 * m] = qk[m];
-        DD[u * PC + (tid & 7) + 8 * m] = dd[m];
-      }
+    {  // QK = Q K^T and Dd = dY V^T on mma: warp w the product w / 4, rows 16 (w / 2 % 2) .., columns 16 (w % 2) ..
+      const bool dd = warp >= 4;
+      const int mt = (warp >> 1) & 1, nb = 16 * (warp & 1), kp = ((dd ? Dv : Dk) + 15) & ~15;
+      const float* a = (dd ? Y : Q) + 16 * mt * P;
+      const float* bk = (dd ? V : K) + nb * P;
+      float d0[4] = {0.f, 0.f, 0.f, 0.f}, d1[4] = {0.f, 0.f, 0.f, 0.f};
+      qk_tile<!kExact>(d0, a, bk, P, kp, lane);  // 16-bit inputs: one exact product a k-step
+      qk_tile<!kExact>(d1, a, bk + 8 * P, P, kp, lane);
+      float* o = (dd ? DD : QK) + (16 * mt + (lane >> 2)) * PC + nb + 2 * (lane & 3);
+      o[0] = d0[0], o[1] = d0[1], o[8 * PC] = d0[2], o[8 * PC + 1] = d0[3];
+      o[8] = d1[0], o[9] = d1[1], o[8 * PC + 8] = d1[2], o[8 * PC + 9] = d1[3];
     }
-    // R = dY S^T, Rk = V G^T (rows t = 4 warp + r, columns i = lane + 32 c) and KG = K G (columns j)
-    float R[4][4], Rk[4][4], KG[4][4];
+    {  // R = dY S^T, Rk = V G^T (C x D_k) and KG = K G (C x D_v) on mma: warp w rows 16 (w % 2) .., columns
+       // 32 (w / 2) ..; then c0 = <G, S>. Every read of S and G in this chunk is here, so after the barrier R,
+       // Rk and KG go to S's space (C x P each) for the FMA stages' layout.
+      const int mt = warp & 1, nb = 32 * (warp >> 1), kv = (Dv + 7) & ~7, kk = (Dk + 7) & ~7;
+      float R[4][4], Rk[4][4], KG[4][4];
 #pragma unroll
-    for (int r = 0; r < 4; ++r)
+      for (int n = 0; n < 4; ++n)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) R[r][c] = Rk[r][c] = KG[r][c] = 0.f;
-    for (int j = 0; j < Dv; j += 4) {  // float4 along j: rows broadcast, S and G down columns (zeros past D_v)
-      float4 yt[4], vt[4], sij[4], gij[4];
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        yt[r] = ld4(Y + (4 * warp + r) * P + j);
-        vt[r] = ld4(V + (4 * warp + r) * P + j);
-      }
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        sij[c] = ld4(S + (lane + 32 * c) * P + j);
-        gij[c] = ld4(G + (lane + 32 * c) * P + j);
-      }
-#pragma unroll
-      for (int r = 0; r < 4; ++r)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          R[r][c] = fmaf(yt[r].w, sij[c].w, fmaf(yt[r].z, sij[c].z, fmaf(yt[r].y, sij[c].y, fmaf(yt[r].x, sij[c].x, R[r][c]))));
-          Rk[r][c] = fmaf(vt[r].w, gij[c].w, fmaf(vt[r].z, gij[c].z, fmaf(vt[r].y, gij[c].y, fmaf(vt[r].x, gij[c].x, Rk[r][c]))));
-        }
-    }
-    for (int i = 0; i < Dk; i += 4) {
-      float4 kt[4];
-#pragma unroll
-      for (int r = 0; r < 4; ++r) kt[r] = ld4(K + (4 * warp + r) * P + i);
-#pragma unroll
-      for (int ii = 0; ii < 4; ++ii) {
-        float gij[4];
-#pragma unroll
-        for (int c = 0; c < 4; ++c) gij[c] = G[(i + ii) * P + lane + 32 * c];
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const float k = ii == 0 ? kt[r].x : ii == 1 ? kt[r].y : ii == 2 ? kt[r].z : kt[r].w;
-#pragma unroll
-          for (int c = 0; c < 4; ++c) KG[r][c] = fmaf(k, gij[c], KG[r][c]);
-        }
-      }
-    }
-    {  // c0 = <G, S>: this thread's elements, the warp's, then (after the barrier) the warps' in order
-      float part = 0.f;
+        for (int x = 0; x < 4; ++x) R[n][x] = Rk[n][x] = KG[n][x] = 0.f;
+      strip<kExact, true>(R, Y + 16 * mt * P, S + nb * P, kv);
+      strip<kExact, true>(Rk, V + 16 * mt * P, G + nb * P, kv);
+      strip<kExact, false>(KG, K + 16 * mt * P, G + nb, kk);
+      float part = 0.f;  // c0: this thread's elements, the warp's, then (after the barriers) the warps' in order
 #pragma unroll
       for (int ia = 0; ia < 16; ++ia)
 #pragma unroll
         for (int c = 0; c < 4; ++c) part = fmaf(G[st_i(ia) * P + st_j(c)], S[st_i(ia) * P + st_j(c)], part);
       part = warp_sum(part);
       if (lane == 0) sm[kRed + warp] = part;
+      __syncthreads();  // S is free
+      const int row = 16 * mt + (lane >> 2), col = nb + 2 * (lane & 3);
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        float* o = S + row * P + col + 8 * n;
+        *reinterpret_cast<float2*>(o) = make_float2(R[n][0], R[n][1]);
+        *reinterpret_cast<float2*>(o + 8 * P) = make_float2(R[n][2], R[n][3]);
+        *reinterpret_cast<float2*>(o + C * P) = make_float2(Rk[n][0], Rk[n][1]);
+        *reinterpret_cast<float2*>(o + C * P + 8 * P) = make_float2(Rk[n][2], Rk[n][3]);
+        *reinterpret_cast<float2*>(o + 2 * C * P) = make_float2(KG[n][0], KG[n][1]);
+        *reinterpret_cast<float2*>(o + 2 * C * P + 8 * P) = make_float2(KG[n][2], KG[n][3]);
+      }
     }
+    for (int e = tid; e < C * C; e += kMaxThreads) {
+      const int u = e / C, s = e % C;
+      EE[u * PC + s] = s < u ? bv[s] * QK[u * PC + s] * DD[u * PC + s] : 0.f;
+    }
+    __syncthreads();  // R, Rk, KG (Rs, Rks, KGs) complete
+    const float *Rs = S, *Rks = S + C * P, *KGs = S + 2 * C * P;
 #pragma unroll
     for (int r = 0; r < 4; ++r) {  // f_t = q_t . R_t, e_t = k_t . Rk_t for this warp's rows
       const int t = 4 * warp + r;
       float pf = 0.f, pe = 0.f;
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        pf = fmaf(Q[t * P + lane + 32 * c], R[r][c], pf);
-        pe = fmaf(K[t * P + lane + 32 * c], Rk[r][c], pe);
+        pf = fmaf(Q[t * P + lane + 32 * c], Rs[t * P + lane + 32 * c], pf);
+        pe = fmaf(K[t * P + lane + 32 * c], Rks[t * P + lane + 32 * c], pe);
       }
       pf = warp_sum(pf);
       pe = warp_sum(pe);
@@ -4448,11 +4473,6 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
         sm[kF + t] = pf;
         sm[kE + t] = pe;
       }
-    }
-    __syncthreads();  // QK, DD, f, e and the warp sums are complete; every read of G is done
-    for (int e = tid; e < C * C; e += kMaxThreads) {
-      const int u = e / C, s = e % C;
-      EE[u * PC + s] = s < u ? bv[s] * QK[u * PC + s] * DD[u * PC + s] : 0.f;
     }
     float c0 = 0.f;
 #pragma unroll
@@ -4463,9 +4483,9 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
       float dq[4], dkt[4], dv[4];
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        dq[c] = A[t] * R[r][c];
-        dkt[c] = w[t] * Rk[r][c];
-        dv[c] = bv[t] * w[t] * KG[r][c];
+        dq[c] = A[t] * Rs[t * P + lane + 32 * c];
+        dkt[c] = w[t] * Rks[t * P + lane + 32 * c];
+        dv[c] = bv[t] * w[t] * KGs[t * P + lane + 32 * c];
       }
       for (int s = 0; s <= t; ++s) {
         const float m = L[t * PC + s] * bv[s] * DD[t * PC + s];
@@ -4498,7 +4518,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
         if (lane == 0) store_gate_grad<E>(p.dbeta, row, pb, p.b32);
       }
     }
-    __syncthreads();  // EE is complete
+    __syncthreads();  // f and e are complete
     {  // dgate_t: 8 lanes a step (t = tid / 8; lane part x takes s and u = x mod 8), the 8 parts summed in a
        // fixed order (xor shuffles), so every warp shares the work (one warp alone left 7 at the barrier)
       const int t = tid >> 3, x = tid & 7;
@@ -4520,7 +4540,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
         store_gate_grad<E>(p.dgate, (b * p.T + t0 + t) * p.H + h, w[t] * Ah[t] * c0 + w[t] * tb + Ah[t] * tf + td, p.g32);
     }
     // G <- A_{C-1} G + sum_u (A_u q_u) dy_u^T (own elements; every other read of G came before the barriers above)
-    rank_update(G, A[C - 1], Q, A, nullptr, Y);
+    rank_update<kExact>(G, A[C - 1], Q, A, nullptr, Y);
     __syncthreads();  // the next chunk restages everything and reads G
   }
   if (p.ds0 != nullptr)  // ours, contiguous
@@ -5212,7 +5232,7 @@ std::string describe(const Plan& pl) {
     s += cat("NV=", pl.NV, " D_k=", pl.DKP, " blocks=min(items, SMs) ring=2x", kRingD * kRingD * 4, "B cp.async",
              pl.pdl ? " pdl=on" : " pdl=off");
   else if (pl.kernel == Kernel::chunk_bwd)
-    s += cat("C=", (int)kBwdChunk, " fp32 FMA, one block a (b, h), S and its gradient in shared memory, the state at "
+    s += cat("C=", (int)kBwdChunk, " products=3xTF32 mma.sync (16-bit inputs: 2 terms), one block a (b, h), S and its gradient in shared memory, the state at "
              "every other chunk start in the workspace=", pl.work_floats * 4, "B");
   else if (pl.kernel == Kernel::recurrent_bwd)
     s += cat("rows_a_thread=", pl.R, " column_tiles=", pl.vtiles, " (in order, one block a (b, h)) checkpoints=",
@@ -5878,7 +5898,7 @@ _UNIT_CUDA = {
     "reference": [RECURRENT_SRC, REFERENCE_SRC],
     "chunk_sm90": [CHUNK_SRC, SEGMENT_SCAN_SRC, WGMMA_SRC, SM90_SRC, CHUNK_SM90_TF32_SRC, CHUNK_SM90_SRC],
     "decode": [DECODE_SRC],
-    "backward": [BACKWARD_SRC],
+    "backward": [TF32_MMA_SRC, BACKWARD_SRC],
 }
 # Units built for one target whatever the device or TORCH_CUDA_ARCH_LIST (wgmma is sm_90a-only code).
 _UNIT_GENCODE = {"chunk_sm90": ["-gencode=arch=compute_90a,code=sm_90a"]}
