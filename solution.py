@@ -4274,13 +4274,11 @@ struct Staged {
   float x[N];
   template <typename E>
   __device__ __forceinline__ void load(const void* src, const Strides4& st, int64_t b, int h, int t0, int T, int D) {
-    const E* base = static_cast<const E*>(src) + b * st.b + h * st.h;
     const int d = threadIdx.x % DM, r0 = threadIdx.x / DM;
+    const int64_t step = (kMaxThreads / DM) * st.t;  // one pointer stepped down the rows: no index products
+    const E* ptr = static_cast<const E*>(src) + b * st.b + h * st.h + (int64_t)(t0 + r0) * st.t + (int64_t)d * st.d;
 #pragma unroll
-    for (int n = 0; n < N; ++n) {
-      const int t = t0 + r0 + n * (kMaxThreads / DM);
-      x[n] = t < T && d < D ? to_float(base[t * st.t + d * st.d]) : 0.f;
-    }
+    for (int n = 0; n < N; ++n, ptr += step) x[n] = t0 + r0 + n * (kMaxThreads / DM) < T && d < D ? to_float(*ptr) : 0.f;
   }
   __device__ __forceinline__ void store(float* dst) const {
     const int d = threadIdx.x % DM, r0 = threadIdx.x / DM;
@@ -4290,17 +4288,29 @@ struct Staged {
 };
 static_assert(kMaxThreads % DM == 0 && C * DM % kMaxThreads == 0 && kMaxThreads == 8 * C, "the staging and dgate mappings");
 
-// The chunk's gates and betas (padded steps: gate 1, beta 0) and its tables, each a double product rounded once:
+// The chunk's gate and beta (threads tid < C, step t0 + tid; padded steps gate 1, beta 0), loaded with the
+// chunk's staging so that their latency is shared.
+struct GateBeta {
+  float g = 1.f, b = 0.f;
+  template <typename E>
+  __device__ __forceinline__ void load(const ChunkBwdParams& p, int64_t b_, int h, int t0) {
+    const int t = t0 + (int)threadIdx.x;
+    if (threadIdx.x < C && t < p.T) {
+      g = GateSeq<E>(p.gate, b_ * p.sg.b + h * p.sg.h, p.g32)[t * p.sg.t];
+      b = GateSeq<E>(p.beta, b_ * p.sb.b + h * p.sb.h, p.b32)[t * p.sb.t];
+    }
+  }
+};
+
+// The chunk's tables from its gates and betas, each a double product rounded once:
 // L[t][s] = prod_{r=s+1..t} g_r (s <= t, else 0), A[t] = prod_{r<=t} g_r, Ah[t] = A[t-1] (Ah[0] = 1),
 // w[s] = prod_{r>s} g_r. Warp 0 walks L's columns (lane s: a running product down t, the same roundings as
 // a product per element), warp 1 the vectors. Two barriers (the first also covers the caller's staging).
-template <typename E>
-__device__ __forceinline__ void tables(float* sm, const ChunkBwdParams& p, int64_t b, int h, int t0) {
+__device__ __forceinline__ void tables(float* sm, const GateBeta& gb) {
   const int tid = threadIdx.x;
   if (tid < C) {
-    const int t = t0 + tid;
-    sm[kGv + tid] = t < p.T ? GateSeq<E>(p.gate, b * p.sg.b + h * p.sg.h, p.g32)[t * p.sg.t] : 1.f;
-    sm[kBv + tid] = t < p.T ? GateSeq<E>(p.beta, b * p.sb.b + h * p.sb.h, p.b32)[t * p.sb.t] : 0.f;
+    sm[kGv + tid] = gb.g;
+    sm[kBv + tid] = gb.b;
   }
   __syncthreads();
   const float* g = sm + kGv;
@@ -4358,12 +4368,14 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
     if (ch + 1 == p.nck) break;  // the last chunk's update is never needed
     {
       Staged sk, sv;
+      GateBeta gb;
       sk.load<E>(p.k, p.sk, b, h, ch * C, p.T, Dk);
       sv.load<E>(p.v, p.sv, b, h, ch * C, p.T, Dv);
+      gb.load<E>(p, b, h, ch * C);
       sk.store(K);
       sv.store(V);
+      tables(sm, gb);
     }
-    tables<E>(sm, p, b, h, ch * C);
     rank_update<kExact>(S, A[C - 1], K, w, bv, V);  // S <- A_{C-1} S + (w beta K)^T V
     __syncthreads();  // K, V and the tables are restaged next
   }
@@ -4379,35 +4391,53 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
     }
   for (int ch = p.nck - 1; ch >= 0; --ch) {
     const int t0 = ch * C, tc = min(C, p.T - t0);
+    const bool first = ch + 1 == p.nck;  // S is phase F's last state, bitwise what the reload would give
+    if (!first) {  // S (zeros past D_k, D_v: S's space held R) by cp.async, in flight during the staging below
+      const float* src = ck + (int64_t)(ch / 2) * Dk * Dv;
 #pragma unroll
-    for (int ia = 0; ia < 16; ++ia)
+      for (int ia = 0; ia < 16; ++ia)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int i = st_i(ia), j = st_j(c);
-        S[i * P + j] = i < Dk && j < Dv ? ck[((int64_t)(ch / 2) * Dk + i) * Dv + j] : 0.f;
-      }
-    if (ch % 2 == 1) {  // an odd chunk's start: one update from the even chunk's checkpoint (its steps)
+        for (int c = 0; c < 4; ++c) {
+          const int i = st_i(ia), j = st_j(c);
+          const bool in = i < Dk && j < Dv;
+          cp_async<4>(S + i * P + j, src + (in ? i * Dv + j : 0), in);
+        }
+      cp_async_commit();
+    } else {  // its padding to zeros again (an overflowing gate product can have left NaN there)
+#pragma unroll
+      for (int ia = 0; ia < 16; ++ia)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          if (st_i(ia) >= Dk || st_j(c) >= Dv) S[st_i(ia) * P + st_j(c)] = 0.f;
+    }
+    if (ch % 2 == 1 && !first) {  // an odd chunk's start: one update from the even chunk's checkpoint (its steps)
       Staged sk, sv;
+      GateBeta gb;
       sk.load<E>(p.k, p.sk, b, h, t0 - C, p.T, Dk);
       sv.load<E>(p.v, p.sv, b, h, t0 - C, p.T, Dv);
+      gb.load<E>(p, b, h, t0 - C);
       sk.store(K);
       sv.store(V);
-      tables<E>(sm, p, b, h, t0 - C);
+      cp_async_wait<0>();  // S, for everyone after the tables' barriers
+      tables(sm, gb);
       rank_update<kExact>(S, A[C - 1], K, w, bv, V);  // bitwise phase F's update
       __syncthreads();  // K, V and the tables are restaged below
     }
     {
       Staged sq, sk, sv, sy;
+      GateBeta gb;
       sq.load<E>(p.q, p.sq, b, h, t0, p.T, Dk);
       sk.load<E>(p.k, p.sk, b, h, t0, p.T, Dk);
       sv.load<E>(p.v, p.sv, b, h, t0, p.T, Dv);
       sy.load<E>(p.dy, p.sdy, b, h, t0, p.T, Dv);
+      gb.load<E>(p, b, h, t0);
       sq.store(Q);
       sk.store(K);
       sv.store(V);
       sy.store(Y);
+      cp_async_wait<0>();
+      tables(sm, gb);
     }
-    tables<E>(sm, p, b, h, t0);
     {  // QK = Q K^T and Dd = dY V^T on mma: warp w the product w / 4, rows 16 (w / 2 % 2) .., columns 16 (w % 2) ..
       const bool dd = warp >= 4;
       const int mt = (warp >> 1) & 1, nb = 16 * (warp & 1), kp = ((dd ? Dv : Dk) + 15) & ~15;
