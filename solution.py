@@ -4170,6 +4170,7 @@ constexpr int kQK = kY + C * P, kDD = kQK + C * PC, kEE = kDD + C * PC, kL = kEE
 constexpr int kGv = kL + C * PC, kBv = kGv + C, kA = kBv + C, kAh = kA + C, kW = kAh + C, kF = kW + C, kE = kF + C;
 constexpr int kRed = kE + C, kFloats = kRed + NW;
 static_assert(kFloats * 4 == (int)kChunkBwdSmem, "chunk_bwd_smem");
+static_assert(3 * C * P + 3 * C * PC <= DM * P, "R, Rk, KG and the masked weights fit in S's space");
 
 // This thread's state elements: i = 16 warp + a (a < 16: a warp's rows contiguous, read as float4), j = lane + 32 c (c < 4).
 __device__ __forceinline__ int st_i(int a) { return 16 * (threadIdx.x >> 5) + a; }
@@ -4482,11 +4483,18 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
         *reinterpret_cast<float2*>(o + 2 * C * P + 8 * P) = make_float2(KG[n][2], KG[n][3]);
       }
     }
+    // The masked products' weights (each product in the loops' order), in S's space past R, Rk and KG:
+    // MQ[t][s] = L[t][s] beta_s Dd[t][s], MD[u][t] = L[u][t] Dd[u][t], MP[u][t] = L[u][t] beta_t QK[u][t] (s <= t <= u)
+    float *MQ = S + 3 * C * P, *MD = MQ + C * PC, *MP = MD + C * PC;
     for (int e = tid; e < C * C; e += kMaxThreads) {
       const int u = e / C, s = e % C;
-      EE[u * PC + s] = s < u ? bv[s] * QK[u * PC + s] * DD[u * PC + s] : 0.f;
+      const float l = L[u * PC + s], dd = DD[u * PC + s], qk = QK[u * PC + s];
+      EE[u * PC + s] = s < u ? bv[s] * qk * dd : 0.f;
+      MQ[u * PC + s] = l * bv[s] * dd;
+      MD[u * PC + s] = l * dd;
+      MP[u * PC + s] = l * bv[s] * qk;
     }
-    __syncthreads();  // R, Rk, KG (Rs, Rks, KGs) complete
+    __syncthreads();  // R, Rk, KG (Rs, Rks, KGs) and the weights complete
     const float *Rs = S, *Rks = S + C * P, *KGs = S + 2 * C * P;
 #pragma unroll
     for (int r = 0; r < 4; ++r) {  // f_t = q_t . R_t, e_t = k_t . Rk_t for this warp's rows
@@ -4507,32 +4515,80 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
     float c0 = 0.f;
 #pragma unroll
     for (int x = 0; x < NW; ++x) c0 += sm[kRed + x];
+    // dq, dk, dbeta, dv: this warp's 4 rows t = tw + r at once (each k_s, q_u, dy_u read once for the 4), this
+    // lane's columns; s <= t and u >= t exactly (a masked weight never meets a non-finite input)
+    const int tw = 4 * warp;
+    float dq[4][4], dkt[4][4], dv[4][4];
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {  // dq, dk, dbeta, dv: this warp's rows, this lane's columns
-      const int t = 4 * warp + r;
-      float dq[4], dkt[4], dv[4];
+    for (int r = 0; r < 4; ++r)
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        dq[c] = A[t] * Rs[t * P + lane + 32 * c];
-        dkt[c] = w[t] * Rks[t * P + lane + 32 * c];
-        dv[c] = bv[t] * w[t] * KGs[t * P + lane + 32 * c];
+        const int t = tw + r, i = t * P + lane + 32 * c;
+        dq[r][c] = A[t] * Rs[i];
+        dkt[r][c] = w[t] * Rks[i];
+        dv[r][c] = bv[t] * w[t] * KGs[i];
       }
-      for (int s = 0; s <= t; ++s) {
-        const float m = L[t * PC + s] * bv[s] * DD[t * PC + s];
+    for (int s = 0; s < tw; ++s) {  // s < t for every row
+      float kc[4];
 #pragma unroll
-        for (int c = 0; c < 4; ++c) dq[c] = fmaf(m, K[s * P + lane + 32 * c], dq[c]);
+      for (int c = 0; c < 4; ++c) kc[c] = K[s * P + lane + 32 * c];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const float m = MQ[(tw + r) * PC + s];
+#pragma unroll
+        for (int c = 0; c < 4; ++c) dq[r][c] = fmaf(m, kc[c], dq[r][c]);
       }
-      for (int u = t; u < C; ++u) {
-        const float md = L[u * PC + t] * DD[u * PC + t], mp = L[u * PC + t] * bv[t] * QK[u * PC + t];
+    }
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          dkt[c] = fmaf(md, Q[u * P + lane + 32 * c], dkt[c]);
-          dv[c] = fmaf(mp, Y[u * P + lane + 32 * c], dv[c]);
+    for (int x = 0; x < 4; ++x) {  // s = u = tw + x: rows r >= x take s, rows r <= x take u
+      const int st = tw + x;
+      float kc[4], qc[4], yc[4];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        kc[c] = K[st * P + lane + 32 * c];
+        qc[c] = Q[st * P + lane + 32 * c];
+        yc[c] = Y[st * P + lane + 32 * c];
+      }
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        if (r >= x) {
+          const float m = MQ[(tw + r) * PC + st];
+#pragma unroll
+          for (int c = 0; c < 4; ++c) dq[r][c] = fmaf(m, kc[c], dq[r][c]);
+        }
+        if (r <= x) {
+          const float md = MD[st * PC + tw + r], mp = MP[st * PC + tw + r];
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            dkt[r][c] = fmaf(md, qc[c], dkt[r][c]);
+            dv[r][c] = fmaf(mp, yc[c], dv[r][c]);
+          }
         }
       }
+    }
+    for (int u = tw + 4; u < C; ++u) {  // u > t for every row
+      float qc[4], yc[4];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        qc[c] = Q[u * P + lane + 32 * c];
+        yc[c] = Y[u * P + lane + 32 * c];
+      }
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const float md = MD[u * PC + tw + r], mp = MP[u * PC + tw + r];
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          dkt[r][c] = fmaf(md, qc[c], dkt[r][c]);
+          dv[r][c] = fmaf(mp, yc[c], dv[r][c]);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int t = tw + r;
       float pb = 0.f;
 #pragma unroll
-      for (int c = 0; c < 4; ++c) pb = fmaf(K[t * P + lane + 32 * c], dkt[c], pb);
+      for (int c = 0; c < 4; ++c) pb = fmaf(K[t * P + lane + 32 * c], dkt[r][c], pb);
       pb = warp_sum(pb);
       if (t < tc) {
         const int64_t row = (b * p.T + t0 + t) * p.H + h;  // our outputs are contiguous (B, T, H, ...)
@@ -4540,10 +4596,10 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
         for (int c = 0; c < 4; ++c) {
           const int i = lane + 32 * c;
           if (i < Dk) {
-            static_cast<E*>(p.y)[row * Dk + i] = from_float<E>(dq[c]);
-            static_cast<E*>(p.dk)[row * Dk + i] = from_float<E>(bv[t] * dkt[c]);
+            static_cast<E*>(p.y)[row * Dk + i] = from_float<E>(dq[r][c]);
+            static_cast<E*>(p.dk)[row * Dk + i] = from_float<E>(bv[t] * dkt[r][c]);
           }
-          if (i < Dv) static_cast<E*>(p.dv)[row * Dv + i] = from_float<E>(dv[c]);
+          if (i < Dv) static_cast<E*>(p.dv)[row * Dv + i] = from_float<E>(dv[r][c]);
         }
         if (lane == 0) store_gate_grad<E>(p.dbeta, row, pb, p.b32);
       }
