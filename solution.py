@@ -4296,6 +4296,7 @@ struct GateBeta {
   template <typename E>
   __device__ __forceinline__ void load(const ChunkBwdParams& p, int64_t b_, int h, int t0) {
     const int t = t0 + (int)threadIdx.x;
+    g = 1.f, b = 0.f;
     if (threadIdx.x < C && t < p.T) {
       g = GateSeq<E>(p.gate, b_ * p.sg.b + h * p.sg.h, p.g32)[t * p.sg.t];
       b = GateSeq<E>(p.beta, b_ * p.sb.b + h * p.sb.h, p.b32)[t * p.sb.t];
@@ -4358,6 +4359,13 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
       S[i * P + j] = p.s_in != nullptr && i < Dk && j < Dv
                          ? p.s_in[b * p.ssi.b + h * p.ssi.h + i * p.ssi.i + j * p.ssi.j] : 0.f;
     }
+  Staged fk, fv;  // the next update's k, v, gates and betas: loaded one update ahead
+  GateBeta fg;
+  if (p.nck > 1) {
+    fk.load<E>(p.k, p.sk, b, h, 0, p.T, Dk);
+    fv.load<E>(p.v, p.sv, b, h, 0, p.T, Dv);
+    fg.load<E>(p, b, h, 0);
+  }
   for (int ch = 0; ch < p.nck; ++ch) {
 #pragma unroll
     for (int ia = 0; ia < 16; ++ia)
@@ -4367,15 +4375,13 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
         if (i < Dk && j < Dv && ch % 2 == 0) ck[((int64_t)(ch / 2) * Dk + i) * Dv + j] = S[i * P + j];
       }
     if (ch + 1 == p.nck) break;  // the last chunk's update is never needed
-    {
-      Staged sk, sv;
-      GateBeta gb;
-      sk.load<E>(p.k, p.sk, b, h, ch * C, p.T, Dk);
-      sv.load<E>(p.v, p.sv, b, h, ch * C, p.T, Dv);
-      gb.load<E>(p, b, h, ch * C);
-      sk.store(K);
-      sv.store(V);
-      tables(sm, gb);
+    fk.store(K);
+    fv.store(V);
+    tables(sm, fg);
+    if (ch + 2 < p.nck) {
+      fk.load<E>(p.k, p.sk, b, h, (ch + 1) * C, p.T, Dk);
+      fv.load<E>(p.v, p.sv, b, h, (ch + 1) * C, p.T, Dv);
+      fg.load<E>(p, b, h, (ch + 1) * C);
     }
     rank_update<kExact>(S, A[C - 1], K, w, bv, V);  // S <- A_{C-1} S + (w beta K)^T V
     __syncthreads();  // K, V and the tables are restaged next
@@ -4393,18 +4399,8 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
   for (int ch = p.nck - 1; ch >= 0; --ch) {
     const int t0 = ch * C, tc = min(C, p.T - t0);
     const bool first = ch + 1 == p.nck;  // S is phase F's last state, bitwise what the reload would give
-    if (!first) {  // S (zeros past D_k, D_v: S's space held R) by cp.async, in flight during the staging below
-      const float* src = ck + (int64_t)(ch / 2) * Dk * Dv;
-#pragma unroll
-      for (int ia = 0; ia < 16; ++ia)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int i = st_i(ia), j = st_j(c);
-          const bool in = i < Dk && j < Dv;
-          cp_async<4>(S + i * P + j, src + (in ? i * Dv + j : 0), in);
-        }
-      cp_async_commit();
-    } else {  // its padding to zeros again (an overflowing gate product can have left NaN there)
+    if (first) {  // its padding to zeros again (an overflowing gate product can have left NaN there); later
+                  // chunks' S comes by cp.async during the chunk before (below)
 #pragma unroll
       for (int ia = 0; ia < 16; ++ia)
 #pragma unroll
@@ -4604,7 +4600,19 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
         if (lane == 0) store_gate_grad<E>(p.dbeta, row, pb, p.b32);
       }
     }
-    __syncthreads();  // f and e are complete
+    __syncthreads();  // f and e are complete; S's space is free
+    if (ch > 0) {  // the next chunk's S (zeros past D_k, D_v) by cp.async, in flight during dgate and G's update
+      const float* src = ck + (int64_t)((ch - 1) / 2) * Dk * Dv;
+#pragma unroll
+      for (int ia = 0; ia < 16; ++ia)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int i = st_i(ia), j = st_j(c);
+          const bool in = i < Dk && j < Dv;
+          cp_async<4>(S + i * P + j, src + (in ? i * Dv + j : 0), in);
+        }
+      cp_async_commit();
+    }
     {  // dgate_t: 8 lanes a step (t = tid / 8; lane part x takes s and u = x mod 8), the 8 parts summed in a
        // fixed order (xor shuffles), so every warp shares the work (one warp alone left 7 at the barrier)
       const int t = tid >> 3, x = tid & 7;
