@@ -1,8 +1,9 @@
 """The backward: this solution.py against other copies (--baseline LABEL=PATH, repeatable; e.g.
-`git show chunk-bwd-mma:solution.py > ab/mma/solution.py`). Each copy's `_backward_with` gradients against
-float64 autograd through the loop (naive.recurrent_backward_naive) on a few cases (odd shapes, gate classes,
-states, each dtype): the worst rel-L2 per copy and case. Then KernelBench medians of `_backward_with` per shape
-(bench.py's SHAPES names, each with its own dtype), interleaved over --reps rounds.
+`git show HEAD~1:solution.py > scratch/old.py`). Every copy's backward unit is built first, all at once. Then
+each copy's `_backward_with` gradients against float64 autograd through the loop
+(naive.recurrent_backward_naive) on a few cases (odd shapes, gate classes, states, each dtype): the worst
+rel-L2 per copy and case. Then KernelBench medians of `_backward_with` per shape (bench.py's SHAPES names,
+each with its own dtype), interleaved over --reps rounds.
 
     python3 tools/bwd_ab.py --baseline mma=ab/mma/solution.py [--shapes S0,S2,S2-bf16,S4-bf16] [--reps 2]
     (writes $OUT/bwd_ab.json with OUT set)"""
@@ -14,12 +15,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.getcwd())
-import solution as new  # noqa: E402
-import naive  # noqa: E402
-import reference  # noqa: E402
-from bench import SHAPES  # noqa: E402
-from tools.common import load_copies  # noqa: E402
-from timing import kernelbench_time, rel_l2  # noqa: E402
+from tools.common import load_copies, prebuild  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--baseline", action="append", default=[], help="LABEL=PATH of another solution.py")
@@ -27,6 +23,13 @@ ap.add_argument("--shapes", default="S0,S2,S2-bf16,S4-bf16")
 ap.add_argument("--reps", type=int, default=2)
 ap.add_argument("--trials", type=int, default=10)
 args = ap.parse_args()
+prebuild(["solution.py"] + [b.split("=", 1)[1] for b in args.baseline], ["backward"])  # all copies at once
+
+import solution as new  # noqa: E402
+import naive  # noqa: E402
+import reference  # noqa: E402
+from bench import SHAPES  # noqa: E402
+from timing import kernelbench_time, rel_l2  # noqa: E402
 mods = load_copies(args.baseline, new)
 
 # (B, T, H, D_k, D_v, dtype, gate class, with states)

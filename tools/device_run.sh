@@ -4,7 +4,7 @@
 #                            decode_dev decode_sanitize varlen_sanitize serving varlen_bench
 #                            decode_bench tf32 sm90_sanitize bench_all bwd_sanitize train bwd_ab
 # (kernelbench needs KernelBench's src/ in .kb/src, carried: tools/kernelbench_compare.py; bwd_ab reads
-#  BWD_AB_ARGS, e.g. --baseline mma=scratch/ab_mma.py with that copy made by git show and scratch carried)
+#  BWD_AB_ARGS, e.g. --baseline old=scratch/old.py with that copy made by git show and scratch carried)
 set -u
 export TORCH_EXTENSIONS_DIR=/tmp/ext PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
 if ls .whl/*.whl >/dev/null 2>&1; then
