@@ -4140,8 +4140,9 @@ __global__ void __launch_bounds__(kMaxThreads, 1) recurrent_bwd_kernel(const Bwd
 // ===================================== chunk_bwd: the chunked backward on TF32 mma.sync ========
 // docs/training-design.md 1.2-1.3. The C x C, C x D and D x D products on TF32 mma.sync with 3xTF32 splits
 // (fp32-level results for every dtype; a staged 16-bit input is a TF32 value, so its lo term is dropped), the
-// masked sums and the gate terms in fp32 FMAs. One block a (b, h), 256 threads, chunks of kBwdChunk steps, D_k, D_v <= 128. S (the state before
-// the chunk) and G (the gradient of the state after it) live in shared memory.
+// masked sums and the gate terms in fp32 FMAs. One block a (b, h), 256 threads, chunks of kBwdChunk steps,
+// D_k, D_v <= 128. S (the state before the chunk) and G (the gradient of the state after it) live in shared
+// memory.
 //   Phase F: the forward over the chunks, S at every other chunk start into the workspace (an odd chunk's start is
 //   recomputed in phase R: one more state update per two chunks, half the workspace).
 //   Phase R, chunks backwards: S from the workspace; q, k, v, dy (as float) and the gate tables staged;
