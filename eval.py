@@ -2,7 +2,7 @@
 
     python eval.py [--ref reference.py] [--solution solution.py] [--precision fp32|fp16|bf16]
                    [--trials 5] [--perf-trials 100] [--seed 42] [--device cuda|cpu]
-                   [--shapes 'B,T,H,D;...'] [--compile] [--json PATH]
+                   [--shapes 'B,T,H,D;...'] [--compile] [--backward] [--json PATH]
 
 KernelBench semantics: the problem file gives Model, get_inputs, get_init_inputs; the solution
 gives ModelNew. Inputs are moved to the GPU and, for --precision fp16/bf16, floating inputs are
@@ -12,6 +12,9 @@ then timing: 3 warm-ups, CUDA events around each single call, 256 MB L2 flush be
 Each check below is a small named function that returns (ok, reason). Where KernelBench is silent
 the checks close its known holes: stale memory, cross-call caching, input mutation, deferred
 (side-stream) work, output integrity, scale-aware tolerance, and the static rules.
+
+--backward (for training): every floating input's gradient of <output, dy> against float64 autograd
+through the reference, and forward + backward timed against the reference's eager autograd.
 """
 import argparse
 import importlib.util
@@ -29,6 +32,7 @@ from timing import graph_replay_time, kernelbench_time, rel_l2
 HERE = os.path.dirname(os.path.abspath(__file__))
 ATOL_RTOL = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 1e-2}
 REL_L2_TOL = {"fp32": 1e-5, "fp16": 1e-2, "bf16": 1e-2}
+GRAD_ROUNDING_FACTOR = 2.0  # fp16 / bf16 gradients: within 2x the error of float64's gradient rounded to that dtype
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -319,6 +323,69 @@ def check_timing_rechecks(ctx, samples=5):
     return True, ""
 
 
+def grad_inputs(ctx, k):
+    """Input set k with every floating tensor a fresh leaf that requires grad, and the indices of those."""
+    xs = [x.detach().clone().requires_grad_(x.is_floating_point()) if torch.is_tensor(x) else x for x in ctx.inputs(k)]
+    return xs, [i for i, x in enumerate(xs) if torch.is_tensor(x) and x.requires_grad]
+
+
+def output_grad(ctx, out, k):
+    """A fixed random dy of the output's shape (float64 on the CPU: each side casts it)."""
+    return torch.randn(out.shape, generator=torch.Generator().manual_seed(ctx.seed + k), dtype=torch.float64)
+
+
+def check_gradients(ctx):
+    """The candidate's gradients of <out, dy> for every floating input against float64 autograd through the
+    reference (inputs upcast after the precision's cast): present, in the input's dtype and shape, finite where
+    float64's is, and within the bar: fp32 relative L2 1e-5; fp16 / bf16 twice the error of float64's gradient
+    rounded to that dtype."""
+    xs, idx = grad_inputs(ctx, 801)
+    with torch.enable_grad():
+        out = ctx.new_model(*xs)
+    if not torch.is_tensor(out) or not out.requires_grad:
+        return False, "the output does not require grad: the candidate has no backward"
+    dy = output_grad(ctx, out, 801)
+    got = torch.autograd.grad(out, [xs[i] for i in idx], dy.to(out.device, out.dtype), allow_unused=True)
+    model64 = ctx.problem.Model(*ctx.problem.get_init_inputs()).to(ctx.device).double()
+    xs64 = [x.detach().double().requires_grad_(True) if i in idx else x for i, x in enumerate(xs)]
+    with torch.enable_grad():
+        out64 = model64(*xs64)
+    want = torch.autograd.grad(out64, [xs64[i] for i in idx], dy.to(out64.device), allow_unused=True)
+    worst = 0.0
+    for i, g, w in zip(idx, got, want):
+        if w is None:  # the reference does not depend on this input
+            continue
+        if g is None:
+            return False, f"input {i}: no gradient where the reference has one"
+        if g.shape != xs[i].shape or g.dtype != xs[i].dtype:
+            return False, f"input {i}: gradient {tuple(g.shape)} {g.dtype}, input {tuple(xs[i].shape)} {xs[i].dtype}"
+        finite = torch.isfinite(w)
+        if not torch.isfinite(g[finite]).all():
+            return False, f"input {i}: non-finite gradient where float64's is finite"
+        err = rel_l2(g[finite], w[finite])
+        bar = REL_L2_TOL["fp32"] if g.dtype == torch.float32 else \
+            max(GRAD_ROUNDING_FACTOR * rel_l2(w.to(g.dtype)[finite], w[finite]), 1e-7)
+        if err > bar:
+            return False, f"input {i}: gradient relative L2 error {err:.3e} > {bar:.3e} against float64"
+        worst = max(worst, err)
+    return True, f"{len(idx)} inputs, worst gradient rel-L2 {worst:.2e} against float64"
+
+
+def time_training(ctx, perf_trials):
+    """Forward + backward (autograd.grad of <out, dy> for every floating input) of candidate and reference."""
+    res = {}
+    for name, model in (("candidate", ctx.new_model), ("reference", ctx.ref_model)):
+        xs, idx = grad_inputs(ctx, 0)
+        with torch.enable_grad():
+            dy = output_grad(ctx, model(*xs), 0).to(ctx.device, xs[idx[0]].dtype)
+
+            def step(*a, model=model):
+                return torch.autograd.grad(model(*a), [a[i] for i in idx], dy, allow_unused=True)
+            res[name] = kernelbench_time(step, xs, trials=perf_trials if name == "candidate" else min(perf_trials, 10))
+    res["speedup_median"] = res["reference"]["median"] / res["candidate"]["median"]
+    return res
+
+
 CHECKS = [
     ("correctness", check_correctness),
     ("stale_memory", check_stale_memory),
@@ -390,8 +457,9 @@ def check_shapes(ctx, shapes, perf_trials, timing):
 
 
 def evaluate(ref_path, sol_path, precision="fp32", trials=5, perf_trials=100, seed=42, device="cuda",
-             compile_ref=False, timing=True, shapes=()):
-    """Run every check; returns a dict with KernelBench's field names plus ours."""
+             compile_ref=False, timing=True, shapes=(), backward=False):
+    """Run every check (backward: also the gradients, and training's forward + backward timed); returns a
+    dict with KernelBench's field names plus ours."""
     result = {"compiled": False, "correctness": False, "metadata": {}, "runtime": -1.0, "runtime_stats": {},
               "ref_runtime": -1.0, "ref_runtime_stats": {}, "checks": {}}
     errors, warnings = static_rules(sol_path)
@@ -403,7 +471,7 @@ def evaluate(ref_path, sol_path, precision="fp32", trials=5, perf_trials=100, se
     result["metadata"]["load_seconds"] = round(time.time() - t0, 2)
     result["compiled"] = True
     ctx = Ctx(problem, candidate, precision, device, seed, trials)
-    for name, fn in CHECKS:
+    for name, fn in CHECKS + ([("gradients", check_gradients)] if backward else []):
         ok, why = fn(ctx)
         result["checks"][name] = {"ok": bool(ok), "reason": why}
     if shapes:
@@ -425,6 +493,8 @@ def evaluate(ref_path, sol_path, precision="fp32", trials=5, perf_trials=100, se
             result["metadata"]["compile_seconds"] = res["compile_seconds"]
             result["metadata"]["speedup_vs_compile"] = res["compiled_reference"]["median"] / res["candidate"]["median"]
         result["metadata"]["device"] = torch.cuda.get_device_name()
+        if backward:
+            result["metadata"]["training"] = time_training(ctx, perf_trials)
     return result
 
 
@@ -447,6 +517,10 @@ def report(result):
         lines.append(f"\nspeedup over eager reference (median): {result['metadata']['speedup_median']:.1f}x")
         if "speedup_vs_compile" in result["metadata"]:
             lines.append(f"speedup over torch.compile (median): {result['metadata']['speedup_vs_compile']:.1f}x")
+        if "training" in result["metadata"]:
+            tr = result["metadata"]["training"]
+            lines.append(f"forward + backward (ms, median): candidate {tr['candidate']['median']:.4f}, "
+                         f"reference {tr['reference']['median']:.4f}: {tr['speedup_median']:.1f}x")
     for r in result.get("shapes", []):
         t = f"{r['runtime_ms']:.4f} ms vs reference {r['ref_runtime_ms']:.4f} ms" if "runtime_ms" in r else ""
         lines.append(f"shape {str(r['shape']):<19} {'PASS' if r['ok'] else 'FAIL':<5} {r['reason'] or t}")
@@ -471,6 +545,9 @@ def main(argv=None):
     ap.add_argument("--device", default="cuda", help="cuda, or cpu: correctness checks only, for pure-torch pairs")
     ap.add_argument("--compile", action="store_true", help="also time torch.compile of the reference (compiles for minutes)")
     ap.add_argument("--shapes", default="", help="extra shapes for the problem's make_inputs, e.g. '2,63,3,33;1,1024,8,64'")
+    ap.add_argument("--backward", action="store_true",
+                    help="also check every floating input's gradient against float64 autograd through the reference, "
+                         "and time forward + backward")
     ap.add_argument("--json", help="write KernelBench's fields plus ours here")
     args = ap.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -483,7 +560,7 @@ def main(argv=None):
         return 2
     shapes = [tuple(int(x) for x in part.split(",")) for part in args.shapes.split(";") if part.strip()]
     result = evaluate(args.ref, args.solution, args.precision, args.trials, args.perf_trials, args.seed,
-                      args.device, args.compile, shapes=shapes)
+                      args.device, args.compile, shapes=shapes, backward=args.backward)
     print(report(result))
     if args.json:
         with open(args.json, "w") as f:

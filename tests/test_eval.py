@@ -45,6 +45,20 @@ def test_honest_accepted_on_cpu():
     assert res["correctness"], res["checks"]
 
 
+@pytest.mark.parametrize("fixture, reason", [("cheat_no_backward", "no backward"), ("cheat_wrong_gradient", "input 3")])
+def test_backward_cheat_rejected_on_cpu(fixture, reason):
+    """--backward: a forward without autograd, and a backward that drops the gate's gradient."""
+    res = harness.evaluate(REF, os.path.join(FIX, fixture + ".py"), trials=1, device="cpu", timing=False, backward=True)
+    assert not res["correctness"] and not res["checks"]["gradients"]["ok"], res["checks"]
+    assert reason in res["checks"]["gradients"]["reason"], res["checks"]["gradients"]
+
+
+def test_backward_honest_accepted_on_cpu():
+    res = harness.evaluate(REF, os.path.join(FIX, "honest.py"), trials=1, device="cpu", timing=False, backward=True)
+    assert res["correctness"] and res["checks"]["gradients"]["ok"], res["checks"]
+    assert "5 inputs" in res["checks"]["gradients"]["reason"]
+
+
 @cuda
 @pytest.mark.parametrize("fixture", list(GPU_CASES))
 def test_cheat_rejected_on_gpu(fixture):
@@ -58,6 +72,16 @@ def test_our_solution_passes_every_check(sol):
     res = harness.evaluate(REF, os.path.join(ROOT, "solution.py"), perf_trials=20)
     assert res["correctness"], res["checks"]
     assert res["runtime"] > 0 and res["ref_runtime"] > res["runtime"]
+
+
+@cuda
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_our_solution_passes_the_backward_checks(sol, precision):
+    res = harness.evaluate(REF, os.path.join(ROOT, "solution.py"), precision=precision, trials=1, perf_trials=5,
+                           backward=True)
+    assert res["correctness"] and res["checks"]["gradients"]["ok"], res["checks"]
+    tr = res["metadata"]["training"]
+    assert tr["candidate"]["median"] > 0 and tr["reference"]["median"] > tr["candidate"]["median"]
 
 
 def test_eval_without_cuda_exits_nonzero_with_a_message():
