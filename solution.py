@@ -890,19 +890,27 @@ __device__ __forceinline__ void split_tf32(const float (&x)[N], uint32_t (&hi)[N
   }
 }
 
+// d += a b, the lo terms' products first, then hi hi: a split (ah, al) or, !SPLIT_A, TF32 values in ah (al
+// unused); b split here (SPLIT_B) or taken as TF32 values. Both split: fp32-level accuracy (3xTF32).
+template <bool SPLIT_A, bool SPLIT_B>
+__device__ __forceinline__ void mma_terms(float (&d)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4],
+                                          const float (&b)[2]) {
+  uint32_t bh[2], bl[2];
+  if constexpr (SPLIT_B) {
+    split_tf32<2>(b, bh, bl);
+  } else {
+    bh[0] = __float_as_uint(b[0]); bh[1] = __float_as_uint(b[1]);
+  }
+  if constexpr (SPLIT_A) mma_tf32(d, al, bh);
+  if constexpr (SPLIT_B) mma_tf32(d, ah, bl);
+  mma_tf32(d, ah, bh);
+}
+
 // d += a b with fp32-level accuracy (SPLIT: lo*hi + hi*lo + hi*hi) or one TF32 product.
 template <bool SPLIT>
 __device__ __forceinline__ void mma3(float (&d)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4],
                                      const float (&b)[2]) {
-  uint32_t bh[2], bl[2];
-  if constexpr (SPLIT) {
-    split_tf32<2>(b, bh, bl);
-    mma_tf32(d, al, bh);
-    mma_tf32(d, ah, bl);
-  } else {
-    bh[0] = __float_as_uint(b[0]); bh[1] = __float_as_uint(b[1]);
-  }
-  mma_tf32(d, ah, bh);
+  mma_terms<SPLIT, SPLIT>(d, ah, al, b);
 }
 
 template <bool SPLIT>
@@ -4183,28 +4191,6 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
-// d += a b on TF32 mma.sync with fp32-level accuracy (3xTF32: the lo terms' products first, then hi hi). b is
-// split here; a comes split (ah, al) or, kExactA, as TF32 values already (staged 16-bit inputs: al is zero).
-template <bool kExactA>
-__device__ __forceinline__ void mma_split(float (&d)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4],
-                                          const float (&b)[2]) {
-  uint32_t bh[2], bl[2];
-  split_tf32<2>(b, bh, bl);
-  if constexpr (!kExactA) mma_tf32(d, al, bh);
-  mma_tf32(d, ah, bl);
-  mma_tf32(d, ah, bh);
-}
-
-template <bool kExactA>
-__device__ __forceinline__ void split_a(const float (&a)[4], uint32_t (&ah)[4], uint32_t (&al)[4]) {
-  if constexpr (kExactA) {
-#pragma unroll
-    for (int x = 0; x < 4; ++x) ah[x] = __float_as_uint(a[x]), al[x] = 0u;
-  } else {
-    split_tf32<4>(a, ah, al);
-  }
-}
-
 // M <- m M + sum_s (x1_s x2_s X[s][i]) Y[s][j] (x1, x2: per-step scales or nullptr): the state's update and its
 // gradient's. The sum from zero on mma (k = the chunk's steps), M joins in one FMA. Warp w owns rows 16 w ..
 // 16 w + 15 (as st_i), 16 tiles of 8 columns. kExactY: Y's staged values are TF32 values (16-bit inputs).
@@ -4228,14 +4214,8 @@ __device__ __forceinline__ void rank_update(float* M, float m, const float* X, c
 #pragma unroll
     for (int n = 0; n < 16; ++n) {
       const float* yb = Y + (s0 + q) * P + 8 * n + g;
-      if constexpr (kExactY) {  // Y's lo terms are zero: al hi + ah hi
-        const uint32_t bh[2] = {__float_as_uint(yb[0]), __float_as_uint(yb[4 * P])};
-        mma_tf32(acc[n], al, bh);
-        mma_tf32(acc[n], ah, bh);
-      } else {
-        const float b[2] = {yb[0], yb[4 * P]};
-        mma_split<false>(acc[n], ah, al, b);
-      }
+      const float b[2] = {yb[0], yb[4 * P]};
+      mma_terms<true, !kExactY>(acc[n], ah, al, b);  // 16-bit inputs: Y's lo terms are zero
     }
   }
 #pragma unroll
@@ -4258,12 +4238,12 @@ __device__ __forceinline__ void strip(float (&acc)[4][4], const float* a, const 
     float af[4];
     uint32_t ah[4], al[4];
     frag_a(af, a + k0, P, g, q);
-    split_a<kExactA>(af, ah, al);
+    prep_a<!kExactA>(af, ah, al);
 #pragma unroll
     for (int n = 0; n < 4; ++n) {
       const float* bp = kBT ? b + (8 * n + g) * P + k0 + q : b + (k0 + q) * P + 8 * n + g;
       const float bb[2] = {bp[0], kBT ? bp[4] : bp[4 * P]};
-      mma_split<kExactA>(acc[n], ah, al, bb);
+      mma_terms<!kExactA, true>(acc[n], ah, al, bb);  // 16-bit inputs: A's lo terms are zero
     }
   }
 }
