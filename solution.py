@@ -4170,8 +4170,8 @@ struct ChunkBwdParams : BwdProblem {
 };
 
 namespace cb {
-// P = DM + 4: rows 16-byte aligned for float4 reads along a row, and a quarter warp's float4 reads down a
-// column (8 rows) fall in distinct banks; scalar reads are along rows (lanes on consecutive columns).
+// P = DM + 4: rows 16-byte aligned (ldmatrix), and an mma fragment read at row g, column q (g < 8, q < 4) falls
+// in 32 distinct banks; the FMA stages read along rows (lanes on consecutive columns).
 constexpr int C = kBwdChunk, NW = kMaxThreads / 32, DM = 128, P = DM + 4, PC = C + 1;
 // shared memory (floats): S, G (DM x P), Q, K, V, Y (C x P), QK, DD, EE, L (C x PC: the dgate loop reads L down a column), 7 vectors of C, warp sums
 constexpr int kS = 0, kG = kS + DM * P, kQ = kG + DM * P, kK = kQ + C * P, kV = kK + C * P, kY = kV + C * P;
