@@ -152,11 +152,14 @@ class Ctx:
         with torch.no_grad():
             return self.ref_model(*xs)
 
+    def model64(self):
+        """A fresh reference model in float64."""
+        return self.problem.Model(*self.problem.get_init_inputs()).to(self.device).double()
+
     def reference64(self, xs):
         """The reference on float64-upcast inputs, when the problem runs in float64; else None."""
-        model = self.problem.Model(*self.problem.get_init_inputs()).to(self.device).double()
         with torch.no_grad():
-            out = model(*upcast(xs))
+            out = self.model64()(*upcast(xs))
         return out if torch.is_tensor(out) and out.dtype == torch.float64 else None
 
     def run(self, xs):
@@ -346,10 +349,9 @@ def check_gradients(ctx):
         return False, "the output does not require grad: the candidate has no backward"
     dy = output_grad(ctx, out, 801)
     got = torch.autograd.grad(out, [xs[i] for i in idx], dy.to(out.device, out.dtype), allow_unused=True)
-    model64 = ctx.problem.Model(*ctx.problem.get_init_inputs()).to(ctx.device).double()
     xs64 = [x.detach().double().requires_grad_(True) if i in idx else x for i, x in enumerate(xs)]
     with torch.enable_grad():
-        out64 = model64(*xs64)
+        out64 = ctx.model64()(*xs64)
     want = torch.autograd.grad(out64, [xs64[i] for i in idx], dy.to(out64.device), allow_unused=True)
     worst = 0.0
     for i, g, w in zip(idx, got, want):
