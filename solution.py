@@ -305,8 +305,9 @@ inline size_t chunk_sm90_smem(int DK, DType dt) {
 enum : int { kBwdCheckpoint = 64, kBwdStateFloats = kMaxThreads * 4 };  // a state: R x kBwdStateFloats floats
 inline size_t recurrent_bwd_smem(int R, int TC) { return sizeof(float) * (size_t)TC * R * kBwdStateFloats; }
 // chunk_bwd: steps a chunk, and its shared memory (S and G 128 x 132, q, k, v, dy 32 x 132, three 32 x 33
-// products and the 32 x 33 table, 7 vectors, 8 warp sums; cb:: in BACKWARD_SRC checks it).
-enum : int { kBwdChunk = 32, kChunkBwdSmem = 4 * (2 * 128 * 132 + 4 * 32 * 132 + 4 * 32 * 33 + 7 * 32 + 8) };
+// products and the 32 x 33 table, 7 vectors, 16 warp sums; cb:: in BACKWARD_SRC checks it) and its threads.
+enum : int { kBwdChunk = 32, kBwdThreads = 512,
+             kChunkBwdSmem = 4 * (2 * 128 * 132 + 4 * 32 * 132 + 4 * 32 * 33 + 7 * 32 + kBwdThreads / 32) };
 // Rows a thread of recurrent_bwd (D_k <= 32 R): its instantiations.
 #define GR_BWD_ROWS(X) X(1) X(2) X(4) X(8)
 
@@ -4148,9 +4149,9 @@ __global__ void __launch_bounds__(kMaxThreads, 1) recurrent_bwd_kernel(const Bwd
 // ===================================== chunk_bwd: the chunked backward on TF32 mma.sync ========
 // docs/training-design.md 1.2-1.3. The C x C, C x D and D x D products on TF32 mma.sync with 3xTF32 splits
 // (fp32-level results for every dtype; a staged 16-bit input is a TF32 value, so its lo term is dropped), the
-// masked sums and the gate terms in fp32 FMAs. One block a (b, h), 256 threads, chunks of kBwdChunk steps,
-// D_k, D_v <= 128. S (the state before the chunk) and G (the gradient of the state after it) live in shared
-// memory.
+// masked sums and the gate terms in fp32 FMAs. One block a (b, h), kBwdThreads threads, chunks of kBwdChunk
+// steps, D_k, D_v <= 128. S (the state before the chunk) and G (the gradient of the state after it) live in
+// shared memory.
 //   Phase F: the forward over the chunks, S at every other chunk start into the workspace (an odd chunk's start is
 //   recomputed in phase R: one more state update per two chunks, half the workspace).
 //   Phase R, chunks backwards: S from the workspace; q, k, v, dy (as float) and the gate tables staged;
@@ -4172,7 +4173,9 @@ struct ChunkBwdParams : BwdProblem {
 namespace cb {
 // P = DM + 4: rows 16-byte aligned (ldmatrix), and an mma fragment read at row g, column q (g < 8, q < 4) falls
 // in 32 distinct banks; the FMA stages read along rows (lanes on consecutive columns).
-constexpr int C = kBwdChunk, NW = kMaxThreads / 32, DM = 128, P = DM + 4, PC = C + 1;
+// NT threads: 16 warps, 4 a scheduler (8 left the stages' latencies exposed). Warp w owns state rows
+// 16 (w % 8) .. and columns 64 (w / 8) .. (st_i, st_j, rank_update).
+constexpr int C = kBwdChunk, NT = kBwdThreads, NW = NT / 32, DM = 128, P = DM + 4, PC = C + 1;
 // shared memory (floats): S, G (DM x P), Q, K, V, Y (C x P), QK, DD, EE, L (C x PC: the dgate loop reads L down a column), 7 vectors of C, warp sums
 constexpr int kS = 0, kG = kS + DM * P, kQ = kG + DM * P, kK = kQ + C * P, kV = kK + C * P, kY = kV + C * P;
 constexpr int kQK = kY + C * P, kDD = kQK + C * PC, kEE = kDD + C * PC, kL = kEE + C * PC;
@@ -4181,9 +4184,11 @@ constexpr int kRed = kE + C, kFloats = kRed + NW;
 static_assert(kFloats * 4 == (int)kChunkBwdSmem, "chunk_bwd_smem");
 static_assert(3 * C * P + 3 * C * PC <= DM * P, "R, Rk, KG and the masked weights fit in S's space");
 
-// This thread's state elements: i = 16 warp + a (a < 16: the rows rank_update gives the warp), j = lane + 32 c (c < 4).
-__device__ __forceinline__ int st_i(int a) { return 16 * (threadIdx.x >> 5) + a; }
-__device__ __forceinline__ int st_j(int c) { return (threadIdx.x & 31) + 32 * c; }
+// This thread's state elements: i = 16 (warp % 8) + a (a < 16), j = 64 (warp / 8) + lane + 32 c (c < NC): the
+// rows and columns rank_update gives the warp.
+constexpr int NC = 2, RT = C / NW;  // RT: the masked stages' rows a warp
+__device__ __forceinline__ int st_i(int a) { return 16 * ((threadIdx.x >> 5) & 7) + a; }
+__device__ __forceinline__ int st_j(int c) { return 64 * (threadIdx.x >> 8) + (threadIdx.x & 31) + 32 * c; }
 
 __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
@@ -4192,17 +4197,19 @@ __device__ __forceinline__ float warp_sum(float x) {
 }
 
 // M <- m M + sum_s (x1_s x2_s X[s][i]) Y[s][j] (x1, x2: per-step scales or nullptr): the state's update and its
-// gradient's. The sum from zero on mma (k = the chunk's steps), M joins in one FMA. Warp w owns rows 16 w ..
-// 16 w + 15 (as st_i), 16 tiles of 8 columns. kExactY: Y's staged values are TF32 values (16-bit inputs).
+// gradient's. The sum from zero on mma (k = the chunk's steps), M joins in one FMA. Warp w owns rows 16 (w % 8)
+// .. + 15 and 8 tiles of 8 columns from 64 (w / 8) (as st_i, st_j). kExactY: Y's staged values are TF32 values
+// (16-bit inputs).
 template <bool kExactY>
 __device__ __forceinline__ void rank_update(float* M, float m, const float* X, const float* x1, const float* x2,
                                             const float* Y) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3, i0 = 16 * (threadIdx.x >> 5);
-  float acc[16][4];
+  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3, i0 = 16 * ((threadIdx.x >> 5) & 7);
+  const int j0 = 64 * (threadIdx.x >> 8);
+  float acc[8][4];
 #pragma unroll
-  for (int n = 0; n < 16; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
-  // fp32 (48 products a k-step): rolled, since its three inlined copies unrolled cost instruction-cache misses
-  // (about 10% of the kernel at S2); 16-bit inputs (32 products) are faster unrolled
+  for (int n = 0; n < 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+  // fp32: rolled, since three inlined copies unrolled missed the instruction cache (profile of the 8-warp
+  // kernel); 16-bit inputs were faster unrolled
 #pragma unroll(kExactY ? 4 : 1)
   for (int s0 = 0; s0 < C; s0 += 8) {
     const float c0 = (x1 ? x1[s0 + q] : 1.f) * (x2 ? x2[s0 + q] : 1.f);
@@ -4212,26 +4219,26 @@ __device__ __forceinline__ void rank_update(float* M, float m, const float* X, c
     uint32_t ah[4], al[4];
     split_tf32<4>(a, ah, al);
 #pragma unroll
-    for (int n = 0; n < 16; ++n) {
-      const float* yb = Y + (s0 + q) * P + 8 * n + g;
+    for (int n = 0; n < 8; ++n) {
+      const float* yb = Y + (s0 + q) * P + j0 + 8 * n + g;
       const float b[2] = {yb[0], yb[4 * P]};
       mma_terms<true, !kExactY>(acc[n], ah, al, b);  // 16-bit inputs: Y's lo terms are zero
     }
   }
 #pragma unroll
-  for (int n = 0; n < 16; ++n) {
-    float2* r0 = reinterpret_cast<float2*>(M + (i0 + g) * P + 8 * n + 2 * q);
-    float2* r1 = reinterpret_cast<float2*>(M + (i0 + g + 8) * P + 8 * n + 2 * q);
+  for (int n = 0; n < 8; ++n) {
+    float2* r0 = reinterpret_cast<float2*>(M + (i0 + g) * P + j0 + 8 * n + 2 * q);
+    float2* r1 = reinterpret_cast<float2*>(M + (i0 + g + 8) * P + j0 + 8 * n + 2 * q);
     const float2 u = *r0, v = *r1;
     *r0 = make_float2(fmaf(m, u.x, acc[n][0]), fmaf(m, u.y, acc[n][1]));
     *r1 = make_float2(fmaf(m, v.x, acc[n][2]), fmaf(m, v.y, acc[n][3]));
   }
 }
 
-// acc[n] += A B for a 16 x 32 strip: A the 16 rows at a (pitch P, k along the row, by ldmatrix), B[k][n] at
+// acc[n] += A B for a 16 x 8 NB strip: A the 16 rows at a (pitch P, k along the row, by ldmatrix), B[k][n] at
 // b[n * P + k] (kBT: S^T, G^T, conflict-free) or b[k * P + n]; k < kend (a multiple of 8).
-template <bool kExactA, bool kBT>
-__device__ __forceinline__ void strip(float (&acc)[4][4], const float* a, const float* b, int kend) {
+template <bool kExactA, bool kBT, int NB>
+__device__ __forceinline__ void strip(float (&acc)[NB][4], const float* a, const float* b, int kend) {
   const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
 #pragma unroll 2
   for (int k0 = 0; k0 < kend; k0 += 8) {
@@ -4240,7 +4247,7 @@ __device__ __forceinline__ void strip(float (&acc)[4][4], const float* a, const 
     frag_a(af, a + k0, P, g, q);
     prep_a<!kExactA>(af, ah, al);
 #pragma unroll
-    for (int n = 0; n < 4; ++n) {
+    for (int n = 0; n < NB; ++n) {
       const float* bp = kBT ? b + (8 * n + g) * P + k0 + q : b + (k0 + q) * P + 8 * n + g;
       const float bb[2] = {bp[0], kBT ? bp[4] : bp[4 * P]};
       mma_terms<!kExactA, true>(acc[n], ah, al, bb);  // 16-bit inputs: A's lo terms are zero
@@ -4249,27 +4256,27 @@ __device__ __forceinline__ void strip(float (&acc)[4][4], const float* a, const 
 }
 
 // Steps t0 .. t0 + C - 1 of a (B, T, H, D) tensor (any strides) for (b, h), zeros past T and D: load() issues
-// this thread's C DM / kMaxThreads loads (one column d, rows 2n + tid / DM) into registers, store() writes them to
+// this thread's C DM / NT loads (one column d, rows 4n + tid / DM) into registers, store() writes them to
 // shared memory (pitch P). Several tensors' loads go first and stay in flight together (a load a store in one
 // loop waited out each load's latency in turn: a third of the kernel's time, ncu, eighteenth session).
 struct Staged {
-  static constexpr int N = C * DM / kMaxThreads;
+  static constexpr int N = C * DM / NT;
   float x[N];
   template <typename E>
   __device__ __forceinline__ void load(const void* src, const Strides4& st, int64_t b, int h, int t0, int T, int D) {
     const int d = threadIdx.x % DM, r0 = threadIdx.x / DM;
-    const int64_t step = (kMaxThreads / DM) * st.t;  // one pointer stepped down the rows: no index products
+    const int64_t step = (NT / DM) * st.t;  // one pointer stepped down the rows: no index products
     const E* ptr = static_cast<const E*>(src) + b * st.b + h * st.h + (int64_t)(t0 + r0) * st.t + (int64_t)d * st.d;
 #pragma unroll
-    for (int n = 0; n < N; ++n, ptr += step) x[n] = t0 + r0 + n * (kMaxThreads / DM) < T && d < D ? to_float(*ptr) : 0.f;
+    for (int n = 0; n < N; ++n, ptr += step) x[n] = t0 + r0 + n * (NT / DM) < T && d < D ? to_float(*ptr) : 0.f;
   }
   __device__ __forceinline__ void store(float* dst) const {
     const int d = threadIdx.x % DM, r0 = threadIdx.x / DM;
 #pragma unroll
-    for (int n = 0; n < N; ++n) dst[(r0 + n * (kMaxThreads / DM)) * P + d] = x[n];
+    for (int n = 0; n < N; ++n) dst[(r0 + n * (NT / DM)) * P + d] = x[n];
   }
 };
-static_assert(kMaxThreads % DM == 0 && C * DM % kMaxThreads == 0 && kMaxThreads == 8 * C, "the staging and dgate mappings");
+static_assert(NT % DM == 0 && C * DM % NT == 0 && NT == 16 * C && NW == 16, "the staging, warp and dgate mappings");
 
 // The chunk's gate and beta (threads tid < C, step t0 + tid; padded steps gate 1, beta 0), loaded with the
 // chunk's staging so that their latency is shared.
@@ -4320,7 +4327,7 @@ __device__ __forceinline__ void tables(float* sm, const GateBeta& gb) {
 }  // namespace cb
 
 template <typename E>
-__global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBwdParams p) {
+__global__ void __launch_bounds__(kBwdThreads, 1) chunk_bwd_kernel(const ChunkBwdParams p) {
   using namespace cb;
   extern __shared__ __align__(16) float sm[];
   float *S = sm + kS, *G = sm + kG, *Q = sm + kQ, *K = sm + kK, *V = sm + kV, *Y = sm + kY;
@@ -4336,7 +4343,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
 #pragma unroll
   for (int ia = 0; ia < 16; ++ia)
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
+    for (int c = 0; c < NC; ++c) {
       const int i = st_i(ia), j = st_j(c);
       S[i * P + j] = p.s_in != nullptr && i < Dk && j < Dv
                          ? p.s_in[b * p.ssi.b + h * p.ssi.h + i * p.ssi.i + j * p.ssi.j] : 0.f;
@@ -4352,7 +4359,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
 #pragma unroll
     for (int ia = 0; ia < 16; ++ia)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
+      for (int c = 0; c < NC; ++c) {
         const int i = st_i(ia), j = st_j(c);
         if (i < Dk && j < Dv && ch % 2 == 0) ck[((int64_t)(ch / 2) * Dk + i) * Dv + j] = S[i * P + j];
       }
@@ -4373,7 +4380,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
 #pragma unroll
   for (int ia = 0; ia < 16; ++ia)
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
+    for (int c = 0; c < NC; ++c) {
       const int i = st_i(ia), j = st_j(c);
       G[i * P + j] = p.dfinal != nullptr && i < Dk && j < Dv
                          ? p.dfinal[b * p.sdf.b + h * p.sdf.h + i * p.sdf.i + j * p.sdf.j] : 0.f;
@@ -4386,7 +4393,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
 #pragma unroll
       for (int ia = 0; ia < 16; ++ia)
 #pragma unroll
-        for (int c = 0; c < 4; ++c)
+        for (int c = 0; c < NC; ++c)
           if (st_i(ia) >= Dk || st_j(c) >= Dv) S[st_i(ia) * P + st_j(c)] = 0.f;
     }
     if (ch % 2 == 1 && !first) {  // an odd chunk's start: one update from the even chunk's checkpoint (its steps)
@@ -4417,25 +4424,21 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
       cp_async_wait<0>();
       tables(sm, gb);
     }
-    {  // QK = Q K^T and Dd = dY V^T on mma: warp w the product w / 4, rows 16 (w / 2 % 2) .., columns 16 (w % 2) ..
-      const bool dd = warp >= 4;
-      const int mt = (warp >> 1) & 1, nb = 16 * (warp & 1), kp = ((dd ? Dv : Dk) + 15) & ~15;
-      const float* a = (dd ? Y : Q) + 16 * mt * P;
-      const float* bk = (dd ? V : K) + nb * P;
-      float d0[4] = {0.f, 0.f, 0.f, 0.f}, d1[4] = {0.f, 0.f, 0.f, 0.f};
-      qk_tile<!kExact>(d0, a, bk, P, kp, lane);  // 16-bit inputs: one exact product a k-step
-      qk_tile<!kExact>(d1, a, bk + 8 * P, P, kp, lane);
+    {  // QK = Q K^T and Dd = dY V^T on mma: warp w the product w / 8, rows 16 (w / 4 % 2) .., columns 8 (w % 4) ..
+      const bool dd = warp >= 8;
+      const int mt = (warp >> 2) & 1, nb = 8 * (warp & 3), kp = ((dd ? Dv : Dk) + 15) & ~15;
+      float d0[4] = {0.f, 0.f, 0.f, 0.f};
+      qk_tile<!kExact>(d0, (dd ? Y : Q) + 16 * mt * P, (dd ? V : K) + nb * P, P, kp, lane);  // 16-bit: one exact product
       float* o = (dd ? DD : QK) + (16 * mt + (lane >> 2)) * PC + nb + 2 * (lane & 3);
       o[0] = d0[0], o[1] = d0[1], o[8 * PC] = d0[2], o[8 * PC + 1] = d0[3];
-      o[8] = d1[0], o[9] = d1[1], o[8 * PC + 8] = d1[2], o[8 * PC + 9] = d1[3];
     }
     {  // R = dY S^T, Rk = V G^T (C x D_k) and KG = K G (C x D_v) on mma: warp w rows 16 (w % 2) .., columns
-       // 32 (w / 2) ..; then c0 = <G, S>. Every read of S and G in this chunk is here, so after the barrier R,
+       // 16 (w / 2) ..; then c0 = <G, S>. Every read of S and G in this chunk is here, so after the barrier R,
        // Rk and KG go to S's space (C x P each) for the FMA stages' layout.
-      const int mt = warp & 1, nb = 32 * (warp >> 1), kv = (Dv + 7) & ~7, kk = (Dk + 7) & ~7;
-      float R[4][4], Rk[4][4], KG[4][4];
+      const int mt = warp & 1, nb = 16 * (warp >> 1), kv = (Dv + 7) & ~7, kk = (Dk + 7) & ~7;
+      float R[2][4], Rk[2][4], KG[2][4];
 #pragma unroll
-      for (int n = 0; n < 4; ++n)
+      for (int n = 0; n < 2; ++n)
 #pragma unroll
         for (int x = 0; x < 4; ++x) R[n][x] = Rk[n][x] = KG[n][x] = 0.f;
       strip<kExact, true>(R, Y + 16 * mt * P, S + nb * P, kv);
@@ -4445,13 +4448,13 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
 #pragma unroll
       for (int ia = 0; ia < 16; ++ia)
 #pragma unroll
-        for (int c = 0; c < 4; ++c) part = fmaf(G[st_i(ia) * P + st_j(c)], S[st_i(ia) * P + st_j(c)], part);
+        for (int c = 0; c < NC; ++c) part = fmaf(G[st_i(ia) * P + st_j(c)], S[st_i(ia) * P + st_j(c)], part);
       part = warp_sum(part);
       if (lane == 0) sm[kRed + warp] = part;
       __syncthreads();  // S is free
       const int row = 16 * mt + (lane >> 2), col = nb + 2 * (lane & 3);
 #pragma unroll
-      for (int n = 0; n < 4; ++n) {
+      for (int n = 0; n < 2; ++n) {
         float* o = S + row * P + col + 8 * n;
         *reinterpret_cast<float2*>(o) = make_float2(R[n][0], R[n][1]);
         *reinterpret_cast<float2*>(o + 8 * P) = make_float2(R[n][2], R[n][3]);
@@ -4464,7 +4467,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
     // The masked products' weights (each product in the loops' order), in S's space past R, Rk and KG:
     // MQ[t][s] = L[t][s] beta_s Dd[t][s], MD[u][t] = L[u][t] Dd[u][t], MP[u][t] = L[u][t] beta_t QK[u][t] (s <= t <= u)
     float *MQ = S + 3 * C * P, *MD = MQ + C * PC, *MP = MD + C * PC;
-    for (int e = tid; e < C * C; e += kMaxThreads) {
+    for (int e = tid; e < C * C; e += NT) {
       const int u = e / C, s = e % C;
       const float l = L[u * PC + s], dd = DD[u * PC + s], qk = QK[u * PC + s];
       EE[u * PC + s] = s < u ? bv[s] * qk * dd : 0.f;
@@ -4475,8 +4478,8 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
     __syncthreads();  // R, Rk, KG (Rs, Rks, KGs) and the weights complete
     const float *Rs = S, *Rks = S + C * P, *KGs = S + 2 * C * P;
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {  // f_t = q_t . R_t, e_t = k_t . Rk_t for this warp's rows
-      const int t = 4 * warp + r;
+    for (int r = 0; r < RT; ++r) {  // f_t = q_t . R_t, e_t = k_t . Rk_t for this warp's rows
+      const int t = RT * warp + r;
       float pf = 0.f, pe = 0.f;
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
@@ -4493,12 +4496,12 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
     float c0 = 0.f;
 #pragma unroll
     for (int x = 0; x < NW; ++x) c0 += sm[kRed + x];
-    // dq, dk, dbeta, dv: this warp's 4 rows t = tw + r at once (each k_s, q_u, dy_u read once for the 4), this
+    // dq, dk, dbeta, dv: this warp's RT rows t = tw + r at once (each k_s, q_u, dy_u read once for them), this
     // lane's columns; s <= t and u >= t exactly (a masked weight never meets a non-finite input)
-    const int tw = 4 * warp;
-    float dq[4][4], dkt[4][4], dv[4][4];
+    const int tw = RT * warp;
+    float dq[RT][4], dkt[RT][4], dv[RT][4];
 #pragma unroll
-    for (int r = 0; r < 4; ++r)
+    for (int r = 0; r < RT; ++r)
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int t = tw + r, i = t * P + lane + 32 * c;
@@ -4511,14 +4514,14 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
 #pragma unroll
       for (int c = 0; c < 4; ++c) kc[c] = K[s * P + lane + 32 * c];
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
+      for (int r = 0; r < RT; ++r) {
         const float m = MQ[(tw + r) * PC + s];
 #pragma unroll
         for (int c = 0; c < 4; ++c) dq[r][c] = fmaf(m, kc[c], dq[r][c]);
       }
     }
 #pragma unroll
-    for (int x = 0; x < 4; ++x) {  // s = u = tw + x: rows r >= x take s, rows r <= x take u
+    for (int x = 0; x < RT; ++x) {  // s = u = tw + x: rows r >= x take s, rows r <= x take u
       const int st = tw + x;
       float kc[4], qc[4], yc[4];
 #pragma unroll
@@ -4528,7 +4531,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
         yc[c] = Y[st * P + lane + 32 * c];
       }
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
+      for (int r = 0; r < RT; ++r) {
         if (r >= x) {
           const float m = MQ[(tw + r) * PC + st];
 #pragma unroll
@@ -4544,7 +4547,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
         }
       }
     }
-    for (int u = tw + 4; u < C; ++u) {  // u > t for every row
+    for (int u = tw + RT; u < C; ++u) {  // u > t for every row
       float qc[4], yc[4];
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
@@ -4552,7 +4555,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
         yc[c] = Y[u * P + lane + 32 * c];
       }
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
+      for (int r = 0; r < RT; ++r) {
         const float md = MD[u * PC + tw + r], mp = MP[u * PC + tw + r];
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
@@ -4562,7 +4565,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
       }
     }
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
+    for (int r = 0; r < RT; ++r) {
       const int t = tw + r;
       float pb = 0.f;
 #pragma unroll
@@ -4588,26 +4591,26 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
 #pragma unroll
       for (int ia = 0; ia < 16; ++ia)
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
+        for (int c = 0; c < NC; ++c) {
           const int i = st_i(ia), j = st_j(c);
           const bool in = i < Dk && j < Dv;
           cp_async<4>(S + i * P + j, src + (in ? i * Dv + j : 0), in);
         }
       cp_async_commit();
     }
-    {  // dgate_t: 8 lanes a step (t = tid / 8; lane part x takes s and u = x mod 8), the 8 parts summed in a
-       // fixed order (xor shuffles), so every warp shares the work (one warp alone left 7 at the barrier)
-      const int t = tid >> 3, x = tid & 7;
+    {  // dgate_t: 16 lanes a step (t = tid / 16; lane part x takes s and u = x mod 16), the 16 parts summed in a
+       // fixed order (xor shuffles), so every warp shares the work (one warp alone left the rest at the barrier)
+      const int t = tid >> 4, x = tid & 15;
       float tb = 0.f, tf = 0.f, td = 0.f;
-      for (int s = x; s < t; s += 8) tb = fmaf(L[(t - 1) * PC + s] * bv[s], sm[kE + s], tb);
-      for (int u = t + x; u < C; u += 8) {
+      for (int s = x; s < t; s += 16) tb = fmaf(L[(t - 1) * PC + s] * bv[s], sm[kE + s], tb);
+      for (int u = t + x; u < C; u += 16) {
         tf = fmaf(L[u * PC + t], sm[kF + u], tf);
         float e = 0.f;
         for (int s = 0; s < t; ++s) e = fmaf(EE[u * PC + s], L[(t - 1) * PC + s], e);
         td = fmaf(L[u * PC + t], e, td);
       }
 #pragma unroll
-      for (int o = 1; o < 8; o <<= 1) {
+      for (int o = 1; o < 16; o <<= 1) {
         tb += __shfl_xor_sync(0xffffffffu, tb, o);
         tf += __shfl_xor_sync(0xffffffffu, tf, o);
         td += __shfl_xor_sync(0xffffffffu, td, o);
@@ -4623,7 +4626,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) chunk_bwd_kernel(const ChunkBw
 #pragma unroll
     for (int ia = 0; ia < 16; ++ia)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
+      for (int c = 0; c < NC; ++c) {
         const int i = st_i(ia), j = st_j(c);
         if (i < Dk && j < Dv) p.ds0[(bh * Dk + i) * Dv + j] = G[i * P + j];
       }
@@ -4638,7 +4641,7 @@ cudaError_t launch_chunk_bwd(const Plan& pl, const BwdProblem& pr, float* work, 
   static bool done[64] = {};
   const auto kernel = chunk_bwd_kernel<E>;
   const cudaError_t err = allow_smem(kernel, done);
-  return err != cudaSuccess ? err : launch_ex(kernel, dim3((unsigned)pl.blocks), pl.smem, s, false, p);
+  return err != cudaSuccess ? err : launch_threads(kernel, dim3((unsigned)pl.blocks), kBwdThreads, pl.smem, s, false, p);
 }
 
 template <typename E>
@@ -5324,7 +5327,8 @@ std::string describe(const Plan& pl) {
              pl.work_floats > 0 ? cat(" workspace=", pl.work_floats * 4, "B") : "");
   if (pl.varlen)
     s += pl.kernel == Kernel::recurrent ? " varlen" : " varlen (segments: a capacity; a sequence takes what it needs)";
-  return s + cat(" grid=", pl.blocks, "x", pl.kernel == Kernel::chunk_sm90 ? (int)kSm90Threads : (int)kMaxThreads,
+  return s + cat(" grid=", pl.blocks, "x", pl.kernel == Kernel::chunk_sm90 ? (int)kSm90Threads
+                                          : pl.kernel == Kernel::chunk_bwd ? (int)kBwdThreads : (int)kMaxThreads,
                  " smem=", (int64_t)pl.smem);
 }
 
