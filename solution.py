@@ -4324,6 +4324,26 @@ __device__ __forceinline__ void tables(float* sm, const GateBeta& gb) {
   }
   __syncthreads();
 }
+
+// A state update's tables (phase F and the odd recompute) by warp 0 from its registers (lane s: step s's gate
+// and beta): t[s] = w[s] = prod_{r>s} g_r, t[C + s] = beta_s, t[2C] = A_{C-1} = prod_r g_r; suffix products in
+// double by shuffles, each rounded once. No barrier of its own: the caller's publishes them.
+__device__ __forceinline__ void update_tables(float* t, const GateBeta& gb) {
+  static_assert(C == 32, "a lane a step");
+  if (threadIdx.x < 32) {
+    const int s = threadIdx.x;
+    double x = gb.g;  // prod_{r >= s} g_r after the scan
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const double y = __shfl_down_sync(0xffffffffu, x, o);
+      if (s + o < 32) x *= y;
+    }
+    const double next = __shfl_down_sync(0xffffffffu, x, 1);
+    t[s] = s == 31 ? 1.f : (float)next;
+    t[C + s] = gb.b;
+    if (s == 0) t[2 * C] = (float)x;
+  }
+}
 }  // namespace cb
 
 template <typename E>
@@ -4348,13 +4368,27 @@ __global__ void __launch_bounds__(kBwdThreads, 1) chunk_bwd_kernel(const ChunkBw
       S[i * P + j] = p.s_in != nullptr && i < Dk && j < Dv
                          ? p.s_in[b * p.ssi.b + h * p.ssi.h + i * p.ssi.i + j * p.ssi.j] : 0.f;
     }
-  Staged fk, fv;  // the next update's k, v, gates and betas: loaded one update ahead
+  // Chunk ch's k, v and update tables sit in buffer ch % 2 (K, V or Q, Y; the tables in EE's space, free until
+  // phase R). Right after chunk ch's update the next chunk's go to the other buffer (its last reader, the
+  // previous update, is behind the last barrier) and the one after is loaded: one barrier a chunk, since
+  // each warp updates only its own S elements.
+  float* const fT1 = EE + 2 * C + 4;  // buffer 1's tables (buffer 0's at EE)
+  Staged fk, fv;  // loaded one update ahead of their store
   GateBeta fg;
-  if (p.nck > 1) {
+  if (p.nck > 1) {  // chunks 0 .. nck - 2 are updated
     fk.load<E>(p.k, p.sk, b, h, 0, p.T, Dk);
     fv.load<E>(p.v, p.sv, b, h, 0, p.T, Dv);
     fg.load<E>(p, b, h, 0);
+    fk.store(K);
+    fv.store(V);
+    update_tables(EE, fg);
   }
+  if (p.nck > 2) {
+    fk.load<E>(p.k, p.sk, b, h, C, p.T, Dk);
+    fv.load<E>(p.v, p.sv, b, h, C, p.T, Dv);
+    fg.load<E>(p, b, h, C);
+  }
+  __syncthreads();
   for (int ch = 0; ch < p.nck; ++ch) {
 #pragma unroll
     for (int ia = 0; ia < 16; ++ia)
@@ -4364,16 +4398,21 @@ __global__ void __launch_bounds__(kBwdThreads, 1) chunk_bwd_kernel(const ChunkBw
         if (i < Dk && j < Dv && ch % 2 == 0) ck[((int64_t)(ch / 2) * Dk + i) * Dv + j] = S[i * P + j];
       }
     if (ch + 1 == p.nck) break;  // the last chunk's update is never needed
-    fk.store(K);
-    fv.store(V);
-    tables(sm, fg);
+    __syncwarp();  // the checkpoint's reads of S (this warp's elements) before rank_update's writes
+    const bool odd = ch & 1;  // selects, not an indexed array: no local memory
+    const float* t = odd ? fT1 : EE;
+    rank_update<kExact>(S, t[2 * C], odd ? Q : K, t, t + C, odd ? Y : V);  // S <- A_{C-1} S + (w beta K)^T V
     if (ch + 2 < p.nck) {
-      fk.load<E>(p.k, p.sk, b, h, (ch + 1) * C, p.T, Dk);
-      fv.load<E>(p.v, p.sv, b, h, (ch + 1) * C, p.T, Dv);
-      fg.load<E>(p, b, h, (ch + 1) * C);
+      fk.store(odd ? K : Q);
+      fv.store(odd ? V : Y);
+      update_tables(odd ? EE : fT1, fg);
     }
-    rank_update<kExact>(S, A[C - 1], K, w, bv, V);  // S <- A_{C-1} S + (w beta K)^T V
-    __syncthreads();  // K, V and the tables are restaged next
+    if (ch + 3 < p.nck) {
+      fk.load<E>(p.k, p.sk, b, h, (ch + 2) * C, p.T, Dk);
+      fv.load<E>(p.v, p.sv, b, h, (ch + 2) * C, p.T, Dv);
+      fg.load<E>(p, b, h, (ch + 2) * C);
+    }
+    __syncthreads();  // the stored buffer for the next update; this one's readers done
   }
 
   // ---- phase R
@@ -4404,10 +4443,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1) chunk_bwd_kernel(const ChunkBw
       gb.load<E>(p, b, h, t0 - C);
       sk.store(K);
       sv.store(V);
-      cp_async_wait<0>();  // S, for everyone after the tables' barriers
-      tables(sm, gb);
-      rank_update<kExact>(S, A[C - 1], K, w, bv, V);  // bitwise phase F's update
-      __syncthreads();  // K, V and the tables are restaged below
+      update_tables(EE, gb);  // EE is rewritten later in the chunk, after barriers
+      cp_async_wait<0>();     // S, for everyone after the barrier
+      __syncthreads();
+      rank_update<kExact>(S, EE[2 * C], K, EE, EE + C, V);  // bitwise phase F's update
+      __syncthreads();  // K, V and EE are restaged below
     }
     {
       Staged sq, sk, sv, sy;
