@@ -4255,15 +4255,44 @@ __device__ __forceinline__ void strip(float (&acc)[NB][4], const float* a, const
   }
 }
 
+// Whether a (B, T, H, D) tensor's rows can be staged 16 bytes at a time: unit-stride rows, D a multiple of 8 (a
+// thread's 8 columns all in or all out), and the base and the b, h, t strides 16-byte aligned.
+template <typename E>
+__device__ __forceinline__ bool rows16(const void* ptr, const Strides4& st, int D) {
+  constexpr int64_t e = 16 / sizeof(E);
+  return st.d == 1 && D % 8 == 0 && (reinterpret_cast<uintptr_t>(ptr) & 15) == 0 && st.b % e == 0 &&
+         st.h % e == 0 && st.t % e == 0;
+}
+
 // Steps t0 .. t0 + C - 1 of a (B, T, H, D) tensor (any strides) for (b, h), zeros past T and D: load() issues
-// this thread's C DM / NT loads (one column d, rows 4n + tid / DM) into registers, store() writes them to
-// shared memory (pitch P). Several tensors' loads go first and stay in flight together (a load a store in one
-// loop waited out each load's latency in turn: a third of the kernel's time, ncu, eighteenth session).
+// this thread's C DM / NT elements into registers, store() writes them to shared memory (pitch P). Several
+// tensors' loads go first and stay in flight together (a load a store in one loop waited out each load's
+// latency in turn: a third of the kernel's time, ncu, eighteenth session). Vector form (rows16): a thread
+// takes row tid / 16, columns 8 (tid % 16) .., one 16-byte load (two for fp32) kept raw until store(); else
+// column tid % DM of rows tid / DM + 4n, an element a load.
+template <typename E>
 struct Staged {
   static constexpr int N = C * DM / NT;
-  float x[N];
-  template <typename E>
-  __device__ __forceinline__ void load(const void* src, const Strides4& st, int64_t b, int h, int t0, int T, int D) {
+  static_assert(DM == 16 * 8 && N == 8, "the vector form: 16 threads a row, 8 columns a thread");
+  float x[N];  // the scalar form's values; the vector form's raw 16-byte words
+  bool vec;
+  __device__ __forceinline__ void load(const void* src, const Strides4& st, int64_t b, int h, int t0, int T, int D,
+                                       bool v) {
+    vec = v;
+    if (vec) {
+      const int r = threadIdx.x / 16, c = 8 * (threadIdx.x % 16);
+      const bool in = t0 + r < T && c < D;
+      const uint4* p4 = reinterpret_cast<const uint4*>(static_cast<const E*>(src) + b * st.b + h * st.h +
+                                                       (int64_t)(t0 + r) * st.t + c);
+      const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+      for (int u = 0; u < (int)sizeof(E) / 2; ++u) {  // fp32: two words, 16-bit: one
+        const uint4 w = in ? __ldg(p4 + u) : z;
+        x[4 * u] = __uint_as_float(w.x), x[4 * u + 1] = __uint_as_float(w.y);
+        x[4 * u + 2] = __uint_as_float(w.z), x[4 * u + 3] = __uint_as_float(w.w);
+      }
+      return;
+    }
     const int d = threadIdx.x % DM, r0 = threadIdx.x / DM;
     const int64_t step = (NT / DM) * st.t;  // one pointer stepped down the rows: no index products
     const E* ptr = static_cast<const E*>(src) + b * st.b + h * st.h + (int64_t)(t0 + r0) * st.t + (int64_t)d * st.d;
@@ -4271,6 +4300,31 @@ struct Staged {
     for (int n = 0; n < N; ++n, ptr += step) x[n] = t0 + r0 + n * (NT / DM) < T && d < D ? to_float(*ptr) : 0.f;
   }
   __device__ __forceinline__ void store(float* dst) const {
+    if (vec) {
+      const int r = threadIdx.x / 16, c = 8 * (threadIdx.x % 16);
+      float y[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        if constexpr (sizeof(E) == 4) {
+          y[e] = x[e];
+        } else {  // element e is half e % 2 of word e / 2
+          const uint32_t w = __float_as_uint(x[e / 2]);
+          if constexpr (std::is_same<E, __half>::value) {
+            y[e] = __half2float(__ushort_as_half((unsigned short)(e % 2 ? w >> 16 : w & 0xffffu)));
+          } else {
+            y[e] = __uint_as_float(e % 2 ? w & 0xffff0000u : w << 16);
+          }
+        }
+      }
+      // lanes l and l + 4 of a quarter-warp are 32 columns apart (the same banks): the odd quads store their
+      // halves in the other order, so each 128-bit store phase meets 32 distinct banks
+      float4* o = reinterpret_cast<float4*>(dst + r * P + c);
+      const float4 lo4 = make_float4(y[0], y[1], y[2], y[3]), hi4 = make_float4(y[4], y[5], y[6], y[7]);
+      const bool swap = (threadIdx.x >> 2) & 1;
+      o[swap] = swap ? hi4 : lo4;
+      o[!swap] = swap ? lo4 : hi4;
+      return;
+    }
     const int d = threadIdx.x % DM, r0 = threadIdx.x / DM;
 #pragma unroll
     for (int n = 0; n < N; ++n) dst[(r0 + n * (NT / DM)) * P + d] = x[n];
@@ -4325,6 +4379,30 @@ __device__ __forceinline__ void tables(float* sm, const GateBeta& gb) {
   __syncthreads();
 }
 
+// This warp's S elements (rows 16 (w % 8) .., columns 64 (w / 8) ..) into the row-major (D_k, D_v) state at dst:
+// as float4s when v4 (D_v % 4 == 0: lanes 0-15 a row, 16-31 the next, 256-byte runs), else an element a lane.
+// The warp's own elements only, so it needs no block barrier against the warp's own update after it (a
+// __syncwarp: the lanes differ from rank_update's).
+__device__ __forceinline__ void put_state(float* dst, const float* S, int Dk, int Dv, bool v4) {
+  if (v4) {
+    const int lane = threadIdx.x & 31, i0 = 16 * ((threadIdx.x >> 5) & 7), j0 = 64 * (threadIdx.x >> 8);
+#pragma unroll
+    for (int m = 0; m < 8; ++m) {
+      const int f = lane + 32 * m, i = i0 + f / 16, j = j0 + 4 * (f % 16);
+      if (i < Dk && j < Dv)
+        *reinterpret_cast<float4*>(dst + i * Dv + j) = *reinterpret_cast<const float4*>(S + i * P + j);
+    }
+    return;
+  }
+#pragma unroll
+  for (int ia = 0; ia < 16; ++ia)
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      const int i = st_i(ia), j = st_j(c);
+      if (i < Dk && j < Dv) dst[i * Dv + j] = S[i * P + j];
+    }
+}
+
 // A state update's tables (phase F and the odd recompute) by warp 0 from its registers (lane s: step s's gate
 // and beta): t[s] = w[s] = prod_{r>s} g_r, t[C + s] = beta_s, t[2C] = A_{C-1} = prod_r g_r; suffix products in
 // double by shuffles, each rounded once. No barrier of its own: the caller's publishes them.
@@ -4358,6 +4436,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) chunk_bwd_kernel(const ChunkBw
   const int h = (int)(bh - b * p.H), Dk = p.Dk, Dv = p.Dv;
   constexpr bool kExact = !std::is_same<E, float>::value;  // staged 16-bit inputs are TF32 values
   float* ck = p.ckpt + bh * (int64_t)((p.nck + 1) / 2) * Dk * Dv;
+  // 16-byte forms: staged rows (rows16) and state rows (D_v % 4 == 0: the checkpoints' rows are then aligned)
+  const bool vq = rows16<E>(p.q, p.sq, Dk), vk = rows16<E>(p.k, p.sk, Dk), vv = rows16<E>(p.v, p.sv, Dv);
+  const bool vy = rows16<E>(p.dy, p.sdy, Dv), v4 = Dv % 4 == 0 && (reinterpret_cast<uintptr_t>(p.ckpt) & 15) == 0;
 
   // ---- phase F: S at every even chunk's start into the workspace
 #pragma unroll
@@ -4373,30 +4454,24 @@ __global__ void __launch_bounds__(kBwdThreads, 1) chunk_bwd_kernel(const ChunkBw
   // previous update, is behind the last barrier) and the one after is loaded: one barrier a chunk, since
   // each warp updates only its own S elements.
   float* const fT1 = EE + 2 * C + 4;  // buffer 1's tables (buffer 0's at EE)
-  Staged fk, fv;  // loaded one update ahead of their store
+  Staged<E> fk, fv;  // loaded one update ahead of their store
   GateBeta fg;
   if (p.nck > 1) {  // chunks 0 .. nck - 2 are updated
-    fk.load<E>(p.k, p.sk, b, h, 0, p.T, Dk);
-    fv.load<E>(p.v, p.sv, b, h, 0, p.T, Dv);
+    fk.load(p.k, p.sk, b, h, 0, p.T, Dk, vk);
+    fv.load(p.v, p.sv, b, h, 0, p.T, Dv, vv);
     fg.load<E>(p, b, h, 0);
     fk.store(K);
     fv.store(V);
     update_tables(EE, fg);
   }
   if (p.nck > 2) {
-    fk.load<E>(p.k, p.sk, b, h, C, p.T, Dk);
-    fv.load<E>(p.v, p.sv, b, h, C, p.T, Dv);
+    fk.load(p.k, p.sk, b, h, C, p.T, Dk, vk);
+    fv.load(p.v, p.sv, b, h, C, p.T, Dv, vv);
     fg.load<E>(p, b, h, C);
   }
   __syncthreads();
   for (int ch = 0; ch < p.nck; ++ch) {
-#pragma unroll
-    for (int ia = 0; ia < 16; ++ia)
-#pragma unroll
-      for (int c = 0; c < NC; ++c) {
-        const int i = st_i(ia), j = st_j(c);
-        if (i < Dk && j < Dv && ch % 2 == 0) ck[((int64_t)(ch / 2) * Dk + i) * Dv + j] = S[i * P + j];
-      }
+    if (ch % 2 == 0) put_state(ck + (int64_t)(ch / 2) * Dk * Dv, S, Dk, Dv, v4);
     if (ch + 1 == p.nck) break;  // the last chunk's update is never needed
     __syncwarp();  // the checkpoint's reads of S (this warp's elements) before rank_update's writes
     const bool odd = ch & 1;  // selects, not an indexed array: no local memory
@@ -4408,8 +4483,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) chunk_bwd_kernel(const ChunkBw
       update_tables(odd ? EE : fT1, fg);
     }
     if (ch + 3 < p.nck) {
-      fk.load<E>(p.k, p.sk, b, h, (ch + 2) * C, p.T, Dk);
-      fv.load<E>(p.v, p.sv, b, h, (ch + 2) * C, p.T, Dv);
+      fk.load(p.k, p.sk, b, h, (ch + 2) * C, p.T, Dk, vk);
+      fv.load(p.v, p.sv, b, h, (ch + 2) * C, p.T, Dv, vv);
       fg.load<E>(p, b, h, (ch + 2) * C);
     }
     __syncthreads();  // the stored buffer for the next update; this one's readers done
@@ -4436,10 +4511,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1) chunk_bwd_kernel(const ChunkBw
           if (st_i(ia) >= Dk || st_j(c) >= Dv) S[st_i(ia) * P + st_j(c)] = 0.f;
     }
     if (ch % 2 == 1 && !first) {  // an odd chunk's start: one update from the even chunk's checkpoint (its steps)
-      Staged sk, sv;
+      Staged<E> sk, sv;
       GateBeta gb;
-      sk.load<E>(p.k, p.sk, b, h, t0 - C, p.T, Dk);
-      sv.load<E>(p.v, p.sv, b, h, t0 - C, p.T, Dv);
+      sk.load(p.k, p.sk, b, h, t0 - C, p.T, Dk, vk);
+      sv.load(p.v, p.sv, b, h, t0 - C, p.T, Dv, vv);
       gb.load<E>(p, b, h, t0 - C);
       sk.store(K);
       sv.store(V);
@@ -4450,12 +4525,12 @@ __global__ void __launch_bounds__(kBwdThreads, 1) chunk_bwd_kernel(const ChunkBw
       __syncthreads();  // K, V and EE are restaged below
     }
     {
-      Staged sq, sk, sv, sy;
+      Staged<E> sq, sk, sv, sy;
       GateBeta gb;
-      sq.load<E>(p.q, p.sq, b, h, t0, p.T, Dk);
-      sk.load<E>(p.k, p.sk, b, h, t0, p.T, Dk);
-      sv.load<E>(p.v, p.sv, b, h, t0, p.T, Dv);
-      sy.load<E>(p.dy, p.sdy, b, h, t0, p.T, Dv);
+      sq.load(p.q, p.sq, b, h, t0, p.T, Dk, vq);
+      sk.load(p.k, p.sk, b, h, t0, p.T, Dk, vk);
+      sv.load(p.v, p.sv, b, h, t0, p.T, Dv, vv);
+      sy.load(p.dy, p.sdy, b, h, t0, p.T, Dv, vy);
       gb.load<E>(p, b, h, t0);
       sq.store(Q);
       sk.store(K);
@@ -4628,14 +4703,23 @@ __global__ void __launch_bounds__(kBwdThreads, 1) chunk_bwd_kernel(const ChunkBw
     __syncthreads();  // f and e are complete; S's space is free
     if (ch > 0) {  // the next chunk's S (zeros past D_k, D_v) by cp.async, in flight during dgate and G's update
       const float* src = ck + (int64_t)((ch - 1) / 2) * Dk * Dv;
+      if (v4) {  // 16 bytes a copy, any thread's (read only after the wait and a barrier)
 #pragma unroll
-      for (int ia = 0; ia < 16; ++ia)
-#pragma unroll
-        for (int c = 0; c < NC; ++c) {
-          const int i = st_i(ia), j = st_j(c);
+        for (int m = 0; m < DM * DM / 4 / NT; ++m) {
+          const int f = threadIdx.x + NT * m, i = f / (DM / 4), j = 4 * (f % (DM / 4));
           const bool in = i < Dk && j < Dv;
-          cp_async<4>(S + i * P + j, src + (in ? i * Dv + j : 0), in);
+          cp_async<16>(S + i * P + j, src + (in ? i * Dv + j : 0), in);
         }
+      } else {
+#pragma unroll
+        for (int ia = 0; ia < 16; ++ia)
+#pragma unroll
+          for (int c = 0; c < NC; ++c) {
+            const int i = st_i(ia), j = st_j(c);
+            const bool in = i < Dk && j < Dv;
+            cp_async<4>(S + i * P + j, src + (in ? i * Dv + j : 0), in);
+          }
+      }
       cp_async_commit();
     }
     {  // dgate_t: 16 lanes a step (t = tid / 16; lane part x takes s and u = x mod 16), the 16 parts summed in a
