@@ -306,7 +306,8 @@ enum : int { kBwdCheckpoint = 64, kBwdStateFloats = kMaxThreads * 4 };  // a sta
 inline size_t recurrent_bwd_smem(int R, int TC) { return sizeof(float) * (size_t)TC * R * kBwdStateFloats; }
 // chunk_bwd: steps a chunk, and its shared memory (S and G 128 x 132, q, k, v, dy 32 x 132, three 32 x 33
 // products and the 32 x 33 table, 7 vectors, 16 warp sums; cb:: in BACKWARD_SRC checks it) and its threads.
-enum : int { kBwdChunk = 32, kBwdThreads = 512,
+// kBwdSegChunks: the fewest chunks a planned segment.
+enum : int { kBwdChunk = 32, kBwdThreads = 512, kBwdSegChunks = 4,
              kChunkBwdSmem = 4 * (2 * 128 * 132 + 4 * 32 * 132 + 4 * 32 * 33 + 7 * 32 + kBwdThreads / 32) };
 // Rows a thread of recurrent_bwd (D_k <= 32 R): its instantiations.
 #define GR_BWD_ROWS(X) X(1) X(2) X(4) X(8)
@@ -4149,8 +4150,8 @@ __global__ void __launch_bounds__(kMaxThreads, 1) recurrent_bwd_kernel(const Bwd
 // ===================================== chunk_bwd: the chunked backward on TF32 mma.sync ========
 // docs/training-design.md 1.2-1.3. The C x C, C x D and D x D products on TF32 mma.sync with 3xTF32 splits
 // (fp32-level results for every dtype; a staged 16-bit input is a TF32 value, so its lo term is dropped), the
-// masked sums and the gate terms in fp32 FMAs. One block a (b, h), kBwdThreads threads, chunks of kBwdChunk
-// steps, D_k, D_v <= 128. S (the state before the chunk) and G (the gradient of the state after it) live in
+// masked sums and the gate terms in fp32 FMAs. One block a (b, h, segment), kBwdThreads threads, chunks of
+// kBwdChunk steps, D_k, D_v <= 128. S (the state before the chunk) and G (the gradient of the state after it) live in
 // shared memory.
 //   Phase F: the forward over the chunks, S at every other chunk start into the workspace (an odd chunk's start is
 //   recomputed in phase R: one more state update per two chunks, half the workspace).
@@ -4165,9 +4166,18 @@ __global__ void __launch_bounds__(kMaxThreads, 1) recurrent_bwd_kernel(const Bwd
 //               + sum_{u>=t} L[u][t] sum_{s<t} E[u][s] L[t-1][s]     (the "hole" at t: no quotient)
 //     G <- A_{C-1} G + sum_u (A_u q_u) dy_u^T (from zero, one FMA join), after G's last read.
 // dS_0 = G at the end. Padded steps past T are identities (gate 1, beta 0, zero rows). Fixed-order sums.
+// Segments (sequence parallelism, docs/training-design.md 1.4): a (b, h) sequence's chunks in nseg segments of
+// seg_chunks (even; the last may be shorter), a block each. Segment j starts from S at its first chunk and ends on
+// Gamma, the gradient of the state after its last chunk; with nseg > 1 both come from chunk_bwd_prep (each
+// segment's own contribution from zero, and its decay D_j, the product of its gates) and chunk_bwd_scan
+// (S_{j+1} = D_j S_j + U_j forwards, Gamma_{j-1} = D_j Gamma_j + W_j backwards, elementwise in segment order).
 struct ChunkBwdParams : BwdProblem {
-  int nck;      // chunks
-  float* ckpt;  // (B H, ceil(nck / 2), D_k D_v): the state at every even chunk's start
+  int nck;              // chunks of the sequence
+  int nseg, seg_chunks;  // segments a (b, h), chunks a segment
+  float* ckpt;          // (B H nseg, seg_chunks / 2, D_k D_v): the state at each segment's even chunk starts
+  float* seg_s;         // (B H, nseg - 1, D_k D_v): U_j (prep), then S at segment j + 1's start (scan)
+  float* seg_g;         // (B H, nseg - 1, D_k D_v): W_{j+1} (prep), then Gamma after segment j (scan)
+  float* seg_d;         // (B H, nseg): D_j
 };
 
 namespace cb {
@@ -4422,7 +4432,150 @@ __device__ __forceinline__ void update_tables(float* t, const GateBeta& gb) {
     if (s == 0) t[2 * C] = (float)x;
   }
 }
+
+// Phase F: the forward over chunks c0 .. c0 + n - 1 of (b, h) from S (each warp's own elements, in place): S at
+// every even chunk start of the run into ck (unless nullptr), and the first nu chunks' updates (n - 1: the last
+// chunk's is never needed; n: S ends as the state after the run). Chunk x's k, v and update tables sit in buffer
+// x % 2 (K, V or Q, Y; the tables in EE's space, free until phase R). Right after chunk x's update the next
+// chunk's go to the other buffer (its last reader, the previous update, is behind the last barrier) and the one
+// after is loaded: one barrier a chunk, since each warp updates only its own S elements.
+template <typename E>
+__device__ __forceinline__ void forward_states(const ChunkBwdParams& p, float* sm, int64_t b, int h, int c0, int n,
+                                               int nu, float* ck, bool vk, bool vv, bool v4) {
+  constexpr bool kExact = !std::is_same<E, float>::value;
+  float *S = sm + kS, *Q = sm + kQ, *K = sm + kK, *V = sm + kV, *Y = sm + kY, *EE = sm + kEE;
+  float* const fT1 = EE + 2 * C + 4;  // buffer 1's tables (buffer 0's at EE)
+  const int Dk = p.Dk, Dv = p.Dv;
+  Staged<E> fk, fv;  // loaded one update ahead of their store
+  GateBeta fg;
+  if (nu > 0) {
+    fk.load(p.k, p.sk, b, h, c0 * C, p.T, Dk, vk);
+    fv.load(p.v, p.sv, b, h, c0 * C, p.T, Dv, vv);
+    fg.load<E>(p, b, h, c0 * C);
+    fk.store(K);
+    fv.store(V);
+    update_tables(EE, fg);
+  }
+  if (nu > 1) {
+    fk.load(p.k, p.sk, b, h, (c0 + 1) * C, p.T, Dk, vk);
+    fv.load(p.v, p.sv, b, h, (c0 + 1) * C, p.T, Dv, vv);
+    fg.load<E>(p, b, h, (c0 + 1) * C);
+  }
+  __syncthreads();
+  for (int x = 0;; ++x) {
+    if (ck != nullptr && x < n && x % 2 == 0) put_state(ck + (int64_t)(x / 2) * Dk * Dv, S, Dk, Dv, v4);
+    if (x == nu) break;
+    __syncwarp();  // the checkpoint's reads of S (this warp's elements) before rank_update's writes
+    const bool odd = x & 1;  // selects, not an indexed array: no local memory
+    const float* t = odd ? fT1 : EE;
+    rank_update<kExact>(S, t[2 * C], odd ? Q : K, t, t + C, odd ? Y : V);  // S <- A_{C-1} S + (w beta K)^T V
+    if (x + 1 < nu) {
+      fk.store(odd ? K : Q);
+      fv.store(odd ? V : Y);
+      update_tables(odd ? EE : fT1, fg);
+    }
+    if (x + 2 < nu) {
+      fk.load(p.k, p.sk, b, h, (c0 + x + 2) * C, p.T, Dk, vk);
+      fv.load(p.v, p.sv, b, h, (c0 + x + 2) * C, p.T, Dv, vv);
+      fg.load<E>(p, b, h, (c0 + x + 2) * C);
+    }
+    __syncthreads();  // the stored buffer for the next update; this one's readers done
+  }
+}
+
+// This warp's elements of a state M (pitch P): from src (a (D_k, D_v) state at those strides, b and h folded in
+// by the caller; nullptr: zeros), zeros past D_k, D_v.
+__device__ __forceinline__ void get_state(float* M, const float* src, int64_t si, int64_t sj, int Dk, int Dv) {
+#pragma unroll
+  for (int ia = 0; ia < 16; ++ia)
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      const int i = st_i(ia), j = st_j(c);
+      M[i * P + j] = src != nullptr && i < Dk && j < Dv ? src[i * si + j * sj] : 0.f;
+    }
+}
+
+// The product of steps t0 .. t1 - 1's gates (double, rounded once) in every lane of warp 0: lane-strided
+// products, then xor shuffles (each level multiplies the same two values in every lane pair: one result).
+template <typename E>
+__device__ __forceinline__ float segment_decay(const ChunkBwdParams& p, int64_t b, int h, int t0, int t1) {
+  const GateSeq<E> g(p.gate, b * p.sg.b + h * p.sg.h, p.g32);
+  double x = 1.0;
+  for (int t = t0 + (int)(threadIdx.x & 31); t < t1; t += 32) x *= (double)g[t * p.sg.t];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x *= __shfl_xor_sync(0xffffffffu, x, o);
+  return (float)x;
+}
 }  // namespace cb
+
+// Segments' own contributions (nseg > 1), grid (B H (nseg - 1), 2). Role 0, segment j = x % (nseg - 1): phase F
+// from zero over its chunks, U_j = the state after them, and D_j. Role 1, segment j = 1 + x % (nseg - 1): Gamma's
+// update (phase R's last step) from zero over its chunks backwards, W_j; and the last segment's D_j.
+template <typename E>
+__global__ void __launch_bounds__(kBwdThreads, 1) chunk_bwd_prep_kernel(const ChunkBwdParams p) {
+  using namespace cb;
+  extern __shared__ __align__(16) float sm[];
+  constexpr bool kExact = !std::is_same<E, float>::value;
+  const int64_t bh = blockIdx.x / (p.nseg - 1), b = bh / p.H;
+  const int h = (int)(bh - b * p.H), Dk = p.Dk, Dv = p.Dv;
+  const bool role_g = blockIdx.y == 1;
+  const int j = (int)(blockIdx.x % (p.nseg - 1)) + (role_g ? 1 : 0);
+  const int c0 = j * p.seg_chunks, n = min(p.nck, c0 + p.seg_chunks) - c0;
+  const bool v4 = Dv % 4 == 0 && (reinterpret_cast<uintptr_t>(p.ckpt) & 15) == 0;
+  float* M = sm + (role_g ? kG : kS);
+  get_state(M, nullptr, 0, 0, Dk, Dv);
+  if (!role_g) {
+    forward_states<E>(p, sm, b, h, c0, n, n, nullptr, rows16<E>(p.k, p.sk, Dk), rows16<E>(p.v, p.sv, Dv), v4);
+  } else {
+    const bool vq = rows16<E>(p.q, p.sq, Dk), vy = rows16<E>(p.dy, p.sdy, Dv);
+    for (int ch = c0 + n - 1; ch >= c0; --ch) {
+      Staged<E> sq, sy;
+      GateBeta gb;
+      sq.load(p.q, p.sq, b, h, ch * C, p.T, Dk, vq);
+      sy.load(p.dy, p.sdy, b, h, ch * C, p.T, Dv, vy);
+      gb.load<E>(p, b, h, ch * C);
+      sq.store(sm + kQ);
+      sy.store(sm + kY);
+      tables(sm, gb);  // its first barrier publishes the staging
+      rank_update<kExact>(M, sm[kA + C - 1], sm + kQ, sm + kA, nullptr, sm + kY);
+      __syncthreads();  // Q, Y and the tables are restaged next
+    }
+  }
+  const int64_t slot = bh * (p.nseg - 1) + (role_g ? j - 1 : j);
+  put_state((role_g ? p.seg_g : p.seg_s) + slot * Dk * Dv, M, Dk, Dv, v4);  // after the last barrier
+  if (threadIdx.x < 32 && (!role_g || j == p.nseg - 1)) {
+    const float d = segment_decay<E>(p, b, h, c0 * C, min(p.T, (c0 + n) * C));
+    if (threadIdx.x == 0) p.seg_d[bh * p.nseg + j] = d;
+  }
+}
+
+// Segment boundaries (nseg > 1), an element of a (b, h) state a thread, in place over the prep's contributions:
+// threads [0, n) run S forwards from S_0 (S_{j+1} = D_j S_j + U_j), threads [n, 2n) Gamma backwards from the final
+// state's gradient (Gamma_{j-1} = D_j Gamma_j + W_j), in segment order: deterministic.
+__global__ void __launch_bounds__(kMaxThreads) chunk_bwd_scan_kernel(const ChunkBwdParams p) {
+  const int64_t per = (int64_t)p.Dk * p.Dv, n = p.BH * per;
+  int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const bool back = e >= n;
+  if (back) e -= n;
+  if (e >= n) return;
+  const int64_t bh = e / per, ij = e - bh * per, b = bh / p.H;
+  const int h = (int)(bh - b * p.H), i = (int)(ij / p.Dv), j = (int)(ij - (ij / p.Dv) * p.Dv), ns = p.nseg - 1;
+  const float* d = p.seg_d + bh * p.nseg;
+  float* m = (back ? p.seg_g : p.seg_s) + bh * ns * per + ij;
+  if (!back) {
+    float x = p.s_in != nullptr ? p.s_in[b * p.ssi.b + h * p.ssi.h + i * p.ssi.i + j * p.ssi.j] : 0.f;
+    for (int s = 0; s < ns; ++s) {
+      x = fmaf(d[s], x, m[s * per]);
+      m[s * per] = x;
+    }
+  } else {
+    float x = p.dfinal != nullptr ? p.dfinal[b * p.sdf.b + h * p.sdf.h + i * p.sdf.i + j * p.sdf.j] : 0.f;
+    for (int s = ns; s >= 1; --s) {
+      x = fmaf(d[s], x, m[(s - 1) * per]);
+      m[(s - 1) * per] = x;
+    }
+  }
+}
 
 template <typename E>
 __global__ void __launch_bounds__(kBwdThreads, 1) chunk_bwd_kernel(const ChunkBwdParams p) {
@@ -4432,76 +4585,32 @@ __global__ void __launch_bounds__(kBwdThreads, 1) chunk_bwd_kernel(const ChunkBw
   float *QK = sm + kQK, *DD = sm + kDD, *EE = sm + kEE;
   const float *L = sm + kL, *bv = sm + kBv, *A = sm + kA, *Ah = sm + kAh, *w = sm + kW;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int64_t bh = blockIdx.x, b = bh / p.H;
+  const int64_t bh = blockIdx.x / p.nseg, b = bh / p.H;
   const int h = (int)(bh - b * p.H), Dk = p.Dk, Dv = p.Dv;
+  const int seg = (int)(blockIdx.x % p.nseg), c0 = seg * p.seg_chunks, n = min(p.nck, c0 + p.seg_chunks) - c0;
   constexpr bool kExact = !std::is_same<E, float>::value;  // staged 16-bit inputs are TF32 values
-  float* ck = p.ckpt + bh * (int64_t)((p.nck + 1) / 2) * Dk * Dv;
+  float* ck = p.ckpt + (int64_t)blockIdx.x * (p.seg_chunks / 2) * Dk * Dv;  // the segment's checkpoints
+  // The segment's first and last chunk, reread from shared memory in phase R: held in registers through it they
+  // spilled (16-bit inputs, at the 128-register cap). Published by phase F's barriers.
+  __shared__ int seg_c[2];
+  if (tid == 0) seg_c[0] = c0, seg_c[1] = c0 + n - 1;
+  const volatile int* sc = seg_c;
   // 16-byte forms: staged rows (rows16) and state rows (D_v % 4 == 0: the checkpoints' rows are then aligned)
   const bool vq = rows16<E>(p.q, p.sq, Dk), vk = rows16<E>(p.k, p.sk, Dk), vv = rows16<E>(p.v, p.sv, Dv);
   const bool vy = rows16<E>(p.dy, p.sdy, Dv), v4 = Dv % 4 == 0 && (reinterpret_cast<uintptr_t>(p.ckpt) & 15) == 0;
 
-  // ---- phase F: S at every even chunk's start into the workspace
-#pragma unroll
-  for (int ia = 0; ia < 16; ++ia)
-#pragma unroll
-    for (int c = 0; c < NC; ++c) {
-      const int i = st_i(ia), j = st_j(c);
-      S[i * P + j] = p.s_in != nullptr && i < Dk && j < Dv
-                         ? p.s_in[b * p.ssi.b + h * p.ssi.h + i * p.ssi.i + j * p.ssi.j] : 0.f;
-    }
-  // Chunk ch's k, v and update tables sit in buffer ch % 2 (K, V or Q, Y; the tables in EE's space, free until
-  // phase R). Right after chunk ch's update the next chunk's go to the other buffer (its last reader, the
-  // previous update, is behind the last barrier) and the one after is loaded: one barrier a chunk, since
-  // each warp updates only its own S elements.
-  float* const fT1 = EE + 2 * C + 4;  // buffer 1's tables (buffer 0's at EE)
-  Staged<E> fk, fv;  // loaded one update ahead of their store
-  GateBeta fg;
-  if (p.nck > 1) {  // chunks 0 .. nck - 2 are updated
-    fk.load(p.k, p.sk, b, h, 0, p.T, Dk, vk);
-    fv.load(p.v, p.sv, b, h, 0, p.T, Dv, vv);
-    fg.load<E>(p, b, h, 0);
-    fk.store(K);
-    fv.store(V);
-    update_tables(EE, fg);
-  }
-  if (p.nck > 2) {
-    fk.load(p.k, p.sk, b, h, C, p.T, Dk, vk);
-    fv.load(p.v, p.sv, b, h, C, p.T, Dv, vv);
-    fg.load<E>(p, b, h, C);
-  }
-  __syncthreads();
-  for (int ch = 0; ch < p.nck; ++ch) {
-    if (ch % 2 == 0) put_state(ck + (int64_t)(ch / 2) * Dk * Dv, S, Dk, Dv, v4);
-    if (ch + 1 == p.nck) break;  // the last chunk's update is never needed
-    __syncwarp();  // the checkpoint's reads of S (this warp's elements) before rank_update's writes
-    const bool odd = ch & 1;  // selects, not an indexed array: no local memory
-    const float* t = odd ? fT1 : EE;
-    rank_update<kExact>(S, t[2 * C], odd ? Q : K, t, t + C, odd ? Y : V);  // S <- A_{C-1} S + (w beta K)^T V
-    if (ch + 2 < p.nck) {
-      fk.store(odd ? K : Q);
-      fv.store(odd ? V : Y);
-      update_tables(odd ? EE : fT1, fg);
-    }
-    if (ch + 3 < p.nck) {
-      fk.load(p.k, p.sk, b, h, (ch + 2) * C, p.T, Dk, vk);
-      fv.load(p.v, p.sv, b, h, (ch + 2) * C, p.T, Dv, vv);
-      fg.load<E>(p, b, h, (ch + 2) * C);
-    }
-    __syncthreads();  // the stored buffer for the next update; this one's readers done
-  }
+  // ---- phase F: S at the segment's every even chunk start into the workspace
+  const int64_t seg_slot = bh * (p.nseg - 1);  // segments after the first start from chunk_bwd_scan's S
+  if (seg == 0) get_state(S, p.s_in ? p.s_in + b * p.ssi.b + h * p.ssi.h : nullptr, p.ssi.i, p.ssi.j, Dk, Dv);
+  else get_state(S, p.seg_s + (seg_slot + seg - 1) * Dk * Dv, Dv, 1, Dk, Dv);
+  forward_states<E>(p, sm, b, h, c0, n, n - 1, ck, vk, vv, v4);
 
-  // ---- phase R
-#pragma unroll
-  for (int ia = 0; ia < 16; ++ia)
-#pragma unroll
-    for (int c = 0; c < NC; ++c) {
-      const int i = st_i(ia), j = st_j(c);
-      G[i * P + j] = p.dfinal != nullptr && i < Dk && j < Dv
-                         ? p.dfinal[b * p.sdf.b + h * p.sdf.h + i * p.sdf.i + j * p.sdf.j] : 0.f;
-    }
-  for (int ch = p.nck - 1; ch >= 0; --ch) {
+  // ---- phase R (the last segment from the final state's gradient, the others from chunk_bwd_scan's Gamma)
+  if (seg == p.nseg - 1) get_state(G, p.dfinal ? p.dfinal + b * p.sdf.b + h * p.sdf.h : nullptr, p.sdf.i, p.sdf.j, Dk, Dv);
+  else get_state(G, p.seg_g + (seg_slot + seg) * Dk * Dv, Dv, 1, Dk, Dv);
+  for (int ch = sc[1]; ch >= sc[0]; --ch) {  // c0 is even: a chunk's parity is its parity in the segment
     const int t0 = ch * C, tc = min(C, p.T - t0);
-    const bool first = ch + 1 == p.nck;  // S is phase F's last state, bitwise what the reload would give
+    const bool first = ch == sc[1];  // S is phase F's last state, bitwise what the reload would give
     if (first) {  // its padding to zeros again (an overflowing gate product can have left NaN there); later
                   // chunks' S comes by cp.async during the chunk before (below)
 #pragma unroll
@@ -4701,8 +4810,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) chunk_bwd_kernel(const ChunkBw
       }
     }
     __syncthreads();  // f and e are complete; S's space is free
-    if (ch > 0) {  // the next chunk's S (zeros past D_k, D_v) by cp.async, in flight during dgate and G's update
-      const float* src = ck + (int64_t)((ch - 1) / 2) * Dk * Dv;
+    if (ch > sc[0]) {  // the next chunk's S (zeros past D_k, D_v) by cp.async, in flight during dgate and G's update
+      const float* src = ck + (int64_t)((ch - 1 - sc[0]) / 2) * Dk * Dv;
       if (v4) {  // 16 bytes a copy, any thread's (read only after the wait and a barrier)
 #pragma unroll
         for (int m = 0; m < DM * DM / 4 / NT; ++m) {
@@ -4746,7 +4855,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) chunk_bwd_kernel(const ChunkBw
     rank_update<kExact>(G, A[C - 1], Q, A, nullptr, Y);
     __syncthreads();  // the next chunk restages everything and reads G
   }
-  if (p.ds0 != nullptr)  // ours, contiguous
+  if (p.ds0 != nullptr && seg == 0)  // ours, contiguous
 #pragma unroll
     for (int ia = 0; ia < 16; ++ia)
 #pragma unroll
@@ -4756,15 +4865,38 @@ __global__ void __launch_bounds__(kBwdThreads, 1) chunk_bwd_kernel(const ChunkBw
       }
 }
 
+// The workspace: checkpoints (pl.blocks segments' seg_chunks / 2 states), then with segments U / S, W / Gamma
+// (B H (nseg - 1) states each) and the decays (B H nseg), as make_plan_backward sizes it.
 template <typename E>
-cudaError_t launch_chunk_bwd(const Plan& pl, const BwdProblem& pr, float* work, cudaStream_t s) {
+cudaError_t launch_chunk_bwd(const Plan& pl, const BwdProblem& pr, float* work, cudaStream_t s, const char** failed) {
   ChunkBwdParams p;
   static_cast<BwdProblem&>(p) = pr;
   p.nck = (pr.T + kBwdChunk - 1) / kBwdChunk;
+  p.nseg = pl.nseg;
+  p.seg_chunks = pl.seg_chunks;
+  const int64_t per = (int64_t)pr.Dk * pr.Dv, ns = pl.nseg - 1;
   p.ckpt = work;
+  p.seg_s = work + pl.blocks * (int64_t)(pl.seg_chunks / 2) * per;
+  p.seg_g = p.seg_s + pr.BH * ns * per;
+  p.seg_d = p.seg_g + pr.BH * ns * per;
+  cudaError_t err = cudaSuccess;
+  if (ns > 0) {
+    static bool done_prep[64] = {};
+    *failed = "chunk_bwd_prep";
+    const auto prep = chunk_bwd_prep_kernel<E>;
+    err = allow_smem(prep, done_prep);
+    if (err == cudaSuccess) err = launch_threads(prep, dim3((unsigned)(pr.BH * ns), 2), kBwdThreads, pl.smem, s, false, p);
+    if (err != cudaSuccess) return err;
+    *failed = "chunk_bwd_scan";
+    const int64_t n = 2 * pr.BH * per;
+    err = launch_threads(chunk_bwd_scan_kernel, dim3((unsigned)((n + kMaxThreads - 1) / kMaxThreads)), kMaxThreads, 0, s,
+                         false, p);
+    if (err != cudaSuccess) return err;
+  }
   static bool done[64] = {};
+  *failed = "chunk_bwd";
   const auto kernel = chunk_bwd_kernel<E>;
-  const cudaError_t err = allow_smem(kernel, done);
+  err = allow_smem(kernel, done);
   return err != cudaSuccess ? err : launch_threads(kernel, dim3((unsigned)pl.blocks), kBwdThreads, pl.smem, s, false, p);
 }
 
@@ -4802,11 +4934,11 @@ extern "C" int gr_execute_backward(const gr::Plan* pl, const gr::Problem* pr, fl
   const BwdProblem& bp = static_cast<const BwdProblem&>(*pr);
   switch (pl->dtype) {
     case DType::f32:
-      return (int)(chunked ? launch_chunk_bwd<float>(*pl, bp, work, s) : launch_recurrent_bwd<float>(*pl, bp, work, s));
+      return (int)(chunked ? launch_chunk_bwd<float>(*pl, bp, work, s, failed) : launch_recurrent_bwd<float>(*pl, bp, work, s));
     case DType::f16:
-      return (int)(chunked ? launch_chunk_bwd<__half>(*pl, bp, work, s) : launch_recurrent_bwd<__half>(*pl, bp, work, s));
+      return (int)(chunked ? launch_chunk_bwd<__half>(*pl, bp, work, s, failed) : launch_recurrent_bwd<__half>(*pl, bp, work, s));
     case DType::bf16:
-      return (int)(chunked ? launch_chunk_bwd<__nv_bfloat16>(*pl, bp, work, s)
+      return (int)(chunked ? launch_chunk_bwd<__nv_bfloat16>(*pl, bp, work, s, failed)
                            : launch_recurrent_bwd<__nv_bfloat16>(*pl, bp, work, s));
   }
   return (int)cudaErrorInvalidValue;
@@ -5435,8 +5567,10 @@ std::string describe(const Plan& pl) {
     s += cat("NV=", pl.NV, " D_k=", pl.DKP, " blocks=min(items, SMs) ring=2x", kRingD * kRingD * 4, "B cp.async",
              pl.pdl ? " pdl=on" : " pdl=off");
   else if (pl.kernel == Kernel::chunk_bwd)
-    s += cat("C=", (int)kBwdChunk, " products=3xTF32 mma.sync (16-bit inputs: 2 terms), one block a (b, h), S and its gradient in shared memory, the state at "
-             "every other chunk start in the workspace=", pl.work_floats * 4, "B");
+    s += cat("C=", (int)kBwdChunk, " products=3xTF32 mma.sync (16-bit inputs: 2 terms), one block a (b, h, segment)"
+             " segments=", pl.nseg, " of ", pl.seg_chunks, " chunks", pl.nseg > 1 ? " + chunk_bwd_prep + chunk_bwd_scan" : "",
+             ", S and its gradient in shared memory, the state at every other chunk start in the workspace=",
+             pl.work_floats * 4, "B");
   else if (pl.kernel == Kernel::recurrent_bwd)
     s += cat("rows_a_thread=", pl.R, " column_tiles=", pl.vtiles, " (in order, one block a (b, h)) checkpoints=",
              (int)kBwdCheckpoint, " steps, recomputed runs of ", pl.TC, " workspace=", pl.work_floats * 4, "B");
@@ -5585,7 +5719,10 @@ bool run_ex(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
 // chunk_bwd computes dq itself (dq_pass false) where it fits: D_k, D_v <= 128 and its shared memory (Hopper's
 // and newer opt-in); recurrent_bwd elsewhere. kernel: "" (planned), "chunk_bwd" or "recurrent_bwd" (tests).
 bool make_plan_backward(const Shape& s, DType dt, const Layout& lay_dq, const DeviceLimits& lim, const std::string& kernel,
-                        Plan& dq, Plan& bwd, bool& dq_pass) {
+                        int64_t segments, Plan& dq, Plan& bwd, bool& dq_pass) {
+  GR_REQUIRE("ValueError", segments >= 0, "segments must be 0 (planned) or a count, got ", segments);
+  GR_REQUIRE("ValueError", segments == 0 || kernel == "chunk_bwd", "segments apply to kernel chunk_bwd, got kernel '",
+             kernel, "'");
   GR_REQUIRE("ValueError", kernel.empty() || kernel == "chunk_bwd" || kernel == "recurrent_bwd",
              "the backward's kernel must be chunk_bwd, recurrent_bwd or planned, got '", kernel, "'");
   const bool fits = s.Dk <= 128 && s.Dv <= 128 && (size_t)kChunkBwdSmem <= lim.smem;
@@ -5599,7 +5736,20 @@ bool make_plan_backward(const Shape& s, DType dt, const Layout& lay_dq, const De
     dq_pass = false;
     bwd.kernel = Kernel::chunk_bwd;
     bwd.smem = kChunkBwdSmem;
-    bwd.work_floats = bwd.blocks * ceil_div(ceil_div(s.T, kBwdChunk), 2) * s.Dk * s.Dv;  // every other chunk start
+    // Segments (sequence parallelism): as many as fill every SM once with one block a (b, h, segment), of at
+    // least kBwdSegChunks chunks each (below that the prep and scan launches cost more than they save), even (the
+    // checkpoints pair chunks). segments > 0 (tests) asks for that many, at most one a chunk pair.
+    const int64_t nck = std::max<int64_t>(1, ceil_div(s.T, kBwdChunk)), pairs = ceil_div(nck, 2);
+    const int64_t want = segments > 0 ? segments : std::max<int64_t>(1, lim.sms / std::max<int64_t>(1, bwd.blocks));
+    int64_t per = 2 * ceil_div(pairs, std::min(want, pairs));  // chunks a segment
+    if (segments == 0) per = std::max<int64_t>(per, kBwdSegChunks);
+    bwd.nseg = (int)ceil_div(nck, per);
+    bwd.seg_chunks = (int)(bwd.nseg > 1 ? per : 2 * pairs);
+    bwd.blocks *= bwd.nseg;
+    GR_REQUIRE("ValueError", bwd.blocks <= INT32_MAX, "B * H * segments must be below 2^31 for the backward, got ",
+               bwd.blocks);
+    const int64_t state = s.Dk * s.Dv, segs = s.B * s.H * (bwd.nseg - 1);
+    bwd.work_floats = bwd.blocks * (bwd.seg_chunks / 2) * state + (bwd.nseg > 1 ? 2 * segs * state + s.B * s.H * bwd.nseg : 0);
     return true;
   }
   dq_pass = true;
@@ -5645,7 +5795,7 @@ bool check_grads(const at::Tensor& dy, const at::Tensor* dfinal, const at::Tenso
 // make_plan_backward's; dq_pass: whether a forward plan computes dq.
 bool plan_backward_call(const at::Tensor& dy, const at::Tensor* dfinal, const at::Tensor& q, const at::Tensor& k,
                         const at::Tensor& v, const at::Tensor& gate, const at::Tensor& beta, const at::Tensor* s_in,
-                        const std::string& kernel, Plan& pdq, Plan& pbw, bool& dq_pass) {
+                        const std::string& kernel, int64_t segments, Plan& pdq, Plan& pbw, bool& dq_pass) {
   if (!check_shapes(q, k, v, gate, beta, false) || (s_in && !check_state(*s_in, q, v)) || !check_grads(dy, dfinal, q, v) ||
       !check_devices(q, k, v, gate, beta))
     return false;
@@ -5654,8 +5804,8 @@ bool plan_backward_call(const at::Tensor& dy, const at::Tensor* dfinal, const at
     GR_REQUIRE("ValueError", m.first == nullptr || m.first->device() == q.device(), m.second, " is on ",
                device_str(*m.first), " but q is on ", device_str(q));
   const c10::cuda::CUDAGuard guard(q.device());
-  return make_plan_backward(shape_of(q, v), dtype_of(q), layout_of(dy, v, k, gate, beta), device_limits(), kernel, pdq,
-                            pbw, dq_pass) &&
+  return make_plan_backward(shape_of(q, v), dtype_of(q), layout_of(dy, v, k, gate, beta), device_limits(), kernel,
+                            segments, pdq, pbw, dq_pass) &&
          (!dq_pass || unit_ready(pdq)) && unit_ready(pbw);
 }
 
@@ -5676,10 +5826,10 @@ bool forward_ready(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
 
 bool run_backward(const at::Tensor& dy, const at::Tensor* dfinal, const at::Tensor& q, const at::Tensor& k,
                   const at::Tensor& v, const at::Tensor& gate, const at::Tensor& beta, const at::Tensor* s_in,
-                  const std::string& kernel, std::vector<at::Tensor>& out) {
+                  const std::string& kernel, int64_t segments, std::vector<at::Tensor>& out) {
   Plan pdq, pbw;
   bool dq_pass = true;
-  if (!plan_backward_call(dy, dfinal, q, k, v, gate, beta, s_in, kernel, pdq, pbw, dq_pass)) return false;
+  if (!plan_backward_call(dy, dfinal, q, k, v, gate, beta, s_in, kernel, segments, pdq, pbw, dq_pass)) return false;
   const c10::cuda::CUDAGuard guard(q.device());
   at::Tensor dq = at::empty(q.sizes(), q.options()), dk = at::empty(k.sizes(), k.options()),
              dv = at::empty(v.sizes(), v.options()), dg = at::empty(gate.sizes(), gate.options()),
@@ -5854,7 +6004,8 @@ std::string plan_decode_text(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_
 }
 
 // The backward's two plans for contiguous inputs, as text: recurrent_bwd, then "dq: " and its forward plan.
-std::string plan_backward_text(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, int64_t dtype, const std::string& kernel) {
+std::string plan_backward_text(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, int64_t dtype, const std::string& kernel,
+                               int64_t segments) {
   const Shape s{B, T, H, Dk, Dv};
   if (!check_sizes(s)) return std::string();
   const DType dt = static_cast<DType>(dtype);
@@ -5862,7 +6013,7 @@ std::string plan_backward_text(int64_t B, int64_t T, int64_t H, int64_t Dk, int6
   const Layout lay{Dv % V == 0, Dv % V == 0, Dk % V == 0, Dk % V == 0, false, true};
   Plan dq, bwd;
   bool dq_pass = true;
-  if (!make_plan_backward(s, dt, lay, device_limits(), kernel, dq, bwd, dq_pass)) return std::string();
+  if (!make_plan_backward(s, dt, lay, device_limits(), kernel, segments, dq, bwd, dq_pass)) return std::string();
   return describe(bwd) + "\ndq: " + (dq_pass ? describe(dq) : std::string("in chunk_bwd"));
 }
 
@@ -5955,7 +6106,7 @@ std::vector<at::Tensor> op_backward(const at::Tensor& dy, const c10::optional<at
                                     const c10::optional<at::Tensor>& initial_state) {
   std::vector<at::Tensor> out;
   if (!run_backward(dy, dfinal.has_value() && dfinal->defined() ? &*dfinal : nullptr, q, k, v, gate, beta,
-                    initial_state.has_value() && initial_state->defined() ? &*initial_state : nullptr, kPlanned, out))
+                    initial_state.has_value() && initial_state->defined() ? &*initial_state : nullptr, kPlanned, 0, out))
     throw_last_error();
   return out;
 }
@@ -6044,14 +6195,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return gr::run_decode(*tq, *tk, *tv, *tg, *tb, *tp, ti, nv, persistent);
   });
   m.def("backward", [](handle dy, handle dfinal, handle q, handle k, handle v, handle gate, handle beta,
-                       handle initial_state, const std::string& kernel) {
+                       handle initial_state, const std::string& kernel, int64_t segments) {
     std::vector<at::Tensor> out;
     const at::Tensor *tdy, *tq, *tk, *tv, *tg, *tb, *tf = nullptr, *ts = nullptr;
     if (!gr::tensor_args({{dy, "dy"}, {q, "q"}, {k, "k"}, {v, "v"}, {gate, "gate"}, {beta, "beta"}},
                          {&tdy, &tq, &tk, &tv, &tg, &tb}) ||
         !gr::optional_arg(dfinal, "dfinal", &tf) || !gr::optional_arg(initial_state, "initial_state", &ts))
       return out;
-    if (!gr::run_backward(*tdy, tf, *tq, *tk, *tv, *tg, *tb, ts, kernel, out)) out.clear();
+    if (!gr::run_backward(*tdy, tf, *tq, *tk, *tv, *tg, *tb, ts, kernel, segments, out)) out.clear();
     return out;
   });
   // true, or None with last_error() (NeedUnit: the unit to build), for the operators' eager callers
@@ -6073,7 +6224,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     if (!gr::tensor_args({{dy, "dy"}, {q, "q"}, {k, "k"}, {v, "v"}, {gate, "gate"}, {beta, "beta"}},
                          {&tdy, &tq, &tk, &tv, &tg, &tb}) ||
         !gr::optional_arg(dfinal, "dfinal", &tf) || !gr::optional_arg(initial_state, "initial_state", &ts) ||
-        !gr::plan_backward_call(*tdy, tf, *tq, *tk, *tv, *tg, *tb, ts, gr::kPlanned, pdq, pbw, dq_pass))
+        !gr::plan_backward_call(*tdy, tf, *tq, *tk, *tv, *tg, *tb, ts, gr::kPlanned, 0, pdq, pbw, dq_pass))
       return pybind11::none();
     return pybind11::bool_(true);
   });
@@ -6456,7 +6607,7 @@ class _EagerGrad(torch.autograd.Function):
             return (None,) * 10
         if dy is None:  # only S_T in the loss
             dy = q.new_zeros(q.shape[:3] + v.shape[3:])
-        out = _call(_core.backward, dy, dfinal, q, k, v, gate, beta, initial_state, "")
+        out = _call(_core.backward, dy, dfinal, q, k, v, gate, beta, initial_state, "", 0)
         grads = tuple(out[:5]) + (out[5] if initial_state is not None else None,)
         if torch.is_grad_enabled():  # create_graph=True: a second gradient through these refuses
             grads = _Refuse.apply(*ctx.saved_tensors, *grads)
@@ -6505,11 +6656,11 @@ for _name, _bwd, _setup in (("forward", _forward_backward, _setup_forward),
         torch.library.register_autograd(f"{_OPS_NS}::{_name}", _bwd, setup_context=_setup)
 
 
-def _backward_with(dy, dfinal, q, k, v, gate, beta, initial_state=None, kernel=None):
+def _backward_with(dy, dfinal, q, k, v, gate, beta, initial_state=None, kernel=None, segments=None):
     """Test and benchmark hook: the backward alone, eagerly: (dq, dk, dv, dgate, dbeta, dS_0 or None) of
     <y, dy> + <S_T, dfinal> (dfinal None: the final state unused); kernel "chunk_bwd" or "recurrent_bwd"
-    (None: planned)."""
-    out = _call(_core.backward, dy, dfinal, q, k, v, gate, beta, initial_state, kernel or "")
+    (None: planned); segments: chunk_bwd's segments a (b, h) sequence (None: planned)."""
+    out = _call(_core.backward, dy, dfinal, q, k, v, gate, beta, initial_state, kernel or "", int(segments or 0))
     return tuple(out[:5]) + (out[5] if initial_state is not None else None,)
 
 
@@ -6662,12 +6813,12 @@ def plan(B, T, H, Dk, Dv, dtype="float32", numerics="accurate", varlen=False):
     return _plan_on(B, T, H, Dk, Dv, dtype, numerics=numerics, varlen=varlen)
 
 
-def plan_backward(B, T, H, Dk, Dv, dtype="float32", kernel=None):
+def plan_backward(B, T, H, Dk, Dv, dtype="float32", kernel=None, segments=None):
     """The backward's launches for contiguous inputs of this shape and dtype, as text: the backward kernel's
     record, then "dq: " and where dq comes from (chunk_bwd itself, or for recurrent_bwd a forward plan with
-    (dy, v, k): D_k and D_v swapped). kernel: as _backward_with's."""
+    (dy, v, k): D_k and D_v swapped). kernel, segments: as _backward_with's."""
     return _call(lambda *a: _core.plan_backward(*a) or None, int(B), int(T), int(H), int(Dk), int(Dv),
-                 _dtype_code(dtype), kernel or "")
+                 _dtype_code(dtype), kernel or "", int(segments or 0))
 
 
 def plan_decode(B, T, H, Dk, Dv, dtype="float32", nv=0, persistent=None):

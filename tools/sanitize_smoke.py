@@ -58,7 +58,7 @@ def varlen_smoke():
 
 
 def backward_smoke():
-    """The backward (recurrent_bwd, and dq by a forward plan): every dtype, rows a thread 1, 2, 4, 8, one and
+    """The backward (chunk_bwd with and without segments; recurrent_bwd, and dq by a forward plan): every dtype, rows a thread 1, 2, 4, 8, one and
     several column tiles, T past one checkpoint span with a ragged run, states in and out, a NaN in v,
     strided q and float32 gates beside bfloat16."""
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
@@ -68,6 +68,9 @@ def backward_smoke():
             s0 = torch.randn(B, H, Dk, Dv, device="cuda")
             solution._backward_with(dy, torch.randn(B, H, Dk, Dv, device="cuda"), *xs, s0)
             solution._backward_with(dy, None, *xs)
+        xs = reference.make_inputs(1, 200, 2, 64, 48, dtype=dtype, device="cuda")  # chunk_bwd's segments: 3, ragged
+        solution._backward_with(torch.randn(1, 200, 2, 48, device="cuda").to(dtype), torch.randn(1, 2, 64, 48, device="cuda"),
+                                *xs, torch.randn(1, 2, 64, 48, device="cuda"), kernel="chunk_bwd", segments=3)
     q, k, v, g, b = reference.make_inputs(2, 100, 3, 64, 64, dtype=torch.bfloat16, device="cuda")
     v[0, 50, 1, 3] = float("nan")
     qt = q.transpose(1, 2).contiguous().transpose(1, 2)
