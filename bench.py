@@ -50,7 +50,7 @@ with B = sequences and T = the longest). Unless --no-check, y's rel-L2 against t
 sequences truncated to 512 tokens (ours and fla) and whether the unhinted call is bitwise the hinted one.
 bench.json's "varlen".
 
---train adds the training table (forward + backward) at --train-shapes (default S0,S2,S2-bf16,S4-bf16), inputs
+--train adds the training table (forward + backward) at --train-shapes (default S0,S2,S2-bf16,S3-bf16,S4-bf16), inputs
 drawn as the shapes table draws them with q, k, v, gate, beta requiring grad and a fixed dy (randn, y's dtype).
 Rows: ours forward alone; ours backward alone (_backward_with(dy, None, q, k, v, gate, beta), eagerly); ours
 forward + backward (gated_recurrence, then torch.autograd.grad of <y, dy> for all five inputs); fla's
@@ -549,7 +549,7 @@ def varlen_markdown(v, copy_TBps=None):
     return "\n".join(out + [""] + [" ".join(notes)])
 
 
-TRAIN_SHAPES = "S0,S2,S2-bf16,S4-bf16"  # --train-shapes' default (names of SHAPES or SWEEP)
+TRAIN_SHAPES = "S0,S2,S2-bf16,S3-bf16,S4-bf16"  # --train-shapes' default (names of SHAPES or SWEEP)
 TRAIN_ROUNDS = 2  # interleaved rounds (fla first each round); a method's time is the min of its rounds' medians
 TRAIN_CHECK = (1, 512, 2)  # the gradient check's slice: the first B, T (at most) and H of the timed inputs
 GRAD_NAMES = ("dq", "dk", "dv", "dgate", "dbeta")

@@ -61,12 +61,15 @@ everything the launch depends on; plan(B, T, H, D_k, D_v, dtype) prints that rec
                   unit decode          <= 128, 16-byte pool rows    item's state streams into a shared-memory ring by
                                                                     cp.async while the current one is computed.
     chunk_bwd     BACKWARD_SRC         autograd's backward where    the chunked backward (docs/training-design.md 1.2,
-                  unit backward        D_k, D_v <= 128 and 216 KB   1.3) on 3xTF32 mma.sync: one block per (b, h), chunks of
-                  (built on first use) of shared memory fit         32; a forward phase saves the state at every other
-                                       (Hopper and newer)           chunk start, then the chunks run backwards with the
-                                                                    state and its gradient in shared memory; dq, dk,
-                                                                    dv, dgate (the "hole" products, no quotient),
-                                                                    dbeta, dS_0.
+                  unit backward        D_k, D_v <= 128 and 216 KB   1.3) on 3xTF32 mma.sync: one block per (b, h,
+                  (built on first use) of shared memory fit         segment), chunks of 32; a forward phase saves the
+                                       (Hopper and newer)           state at every other chunk start, then the chunks
+                                                                    run backwards with the state and its gradient in
+                                                                    shared memory; dq, dk, dv, dgate (the "hole"
+                                                                    products, no quotient), dbeta, dS_0.
+                  chunk_bwd_prep,      chunk_bwd with segments > 1  sequence parallelism: each segment's own state and
+                  chunk_bwd_scan       (B*H too small for the GPU)  gradient contributions from zero, then chained in
+                                                                    segment order, so every segment starts at once.
     recurrent_bwd BACKWARD_SRC         the rest of the backward     the reverse loop of the state's gradient, element by
                   unit backward        (dq: a forward plan with     element: one block per (b, h) walks the D_v tiles of
                                        (dy, v, k) and S_0^T, any    32 columns in order; the states come back from
@@ -306,8 +309,7 @@ enum : int { kBwdCheckpoint = 64, kBwdStateFloats = kMaxThreads * 4 };  // a sta
 inline size_t recurrent_bwd_smem(int R, int TC) { return sizeof(float) * (size_t)TC * R * kBwdStateFloats; }
 // chunk_bwd: steps a chunk, and its shared memory (S and G 128 x 132, q, k, v, dy 32 x 132, three 32 x 33
 // products and the 32 x 33 table, 7 vectors, 16 warp sums; cb:: in BACKWARD_SRC checks it) and its threads.
-// kBwdSegChunks: the fewest chunks a planned segment.
-enum : int { kBwdChunk = 32, kBwdThreads = 512, kBwdSegChunks = 4,
+enum : int { kBwdChunk = 32, kBwdThreads = 512,
              kChunkBwdSmem = 4 * (2 * 128 * 132 + 4 * 32 * 132 + 4 * 32 * 33 + 7 * 32 + kBwdThreads / 32) };
 // Rows a thread of recurrent_bwd (D_k <= 32 R): its instantiations.
 #define GR_BWD_ROWS(X) X(1) X(2) X(4) X(8)
@@ -5736,13 +5738,12 @@ bool make_plan_backward(const Shape& s, DType dt, const Layout& lay_dq, const De
     dq_pass = false;
     bwd.kernel = Kernel::chunk_bwd;
     bwd.smem = kChunkBwdSmem;
-    // Segments (sequence parallelism): as many as fill every SM once with one block a (b, h, segment), of at
-    // least kBwdSegChunks chunks each (below that the prep and scan launches cost more than they save), even (the
-    // checkpoints pair chunks). segments > 0 (tests) asks for that many, at most one a chunk pair.
+    // Segments (sequence parallelism): as many as fill every SM once with one block a (b, h, segment), each of
+    // whole chunk pairs (the checkpoints pair chunks), down to one pair (at (2, 128, 4, 24) two segments of one
+    // pair beat one segment, perf-notes, twenty-first session). segments > 0 (tests) asks for that many.
     const int64_t nck = std::max<int64_t>(1, ceil_div(s.T, kBwdChunk)), pairs = ceil_div(nck, 2);
     const int64_t want = segments > 0 ? segments : std::max<int64_t>(1, lim.sms / std::max<int64_t>(1, bwd.blocks));
-    int64_t per = 2 * ceil_div(pairs, std::min(want, pairs));  // chunks a segment
-    if (segments == 0) per = std::max<int64_t>(per, kBwdSegChunks);
+    const int64_t per = 2 * ceil_div(pairs, std::min(want, pairs));  // chunks a segment
     bwd.nseg = (int)ceil_div(nck, per);
     bwd.seg_chunks = (int)(bwd.nseg > 1 ? per : 2 * pairs);
     bwd.blocks *= bwd.nseg;

@@ -6,6 +6,7 @@ rel-L2 per copy and case. Then KernelBench medians of `_backward_with` per shape
 each with its own dtype), interleaved over --reps rounds.
 
     python3 tools/bwd_ab.py --baseline mma=ab/mma/solution.py [--shapes S0,S2,S2-bf16,S4-bf16] [--reps 2]
+        [--segments 1,2,4]   (this copy with chunk_bwd's segments forced, beside the planned ones)
     (writes $OUT/bwd_ab.json with OUT set)"""
 import argparse
 import json
@@ -22,6 +23,7 @@ ap.add_argument("--baseline", action="append", default=[], help="LABEL=PATH of a
 ap.add_argument("--shapes", default="S0,S2,S2-bf16,S4-bf16")
 ap.add_argument("--reps", type=int, default=2)
 ap.add_argument("--trials", type=int, default=10)
+ap.add_argument("--segments", default="", help="also this solution.py with chunk_bwd's segments forced, e.g. 1,2,4")
 args = ap.parse_args()
 prebuild(["solution.py"] + [b.split("=", 1)[1] for b in args.baseline], ["backward"])  # all copies at once
 
@@ -62,9 +64,12 @@ for name in [n for n in args.shapes.split(",") if n]:
     xs = reference.make_inputs(B, T, H, D, dtype=dtype, device="cuda", generator=gen)
     dy = torch.randn(B, T, H, D, generator=gen).to("cuda", dtype)
     print(name, new.plan_backward(B, T, H, D, D, dtype).splitlines()[0][:100], flush=True)
+    runs = [(label, m, {}) for label, m in mods.items()]
+    runs += [(f"new seg{n}", new, {"kernel": "chunk_bwd", "segments": int(n)}) for n in args.segments.split(",") if n]
     for _ in range(args.reps):
-        for label, m in mods.items():
-            t = kernelbench_time(lambda *a, m=m: m._backward_with(dy, None, *a), xs, trials=args.trials)["median"]
+        for label, m, kw in runs:
+            t = kernelbench_time(lambda *a, m=m, kw=kw: m._backward_with(dy, None, *a, **kw), xs,
+                                 trials=args.trials)["median"]
             times.setdefault(f"{name} {label}", []).append(round(t, 4))
             print(f"  {name} {label}: {t:.3f} ms", flush=True)
 for key, v in times.items():
