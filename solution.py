@@ -159,7 +159,7 @@ __all__ = ["ModelNew", "gated_recurrence", "gated_recurrence_decode_", "plan", "
 
 # Every kernel a plan can name (tests check it against the __global__ kernels and plan()).
 KERNELS = ("recurrent", "parallel", "chunk_tf32", "chunk_bf16", "chunk_sm90", "segment_scan", "decode",
-           "decode_persistent", "recurrent_bwd", "chunk_bwd")
+           "decode_persistent", "recurrent_bwd", "chunk_bwd", "chunk_bwd_prep", "chunk_bwd_scan")
 # Build units: core (host code, recurrent, parallel) at import; each chunk family and the reference rounding on first use.
 UNITS = ("core", "chunk_tf32", "chunk_bf16", "reference", "chunk_sm90", "decode", "backward")
 

@@ -85,7 +85,7 @@ class LoopCore:
         y, s_t = naive.recurrent_naive(q, k, v, g, b, s0)
         return [y.to(q.dtype), s_t.float()] if want_final else [y.to(q.dtype)]
 
-    def backward(self, dy, dfinal, q, k, v, g, b, s0, kernel):
+    def backward(self, dy, dfinal, q, k, v, g, b, s0, kernel, segments=0):
         out = naive.recurrent_backward_naive(q, k, v, g, b, dy, initial_state=s0, d_final_state=dfinal)
         return [o.to(x.dtype) for o, x in zip(out[:5], (q, k, v, g, b))] + \
             [out[5].float() if out[5] is not None else torch.empty(0)]
