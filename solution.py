@@ -63,7 +63,7 @@ everything the launch depends on; plan(B, T, H, D_k, D_v, dtype) prints that rec
     chunk_bwd     BACKWARD_SRC         autograd's backward where    the chunked backward (docs/training-design.md 1.2,
                   unit backward        D_k, D_v <= 128 and 216 KB   1.3) on 3xTF32 mma.sync: one block per (b, h,
                   (built on first use) of shared memory fit         segment), chunks of 32; a forward phase saves the
-                                       (Hopper and newer)           state at every other chunk start, then the chunks
+                                       (Hopper and newer)           state at every chunk start, then the chunks
                                                                     run backwards with the state and its gradient in
                                                                     shared memory; dq, dk, dv, dgate (the "hole"
                                                                     products, no quotient), dbeta, dS_0.
@@ -4155,8 +4155,8 @@ __global__ void __launch_bounds__(kMaxThreads, 1) recurrent_bwd_kernel(const Bwd
 // masked sums and the gate terms in fp32 FMAs. One block a (b, h, segment), kBwdThreads threads, chunks of
 // kBwdChunk steps, D_k, D_v <= 128. S (the state before the chunk) and G (the gradient of the state after it) live in
 // shared memory.
-//   Phase F: the forward over the chunks, S at every other chunk start into the workspace (an odd chunk's start is
-//   recomputed in phase R: one more state update per two chunks, half the workspace).
+//   Phase F: the forward over the chunks, S at every chunk start into the workspace (recomputing every other one
+//   in phase R instead halved the workspace but cost 5-6% at (8, 2048, 16, 128): perf-notes, twenty-first session).
 //   Phase R, chunks backwards: S from the workspace; q, k, v, dy (as float) and the gate tables staged;
 //     QK = Q K^T, Dd = dY V^T (C x C); R = dY S^T, Rk = V G^T, KG = K G (mma, then to S's space for the
 //     FMA stages, S being dead by then); c0 = <G, S>; f_u = q_u . R_u, e_s = k_s . Rk_s;
@@ -4176,7 +4176,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) recurrent_bwd_kernel(const Bwd
 struct ChunkBwdParams : BwdProblem {
   int nck;              // chunks of the sequence
   int nseg, seg_chunks;  // segments a (b, h), chunks a segment
-  float* ckpt;          // (B H nseg, seg_chunks / 2, D_k D_v): the state at each segment's even chunk starts
+  float* ckpt;          // (B H nseg, seg_chunks, D_k D_v): the state at each segment's chunk starts
   float* seg_s;         // (B H, nseg - 1, D_k D_v): U_j (prep), then S at segment j + 1's start (scan)
   float* seg_g;         // (B H, nseg - 1, D_k D_v): W_{j+1} (prep), then Gamma after segment j (scan)
   float* seg_d;         // (B H, nseg): D_j
@@ -4415,7 +4415,7 @@ __device__ __forceinline__ void put_state(float* dst, const float* S, int Dk, in
     }
 }
 
-// A state update's tables (phase F and the odd recompute) by warp 0 from its registers (lane s: step s's gate
+// A state update's tables (phase F) by warp 0 from its registers (lane s: step s's gate
 // and beta): t[s] = w[s] = prod_{r>s} g_r, t[C + s] = beta_s, t[2C] = A_{C-1} = prod_r g_r; suffix products in
 // double by shuffles, each rounded once. No barrier of its own: the caller's publishes them.
 __device__ __forceinline__ void update_tables(float* t, const GateBeta& gb) {
@@ -4436,7 +4436,7 @@ __device__ __forceinline__ void update_tables(float* t, const GateBeta& gb) {
 }
 
 // Phase F: the forward over chunks c0 .. c0 + n - 1 of (b, h) from S (each warp's own elements, in place): S at
-// every even chunk start of the run into ck (unless nullptr), and the first nu chunks' updates (n - 1: the last
+// every chunk start of the run but the last (phase R holds that one) into ck (unless nullptr), and the first nu chunks' updates (n - 1: the last
 // chunk's is never needed; n: S ends as the state after the run). Chunk x's k, v and update tables sit in buffer
 // x % 2 (K, V or Q, Y; the tables in EE's space, free until phase R). Right after chunk x's update the next
 // chunk's go to the other buffer (its last reader, the previous update, is behind the last barrier) and the one
@@ -4465,7 +4465,7 @@ __device__ __forceinline__ void forward_states(const ChunkBwdParams& p, float* s
   }
   __syncthreads();
   for (int x = 0;; ++x) {
-    if (ck != nullptr && x < n && x % 2 == 0) put_state(ck + (int64_t)(x / 2) * Dk * Dv, S, Dk, Dv, v4);
+    if (ck != nullptr && x + 1 < n) put_state(ck + (int64_t)x * Dk * Dv, S, Dk, Dv, v4);
     if (x == nu) break;
     __syncwarp();  // the checkpoint's reads of S (this warp's elements) before rank_update's writes
     const bool odd = x & 1;  // selects, not an indexed array: no local memory
@@ -4591,7 +4591,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) chunk_bwd_kernel(const ChunkBw
   const int h = (int)(bh - b * p.H), Dk = p.Dk, Dv = p.Dv;
   const int seg = (int)(blockIdx.x % p.nseg), c0 = seg * p.seg_chunks, n = min(p.nck, c0 + p.seg_chunks) - c0;
   constexpr bool kExact = !std::is_same<E, float>::value;  // staged 16-bit inputs are TF32 values
-  float* ck = p.ckpt + (int64_t)blockIdx.x * (p.seg_chunks / 2) * Dk * Dv;  // the segment's checkpoints
+  float* ck = p.ckpt + (int64_t)blockIdx.x * p.seg_chunks * Dk * Dv;  // the segment's checkpoints
   // The segment's first and last chunk, reread from shared memory in phase R: held in registers through it they
   // spilled (16-bit inputs, at the 128-register cap). Published by phase F's barriers.
   __shared__ int seg_c[2];
@@ -4601,7 +4601,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) chunk_bwd_kernel(const ChunkBw
   const bool vq = rows16<E>(p.q, p.sq, Dk), vk = rows16<E>(p.k, p.sk, Dk), vv = rows16<E>(p.v, p.sv, Dv);
   const bool vy = rows16<E>(p.dy, p.sdy, Dv), v4 = Dv % 4 == 0 && (reinterpret_cast<uintptr_t>(p.ckpt) & 15) == 0;
 
-  // ---- phase F: S at the segment's every even chunk start into the workspace
+  // ---- phase F: S at the segment's chunk starts into the workspace
   const int64_t seg_slot = bh * (p.nseg - 1);  // segments after the first start from chunk_bwd_scan's S
   if (seg == 0) get_state(S, p.s_in ? p.s_in + b * p.ssi.b + h * p.ssi.h : nullptr, p.ssi.i, p.ssi.j, Dk, Dv);
   else get_state(S, p.seg_s + (seg_slot + seg - 1) * Dk * Dv, Dv, 1, Dk, Dv);
@@ -4610,7 +4610,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) chunk_bwd_kernel(const ChunkBw
   // ---- phase R (the last segment from the final state's gradient, the others from chunk_bwd_scan's Gamma)
   if (seg == p.nseg - 1) get_state(G, p.dfinal ? p.dfinal + b * p.sdf.b + h * p.sdf.h : nullptr, p.sdf.i, p.sdf.j, Dk, Dv);
   else get_state(G, p.seg_g + (seg_slot + seg) * Dk * Dv, Dv, 1, Dk, Dv);
-  for (int ch = sc[1]; ch >= sc[0]; --ch) {  // c0 is even: a chunk's parity is its parity in the segment
+  for (int ch = sc[1]; ch >= sc[0]; --ch) {
     const int t0 = ch * C, tc = min(C, p.T - t0);
     const bool first = ch == sc[1];  // S is phase F's last state, bitwise what the reload would give
     if (first) {  // its padding to zeros again (an overflowing gate product can have left NaN there); later
@@ -4620,20 +4620,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1) chunk_bwd_kernel(const ChunkBw
 #pragma unroll
         for (int c = 0; c < NC; ++c)
           if (st_i(ia) >= Dk || st_j(c) >= Dv) S[st_i(ia) * P + st_j(c)] = 0.f;
-    }
-    if (ch % 2 == 1 && !first) {  // an odd chunk's start: one update from the even chunk's checkpoint (its steps)
-      Staged<E> sk, sv;
-      GateBeta gb;
-      sk.load(p.k, p.sk, b, h, t0 - C, p.T, Dk, vk);
-      sv.load(p.v, p.sv, b, h, t0 - C, p.T, Dv, vv);
-      gb.load<E>(p, b, h, t0 - C);
-      sk.store(K);
-      sv.store(V);
-      update_tables(EE, gb);  // EE is rewritten later in the chunk, after barriers
-      cp_async_wait<0>();     // S, for everyone after the barrier
-      __syncthreads();
-      rank_update<kExact>(S, EE[2 * C], K, EE, EE + C, V);  // bitwise phase F's update
-      __syncthreads();  // K, V and EE are restaged below
     }
     {
       Staged<E> sq, sk, sv, sy;
@@ -4813,7 +4799,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) chunk_bwd_kernel(const ChunkBw
     }
     __syncthreads();  // f and e are complete; S's space is free
     if (ch > sc[0]) {  // the next chunk's S (zeros past D_k, D_v) by cp.async, in flight during dgate and G's update
-      const float* src = ck + (int64_t)((ch - 1 - sc[0]) / 2) * Dk * Dv;
+      const float* src = ck + (int64_t)(ch - 1 - sc[0]) * Dk * Dv;
       if (v4) {  // 16 bytes a copy, any thread's (read only after the wait and a barrier)
 #pragma unroll
         for (int m = 0; m < DM * DM / 4 / NT; ++m) {
@@ -4867,7 +4853,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) chunk_bwd_kernel(const ChunkBw
       }
 }
 
-// The workspace: checkpoints (pl.blocks segments' seg_chunks / 2 states), then with segments U / S, W / Gamma
+// The workspace: checkpoints (pl.blocks segments' seg_chunks states), then with segments U / S, W / Gamma
 // (B H (nseg - 1) states each) and the decays (B H nseg), as make_plan_backward sizes it.
 template <typename E>
 cudaError_t launch_chunk_bwd(const Plan& pl, const BwdProblem& pr, float* work, cudaStream_t s, const char** failed) {
@@ -4878,7 +4864,7 @@ cudaError_t launch_chunk_bwd(const Plan& pl, const BwdProblem& pr, float* work, 
   p.seg_chunks = pl.seg_chunks;
   const int64_t per = (int64_t)pr.Dk * pr.Dv, ns = pl.nseg - 1;
   p.ckpt = work;
-  p.seg_s = work + pl.blocks * (int64_t)(pl.seg_chunks / 2) * per;
+  p.seg_s = work + pl.blocks * (int64_t)pl.seg_chunks * per;
   p.seg_g = p.seg_s + pr.BH * ns * per;
   p.seg_d = p.seg_g + pr.BH * ns * per;
   cudaError_t err = cudaSuccess;
@@ -5571,7 +5557,7 @@ std::string describe(const Plan& pl) {
   else if (pl.kernel == Kernel::chunk_bwd)
     s += cat("C=", (int)kBwdChunk, " products=3xTF32 mma.sync (16-bit inputs: 2 terms), one block a (b, h, segment)"
              " segments=", pl.nseg, " of ", pl.seg_chunks, " chunks", pl.nseg > 1 ? " + chunk_bwd_prep + chunk_bwd_scan" : "",
-             ", S and its gradient in shared memory, the state at every other chunk start in the workspace=",
+             ", S and its gradient in shared memory, the state at every chunk start in the workspace=",
              pl.work_floats * 4, "B");
   else if (pl.kernel == Kernel::recurrent_bwd)
     s += cat("rows_a_thread=", pl.R, " column_tiles=", pl.vtiles, " (in order, one block a (b, h)) checkpoints=",
@@ -5739,7 +5725,7 @@ bool make_plan_backward(const Shape& s, DType dt, const Layout& lay_dq, const De
     bwd.kernel = Kernel::chunk_bwd;
     bwd.smem = kChunkBwdSmem;
     // Segments (sequence parallelism): as many as fill every SM once with one block a (b, h, segment), each of
-    // whole chunk pairs (the checkpoints pair chunks), down to one pair (at (2, 128, 4, 24) two segments of one
+    // whole chunk pairs (single chunks untried), down to one pair (at (2, 128, 4, 24) two segments of one
     // pair beat one segment, perf-notes, twenty-first session). segments > 0 (tests) asks for that many.
     const int64_t nck = std::max<int64_t>(1, ceil_div(s.T, kBwdChunk)), pairs = ceil_div(nck, 2);
     const int64_t want = segments > 0 ? segments : std::max<int64_t>(1, lim.sms / std::max<int64_t>(1, bwd.blocks));
@@ -5750,7 +5736,7 @@ bool make_plan_backward(const Shape& s, DType dt, const Layout& lay_dq, const De
     GR_REQUIRE("ValueError", bwd.blocks <= INT32_MAX, "B * H * segments must be below 2^31 for the backward, got ",
                bwd.blocks);
     const int64_t state = s.Dk * s.Dv, segs = s.B * s.H * (bwd.nseg - 1);
-    bwd.work_floats = bwd.blocks * (bwd.seg_chunks / 2) * state + (bwd.nseg > 1 ? 2 * segs * state + s.B * s.H * bwd.nseg : 0);
+    bwd.work_floats = bwd.blocks * bwd.seg_chunks * state + (bwd.nseg > 1 ? 2 * segs * state + s.B * s.H * bwd.nseg : 0);
     return true;
   }
   dq_pass = true;
