@@ -60,7 +60,8 @@ back to k, beta and gate is not timed. Timed in 2 interleaved rounds of KernelBe
 a method's time is the min of its rounds'. Unless --no-check, the gradients' rel-L2 on the first B = 1, H = 2 and
 T <= 512 of the inputs against float64 autograd through naive.recurrent_naive: ours the max over the five, fla the
 max over dq and dv (its others are w.r.t. k * beta and log(gate)). fla is skipped where it is missing or raises.
-bench.json's "train" (a list of rows).
+--fla-640-guard-off runs fla's chunk backward where fla refuses it (fla#640: Triton 3.4 to 3.7.0 on Hopper), for
+its time; the fla grad err column then shows how far its gradients are off. bench.json's "train" (a list of rows).
 
 --benchmarks FILE puts the tables (with the command, date, card and torch version) into FILE between
 the lines BEGIN_MARK and END_MARK, leaving the rest of the file alone. --from-json FILE skips the
@@ -555,10 +556,12 @@ TRAIN_CHECK = (1, 512, 2)  # the gradient check's slice: the first B, T (at most
 GRAD_NAMES = ("dq", "dk", "dv", "dgate", "dbeta")
 
 
-def fla_train_peer():
+def fla_train_peer(guard_off=False):
     """fla's training peers, tried in order, as [(name, fn(q, k * beta, v, g) -> o)]: chunk_simple_gla (the
     forward call of fla_peers), then fused_recurrent_simple_gla (fla refuses its chunk backward on Hopper with
-    Triton 3.4 to 3.7.0, fla#640); None when fla is missing."""
+    Triton 3.4 to 3.7.0, fla#640); None when fla is missing. guard_off (--fla-640-guard-off): fla's fla#640 check
+    switched off, so its chunk backward runs on that Triton, named "chunk, fla#640 guard off": a time for the
+    issue's peer, whose gradients fla itself calls wrong there (the gradient check's fla column says how wrong)."""
     if os.environ.get("BENCH_NO_FLA") == "1":
         return None
     from importlib.util import find_spec
@@ -566,7 +569,13 @@ def fla_train_peer():
         print("fla not importable: fla training peer skipped", file=sys.stderr)
         return None
     from fla.ops.simple_gla import chunk_simple_gla, fused_recurrent_simple_gla
-    return [("chunk", lambda q, kb, v, g: chunk_simple_gla(q, kb, v, g=g, scale=1.0)[0]),
+    name = "chunk"
+    if guard_off:
+        import fla.ops.common.chunk_o as chunk_o  # its module global, read at call time
+        if getattr(chunk_o, "TRITON_ABOVE_3_7_1", True) is False:
+            chunk_o.TRITON_ABOVE_3_7_1 = True
+            name = "chunk, fla#640 guard off"
+    return [(name, lambda q, kb, v, g: chunk_simple_gla(q, kb, v, g=g, scale=1.0)[0]),
             ("fused_recurrent", lambda q, kb, v, g: fused_recurrent_simple_gla(q, kb, v, g=g, scale=1.0)[0])]
 
 
@@ -665,7 +674,7 @@ def train_rows(sol, args):
     """The training table's rows, --train-shapes in order (bench.json's "train")."""
     if not hasattr(sol, "_backward_with"):
         sys.exit("--train: solution has no _backward_with (no backward)")
-    fla = fla_train_peer()
+    fla = fla_train_peer(args.fla_640_guard_off)
     rows = []
     for name in [n for n in args.train_shapes.split(",") if n]:
         rows.append(train_row(sol, name, {**SHAPES, **SWEEP}[name], args, fla))
@@ -837,6 +846,9 @@ def main():
                     help="add the training table: forward + backward, ours and fla, at --train-shapes")
     ap.add_argument("--train-shapes", default=TRAIN_SHAPES, help="shapes of the training table (names of the shapes "
                     f"and the sweep; default {TRAIN_SHAPES})")
+    ap.add_argument("--fla-640-guard-off", action="store_true",
+                    help="--train: switch fla's fla#640 check off so that its chunk backward runs (a time; fla calls "
+                         "its gradients wrong on that Triton, and the table's fla grad err shows them)")
     ap.add_argument("--benchmarks", help="a BENCHMARKS.md whose generated section gets the table")
     ap.add_argument("--from-json", help="regenerate the table and plot from this bench.json; measure nothing")
     args = ap.parse_args()
