@@ -4436,11 +4436,11 @@ __device__ __forceinline__ void update_tables(float* t, const GateBeta& gb) {
 }
 
 // Phase F: the forward over chunks c0 .. c0 + n - 1 of (b, h) from S (each warp's own elements, in place): S at
-// every chunk start of the run but the last (phase R holds that one) into ck (unless nullptr), and the first nu chunks' updates (n - 1: the last
-// chunk's is never needed; n: S ends as the state after the run). Chunk x's k, v and update tables sit in buffer
-// x % 2 (K, V or Q, Y; the tables in EE's space, free until phase R). Right after chunk x's update the next
-// chunk's go to the other buffer (its last reader, the previous update, is behind the last barrier) and the one
-// after is loaded: one barrier a chunk, since each warp updates only its own S elements.
+// every chunk start of the run but the last (phase R holds that one) into ck (unless nullptr), and the first nu
+// chunks' updates (n - 1: the last chunk's is never needed; n: S ends as the state after the run). Chunk x's k, v
+// and update tables sit in buffer x % 2 (K, V or Q, Y; the tables in EE's space, free until phase R). Right after
+// chunk x's update the next chunk's go to the other buffer (its last reader, the previous update, is behind the
+// last barrier) and the one after is loaded: one barrier a chunk, since each warp updates only its own S elements.
 template <typename E>
 __device__ __forceinline__ void forward_states(const ChunkBwdParams& p, float* sm, int64_t b, int h, int c0, int n,
                                                int nu, float* ck, bool vk, bool vv, bool v4) {
@@ -4523,6 +4523,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) chunk_bwd_prep_kernel(const Ch
   const bool role_g = blockIdx.y == 1;
   const int j = (int)(blockIdx.x % (p.nseg - 1)) + (role_g ? 1 : 0);
   const int c0 = j * p.seg_chunks, n = min(p.nck, c0 + p.seg_chunks) - c0;
+  // seg_s and seg_g sit a multiple of D_k D_v floats past the workspace's start: aligned as the checkpoints are
   const bool v4 = Dv % 4 == 0 && (reinterpret_cast<uintptr_t>(p.ckpt) & 15) == 0;
   float* M = sm + (role_g ? kG : kS);
   get_state(M, nullptr, 0, 0, Dk, Dv);
