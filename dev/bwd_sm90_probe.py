@@ -1,0 +1,581 @@
+"""B6: go / no-go timing of a Hopper chunked backward's tensor work (docs/training-design.md section 7), bf16
+inputs, chunk C = 64, D_k = D_v = 128. sm_90a only; one standalone script, run from the repository root.
+
+One CTA of 384 threads (3 warpgroups; setmaxnreg 40 for WG0, 232 for the consumers) an SM on every SM, a
+loop over --chunks "chunks" of dummy data in shared memory (nothing from global memory except S, below).
+Per chunk, consumer warpgroup c (c = 0, 1; state rows i = 64 c ..) holds G (its 64 x 128 rows of the state
+gradient, a wgmma accumulator kept across chunks) and issues, in m64n64k16 units (an m64n128k16 is two):
+
+    X = QK (c = 0) or Dd (c = 1), SS, 8 k-steps, 1 term; the masked weights' hi / lo bf16 written from it
+    R^T = S dY^T, RS, A = S rows (fp32 from global, L2-resident, split hi / lo a k-step), 8 x 2 terms;
+        c0's part (S against G's registers) and f's part (R^T columns against q) on the way
+    dq^T = R^T diag(A) + K^T MQ^T, SS (A MN-major), 4 x 2
+    Rk^T = G V^T, RS, A = G's accumulator recast to bf16 hi / lo fragments a k-step, 8 x 2; e's part
+    dkt^T = Rk^T diag(w) + Q^T MD, SS (A and B MN-major), 4 x 2; dbeta's part
+    KG (the consumer's 64 columns j) = K G, SS, B = G hi / lo from shared memory (MN-major), 8 x 2
+    dv = diag(beta w) KG + MP^T dY, SS, 4 x 2
+    G <- A_63 G + (diag(A) Q)^T dY, RS m64n128, A = Q^T fragments scaled and split, 4 x 2 (x 2 units)
+    G's hi / lo to shared memory (the next chunk's KG reads both consumers' rows)
+
+96 units a consumer, 192 a CTA: 25.2 MFLOP a chunk. dq^T, dk^T and dv go to a staging buffer (as before a TMA
+store). Two named barriers a chunk between the consumers (weights ready; both done reading G's hi / lo).
+WG0 does the dgate-like C^3 / 6 loop over shared memory (AUX 1) or nothing (AUX 0).
+
+Variants (us a chunk, TFLOPS at 2 M N K a wgmma): [0] full; [1] consumers only; [2] 1 term (no lo products:
+the split's cost); [3] full with a block barrier a chunk (lockstep).
+Plus the ceiling of 3 warpgroups a CTA (SS m64n64k16 back to back).
+Decision rule: the S4 bar leaves about 14.9 us a chunk for everything (perf-notes, twenty-second session), and
+the loads (64 KB of inputs and 64 KB of S a chunk at an SM's share of HBM) about 4 us of it: GO at <= 8 us a
+chunk for [0], RE-PLAN above 10 us. The tensor floor at 790 TFLOP/s is 4.2 us.
+
+Layouts are not checked here (dummy data; descriptors stay inside their regions): the correctness probes
+come with the kernel.
+
+    python3 dev/bwd_sm90_probe.py [--trials N] [--chunks 1000]   (writes $OUT/bwd_sm90_probe.json)
+    python3 dev/bwd_sm90_probe.py --build-only   (compiles only, no GPU; CUDA_HOME=/usr/local/cuda)
+"""
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
+from timing import kernelbench_time  # noqa: E402
+from tools.common import save  # noqa: E402
+from tools.sm90_build import FUNC_ATTRS_SRC, build, print_build, solution_constant  # noqa: E402
+
+
+def wgmma_bf16(n, rs, ta, tb, zero):
+    """One m64n{n}k16 bf16 wgmma with fp32 accumulators d[n / 2]: SS (descriptors da, db; ta / tb: A / B
+    MN-major) or RS (A four bf16x2 registers; tb). zero: d = A B (d output only), else d += A B."""
+    regs = n // 2
+    outs = ",".join(f"%{i}" for i in range(regs))
+    if rs:
+        a, b, sc = f"{{%{regs},%{regs + 1},%{regs + 2},%{regs + 3}}}", f"%{regs + 4}", f"%{regs + 5}"
+        ins, tail, sig = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), ', f"p, 1, 1, {tb}", \
+            "const uint32_t (&a)[4], uint64_t db"
+    else:
+        a, b, sc = f"%{regs}", f"%{regs + 1}", f"%{regs + 2}"
+        ins, tail, sig = '"l"(da), "l"(db), ', f"p, 1, 1, {ta}, {tb}", "uint64_t da, uint64_t db"
+    ins += '"r"(0)' if zero else '"r"(1)'
+    outs_c = ", ".join(f'"{"=" if zero else "+"}f"(d[{i}])' for i in range(regs))
+    body = (f'asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, {sc}, 0;\\n'
+            f'wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{outs}}}, {a}, {b}, {tail};\\n}}\\n"'
+            f' : {outs_c} : {ins});')
+    name = f"wg_{'rs' if rs else 'ss'}{n}_{ta}{tb}{'_z' if zero else ''}"
+    return (f"__device__ __forceinline__ void {name}(float (&d)[{regs}], {sig}) {{\n"
+            f"#ifdef GR_WGMMA\n  {body}\n#endif\n}}\n")
+
+
+# (n, RS, A MN-major, B MN-major, zero): the forms the consumers use.
+FORMS = [(64, False, 0, 0, True), (64, False, 0, 0, False), (64, False, 1, 0, False), (64, False, 1, 1, False),
+         (64, False, 0, 1, True), (64, False, 0, 1, False), (64, True, 0, 0, True), (64, True, 0, 0, False),
+         (128, True, 0, 1, False)]
+WGMMA_SRC = "".join(wgmma_bf16(*f) for f in FORMS)
+
+CUDA_SRC = r"""
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cstdint>
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define GR_WGMMA 1
+#endif
+
+namespace bp {
+namespace {
+
+WGMMA_SYNC
+
+WGMMA_FORMS
+
+// No-swizzle descriptor: start >> 4, LBO >> 4 at bit 16, SBO >> 4 at bit 32 (dev/wgmma_probe.py's reading);
+// the opaque move keeps the compiler from hoisting every descriptor of an unrolled loop into registers.
+__device__ __forceinline__ uint64_t sm_desc(const void* p, uint32_t lbo, uint32_t sbo) {
+  uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+  asm volatile("mov.b32 %0, %0;\n" : "+r"(a));
+  return (uint64_t)((a & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
+}
+__device__ __forceinline__ float dummy(uint32_t i) {  // a hash in [-0.5, 0.5): full mantissas, finite
+  i *= 2654435761u;
+  i ^= i >> 15;
+  i *= 0x2c1b3c6du;
+  i ^= i >> 12;
+  return (float)(i & 0xFFFFFFu) * (1.f / 16777216.f) - 0.5f;
+}
+// x = hi + lo in bf16 pairs: hi = bf16(x), lo = bf16(x - hi); TERMS 1: hi only.
+template <int TERMS>
+__device__ __forceinline__ void split2(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+  hi = *reinterpret_cast<const uint32_t*>(&h);
+  if constexpr (TERMS == 2) {
+    const __nv_bfloat162 l = __floats2bfloat162_rn(x0 - __low2float(h), x1 - __high2float(h));
+    lo = *reinterpret_cast<const uint32_t*>(&l);
+  } else {
+    lo = 0u;
+  }
+}
+__device__ __forceinline__ float ldb(const unsigned char* p) {
+  return __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(p));
+}
+__device__ __forceinline__ void consumers_sync() {  // the two consumer warpgroups (named barrier 1)
+  asm volatile("bar.sync 1, 256;\n" ::: "memory");
+}
+
+// Shared memory (bytes). bf16 tiles [k / 8][row][8] (K-major: LBO = rows x 16, SBO 128): q, k, v, dy (64 x 128
+// each); G hi / lo (128 x 128 each); the masked weights' hi / lo (64 x 64 each); QK in fp32 (E's input); the
+// consumers' output staging (64 x 64 bf16 each); tables; f, e, dbeta, c0 parts; slack past the end for the
+// descriptors' reach (dummy layouts). S comes from global memory: its 64 KB do not fit beside the rest.
+constexpr int kQ = 0, kK = 16384, kV = 32768, kY = 49152, kGH = 65536, kGL = 98304, kMQH = 131072, kMQL = 139264;
+constexpr int kMDH = 147456, kMDL = 155648, kMPH = 163840, kMPL = 172032, kQKF = 180224, kOut = 196608;
+constexpr int kTab = 212992, kPart = 214016, kEnd = 217088;
+constexpr int kSmem = kEnd + 8192;
+constexpr int kAuxRegs = 40, kConsRegs = 232;
+static_assert(kAuxRegs * 128 + kConsRegs * 256 <= 65536, "the split fits the register file");
+static_assert(kSmem <= 232448, "fits the opt-in shared memory of an H200");
+
+__device__ __forceinline__ uint64_t kdesc(const unsigned char* sm, int off, int rows, int kb) {  // K-major, k16 step
+  return sm_desc(sm + off + 2 * kb * rows * 16, rows * 16, 128);
+}
+__device__ __forceinline__ uint64_t mdesc(const unsigned char* sm, int off, int rows, int kb) {  // MN-major, k16 step
+  return sm_desc(sm + off + 2 * kb * 128, rows * 16, 128);
+}
+
+// The weights of a chunk from the consumer's 64 x 64 accumulator X (rows 16 wl + g (+8), columns 8 n + 2 q):
+// masked (s <= t), scaled by two table entries, split, stored hi / lo at off_h / off_l (K-major [s/8][t][8]).
+template <int TERMS>
+__device__ __forceinline__ void put_weights(unsigned char* sm, const float (&X)[32], int off_h, int off_l, int wl, int g,
+                                            int q) {
+  const float* tab = reinterpret_cast<const float*>(sm + kTab);
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int t = 16 * wl + g + 8 * h, s = 8 * n + 2 * q;
+      const float x0 = s <= t ? X[4 * n + 2 * h] * tab[t] * tab[64 + s] : 0.f;
+      const float x1 = s + 1 <= t ? X[4 * n + 2 * h + 1] * tab[t] * tab[65 + s] : 0.f;
+      uint32_t hi, lo;
+      split2<TERMS>(x0, x1, hi, lo);
+      const int off = (s >> 3) * 1024 + t * 16 + (s & 7) * 2;
+      *reinterpret_cast<uint32_t*>(sm + off_h + off) = hi;
+      if constexpr (TERMS == 2) *reinterpret_cast<uint32_t*>(sm + off_l + off) = lo;
+    }
+}
+
+// A 64 x 64 accumulator (rows 16 wl + g (+8), columns 8 n + 2 q) to the staging buffer as bf16.
+__device__ __forceinline__ void put_out(unsigned char* sm, const float (&X)[32], int c, int wl, int g, int q) {
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = 16 * wl + g + 8 * h, col = 8 * n + 2 * q;
+      const __nv_bfloat162 v = __floats2bfloat162_rn(X[4 * n + 2 * h], X[4 * n + 2 * h + 1]);
+      *reinterpret_cast<__nv_bfloat162*>(sm + kOut + 8192 * c + (col >> 3) * 1024 + r * 16 + (col & 7) * 2) = v;
+    }
+}
+
+// A 64 x 64 accumulator's row dots with a bf16 tile's rows (column u of X against tile row u, over this warp's
+// 16 rows i): the f / e / dbeta parts, summed over g by shuffles, one store a column and warp.
+__device__ __forceinline__ void col_dots(unsigned char* sm, const float (&X)[32], int tile, int i0, int slot, int wl,
+                                         int g, int q) {
+  float* part = reinterpret_cast<float*>(sm + kPart);
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int u = 8 * n + 2 * q + e, i = i0 + 16 * wl + g;
+      float x = X[4 * n + e] * ldb(sm + tile + (i >> 3) * 1024 + u * 16 + (i & 7) * 2) +
+                X[4 * n + 2 + e] * ldb(sm + tile + ((i + 8) >> 3) * 1024 + u * 16 + ((i + 8) & 7) * 2);
+      x += __shfl_xor_sync(0xffffffffu, x, 4);
+      x += __shfl_xor_sync(0xffffffffu, x, 8);
+      x += __shfl_xor_sync(0xffffffffu, x, 16);
+      if (g == 0) part[(slot * 4 + wl) * 64 % 768 + u] = x;
+    }
+}
+
+// Consumer warpgroup c; src_s: this CTA's S (64 KB, L2-resident).
+template <int TERMS, bool SYNC>
+__device__ __forceinline__ void consumer_loop(unsigned char* sm, int c, int nchunks, const float* src_s, float* out) {
+  const int tid = threadIdx.x & 127, wl = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
+  const float* tab = reinterpret_cast<const float*>(sm + kTab);
+  const int i0 = 64 * c, ir = i0 + 16 * wl + g;  // this thread's state rows ir, ir + 8
+  float G[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) G[i] = dummy(threadIdx.x * 64 + i + 12345u);
+  float c0 = 0.f;
+  for (int ch = 0; ch < nchunks; ++ch) {
+    {  // X = QK (c = 0) or Dd (c = 1); the weights from it
+      float X[32];
+#pragma unroll
+      for (int kb = 0; kb < 8; ++kb) {
+        wg_fence();
+        const uint64_t da = kdesc(sm, c ? kY : kQ, 64, kb), db = kdesc(sm, c ? kV : kK, 64, kb);
+        if (kb == 0) wg_ss64_00_z(X, da, db);
+        else wg_ss64_00(X, da, db);
+        wg_commit();
+      }
+      wg_wait<0>();
+      acc_fence(X);
+      if (c == 0) {
+        put_weights<TERMS>(sm, X, kMPH, kMPL, wl, g, q);
+#pragma unroll
+        for (int n = 0; n < 8; ++n)  // QK in fp32 for WG0's E
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            *reinterpret_cast<float2*>(sm + kQKF + ((16 * wl + g + 8 * h) * 64 + 8 * n + 2 * q) * 4) =
+                make_float2(X[4 * n + 2 * h], X[4 * n + 2 * h + 1]);
+      } else {
+        put_weights<TERMS>(sm, X, kMQH, kMQL, wl, g, q);
+        put_weights<TERMS>(sm, X, kMDH, kMDL, wl, g, q);
+      }
+      fence_async_smem();
+    }
+    float R[32];
+    {  // R^T = S dY^T (this consumer's rows of S), c0's part
+#pragma unroll
+      for (int kb = 0; kb < 8; ++kb) {
+        float s[8];  // S[ir (+8)][16 kb + 2 q (+1, +8, +9)]: the A fragment's elements, as G's at the same place
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int row = ir + 8 * h, col = 16 * kb + 2 * q + 8 * e;
+            const float2 v = __ldg(reinterpret_cast<const float2*>(src_s + row * 128 + col));
+            s[4 * e + 2 * h] = v.x;
+            s[4 * e + 2 * h + 1] = v.y;
+          }
+        uint32_t ah[4], al[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) split2<TERMS>(s[2 * r], s[2 * r + 1], ah[r], al[r]);
+#pragma unroll
+        for (int r = 0; r < 8; ++r) c0 = fmaf(s[r], G[8 * kb + r], c0);
+        wg_fence();
+        const uint64_t db = kdesc(sm, kY, 64, kb);
+        if (kb == 0) wg_rs64_00_z(R, ah, db);
+        else wg_rs64_00(R, ah, db);
+        if constexpr (TERMS == 2) wg_rs64_00(R, al, db);
+        wg_commit();
+      }
+      wg_wait<0>();
+      acc_fence(R);
+      col_dots(sm, R, kQ, i0, c, wl, g, q);  // f
+    }
+    consumers_sync();  // the other consumer's weights are written
+    {  // dq^T = R^T diag(A) + K^T MQ^T
+#pragma unroll
+      for (int i = 0; i < 32; ++i) R[i] *= tab[8 * ((i >> 2) & 7) + 2 * q + (i & 1)];
+#pragma unroll
+      for (int kb = 0; kb < 4; ++kb) {
+        wg_fence();
+        const uint64_t da = mdesc(sm, kK + 8192 * c, 64, kb);
+        wg_ss64_10(R, da, kdesc(sm, kMQH, 64, kb));
+        if constexpr (TERMS == 2) wg_ss64_10(R, da, kdesc(sm, kMQL, 64, kb));
+        wg_commit();
+      }
+      wg_wait<0>();
+      acc_fence(R);
+      put_out(sm, R, c, wl, g, q);
+    }
+    {  // Rk^T = G V^T (G's accumulator as A fragments), e's part; dkt^T = Rk^T diag(w) + Q^T MD, dbeta's part
+#pragma unroll
+      for (int kb = 0; kb < 8; ++kb) {
+        uint32_t ah[4], al[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) split2<TERMS>(G[8 * kb + 2 * r], G[8 * kb + 2 * r + 1], ah[r], al[r]);
+        wg_fence();
+        const uint64_t db = kdesc(sm, kV, 64, kb);
+        if (kb == 0) wg_rs64_00_z(R, ah, db);
+        else wg_rs64_00(R, ah, db);
+        if constexpr (TERMS == 2) wg_rs64_00(R, al, db);
+        wg_commit();
+      }
+      wg_wait<0>();
+      acc_fence(R);
+      col_dots(sm, R, kK, i0, 2 + c, wl, g, q);  // e
+#pragma unroll
+      for (int i = 0; i < 32; ++i) R[i] *= tab[128 + 8 * ((i >> 2) & 7) + 2 * q + (i & 1)];
+#pragma unroll
+      for (int kb = 0; kb < 4; ++kb) {
+        wg_fence();
+        const uint64_t da = mdesc(sm, kQ + 8192 * c, 64, kb);
+        wg_ss64_11(R, da, mdesc(sm, kMDH, 64, kb));
+        if constexpr (TERMS == 2) wg_ss64_11(R, da, mdesc(sm, kMDL, 64, kb));
+        wg_commit();
+      }
+      wg_wait<0>();
+      acc_fence(R);
+      col_dots(sm, R, kK, i0, 4 + c, wl, g, q);  // dbeta
+      put_out(sm, R, c, wl, g, q);
+    }
+    {  // KG (columns j = 64 c ..) = K G (B = G hi / lo, MN-major); dv = diag(beta w) KG + MP^T dY
+#pragma unroll
+      for (int kb = 0; kb < 8; ++kb) {
+        wg_fence();
+        const uint64_t da = kdesc(sm, kK, 64, kb);
+        const uint64_t bh = mdesc(sm, kGH + 16384 * c, 128, kb), bl = mdesc(sm, kGL + 16384 * c, 128, kb);
+        if (kb == 0) wg_ss64_01_z(R, da, bh);
+        else wg_ss64_01(R, da, bh);
+        if constexpr (TERMS == 2) wg_ss64_01(R, da, bl);
+        wg_commit();
+      }
+      wg_wait<0>();
+      acc_fence(R);
+#pragma unroll
+      for (int i = 0; i < 32; ++i) R[i] *= tab[192 + 16 * wl + g + 8 * ((i >> 1) & 1)];
+#pragma unroll
+      for (int kb = 0; kb < 4; ++kb) {
+        wg_fence();
+        const uint64_t bd = mdesc(sm, kY + 8192 * c, 64, kb);
+        wg_ss64_11(R, mdesc(sm, kMPH, 64, kb), bd);
+        if constexpr (TERMS == 2) wg_ss64_11(R, mdesc(sm, kMPL, 64, kb), bd);
+        wg_commit();
+      }
+      wg_wait<0>();
+      acc_fence(R);
+      put_out(sm, R, c, wl, g, q);
+    }
+    consumers_sync();  // both consumers' KG have read G's hi / lo
+    {  // G <- A_63 G + (diag(A) Q)^T dY: A = Q^T fragments (scalar loads of the q tile), scaled and split
+      const float a63 = tab[63];
+#pragma unroll
+      for (int i = 0; i < 64; ++i) G[i] *= a63;
+      acc_fence(G);
+#pragma unroll
+      for (int kb = 0; kb < 4; ++kb) {
+        uint32_t ah[4], al[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {  // a_r: row ir + 8 (r & 1), steps t = 16 kb + 2 q + 8 (r >> 1) (+1)
+          const int i = ir + 8 * (r & 1), t = 16 * kb + 2 * q + 8 * (r >> 1);
+          const float x0 = ldb(sm + kQ + (i >> 3) * 1024 + t * 16 + (i & 7) * 2) * tab[t];
+          const float x1 = ldb(sm + kQ + (i >> 3) * 1024 + (t + 1) * 16 + (i & 7) * 2) * tab[t + 1];
+          split2<TERMS>(x0, x1, ah[r], al[r]);
+        }
+        wg_fence();
+        const uint64_t db = mdesc(sm, kY, 128, kb);
+        wg_rs128_01(G, ah, db);
+        if constexpr (TERMS == 2) wg_rs128_01(G, al, db);
+        wg_commit();
+      }
+      wg_wait<0>();
+      acc_fence(G);
+#pragma unroll
+      for (int n = 0; n < 16; ++n)  // G's hi / lo for the next chunk's KG ([j / 8][i][8], MN-major for KG's B)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int i = ir + 8 * h, j = 8 * n + 2 * q;
+          uint32_t hi, lo;
+          split2<TERMS>(G[4 * n + 2 * h], G[4 * n + 2 * h + 1], hi, lo);
+          const int off = (j >> 3) * 2048 + i * 16 + (j & 7) * 2;
+          *reinterpret_cast<uint32_t*>(sm + kGH + off) = hi;
+          if constexpr (TERMS == 2) *reinterpret_cast<uint32_t*>(sm + kGL + off) = lo;
+        }
+      fence_async_smem();
+    }
+    if constexpr (SYNC) __syncthreads();
+  }
+  float sum = c0;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) sum += G[i];
+  out[blockIdx.x * 384 + threadIdx.x] = sum;
+}
+
+// WG0: the dgate-like work of a chunk, C^3 / 6 FMAs over shared memory (E from QK in fp32, the tables), and
+// the parts' sums.
+template <bool SYNC>
+__device__ __forceinline__ void aux_loop(unsigned char* sm, int nchunks, float* out) {
+  const int tid = threadIdx.x & 127;
+  const float* qk = reinterpret_cast<const float*>(sm + kQKF);
+  const float* tab = reinterpret_cast<const float*>(sm + kTab);
+  const float* part = reinterpret_cast<const float*>(sm + kPart);
+  float sink = 0.f;
+  for (int ch = 0; ch < nchunks; ++ch) {
+    const int t = tid >> 1, x = tid & 1;  // two threads a step
+    float td = 0.f;
+    for (int u = t + x; u < 64; u += 2) {
+      float e = 0.f;
+      for (int s = 0; s < t; ++s) e = fmaf(qk[u * 64 + s], tab[s], e);
+      td = fmaf(tab[64 + u], e, td);
+    }
+    td += __shfl_xor_sync(0xffffffffu, td, 1);
+#pragma unroll 4
+    for (int w = 0; w < 12; ++w) td += part[w * 64 + t];
+    sink += td;
+    if constexpr (SYNC) __syncthreads();
+  }
+  out[blockIdx.x * 384 + threadIdx.x] = sink;
+}
+
+template <int AUX, bool CONS, int TERMS, bool SYNC>
+__global__ void __launch_bounds__(384, 1) b6_kernel(const float* src_s, float* out, int nchunks) {
+  static_assert(!SYNC || (AUX > 0 && CONS), "lockstep needs every warpgroup in the loop");
+#if defined(__CUDA_ARCH__) && !defined(GR_WGMMA)
+  __trap();
+#endif
+  extern __shared__ __align__(1024) unsigned char sm[];
+  float* smf = reinterpret_cast<float*>(sm);
+  for (int e = threadIdx.x; e < kSmem / 4; e += blockDim.x) smf[e] = 0.25f * dummy(e + 7919u * blockIdx.x);
+  __syncthreads();
+  float* tab = reinterpret_cast<float*>(sm + kTab);
+  if (threadIdx.x < 256) tab[threadIdx.x] = 0.95f + 0.1f * dummy(threadIdx.x + 99u);
+  if (threadIdx.x == 0) tab[63] = 0.5f;  // G stays bounded over the chunks
+  fence_async_smem();
+  __syncthreads();
+  const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0);
+  if (wg == 0) {
+    maxnreg_dec<kAuxRegs>();
+    if constexpr (AUX > 0) aux_loop<SYNC>(sm, nchunks, out);
+    return;
+  }
+  maxnreg_inc<kConsRegs>();
+  if constexpr (CONS) consumer_loop<TERMS, SYNC>(sm, wg - 1, nchunks, src_s + (size_t)blockIdx.x * 16384, out);
+}
+
+// The issue ceiling of three warpgroups a CTA: SS m64n64k16 back to back, 8 a commit group, one group in flight.
+__global__ void __launch_bounds__(384, 1) peak_kernel(float* out, int iters) {
+  extern __shared__ __align__(1024) unsigned char sm[];
+  float* smf = reinterpret_cast<float*>(sm);
+  for (int e = threadIdx.x; e < 65536 / 4; e += blockDim.x) smf[e] = dummy(e);
+  fence_async_smem();
+  __syncthreads();
+  float d[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) d[i] = 0.f;
+  for (int it = 0; it < iters; ++it) {
+    wg_fence();
+#pragma unroll
+    for (int u = 0; u < 8; ++u) wg_ss64_00(d, kdesc(sm, kQ, 64, u), kdesc(sm, kK, 64, u));
+    wg_commit();
+    wg_wait<1>();
+  }
+  wg_wait<0>();
+  acc_fence(d);
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) s += d[i];
+  out[blockIdx.x * 384 + threadIdx.x] = s;
+}
+
+FUNC_ATTRS
+
+// (AUX, CONS, TERMS, SYNC) of each variant, in the order of VARIANTS (Python).
+template <int V>
+struct Variant;
+template <> struct Variant<0> { static constexpr auto k = b6_kernel<1, true, 2, false>; };
+template <> struct Variant<1> { static constexpr auto k = b6_kernel<0, true, 2, false>; };
+template <> struct Variant<2> { static constexpr auto k = b6_kernel<1, true, 1, false>; };
+template <> struct Variant<3> { static constexpr auto k = b6_kernel<1, true, 2, true>; };
+
+template <int V>
+cudaError_t launch_v(const float* src_s, float* out, int sms, int n, cudaStream_t s) {
+  cudaError_t e = cudaFuncSetAttribute(Variant<V>::k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (e != cudaSuccess) return e;
+  Variant<V>::k<<<sms, 384, kSmem, s>>>(src_s, out, n);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+int bp_b6(int v, const float* src_s, float* out, int sms, int n, cudaStream_t s) {
+  switch (v) {
+    case 0: return (int)launch_v<0>(src_s, out, sms, n, s);
+    case 1: return (int)launch_v<1>(src_s, out, sms, n, s);
+    case 2: return (int)launch_v<2>(src_s, out, sms, n, s);
+    case 3: return (int)launch_v<3>(src_s, out, sms, n, s);
+  }
+  return (int)cudaErrorInvalidValue;
+}
+int bp_b6_attrs(int v, int* res) {
+  switch (v) {
+    case 0: return func_attrs((const void*)Variant<0>::k, res);
+    case 1: return func_attrs((const void*)Variant<1>::k, res);
+    case 2: return func_attrs((const void*)Variant<2>::k, res);
+    case 3: return func_attrs((const void*)Variant<3>::k, res);
+  }
+  return (int)cudaErrorInvalidValue;
+}
+int bp_peak(float* out, int sms, int iters, cudaStream_t s) {
+  cudaError_t e = cudaFuncSetAttribute(peak_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 65536);
+  if (e != cudaSuccess) return (int)e;
+  peak_kernel<<<sms, 384, 65536, s>>>(out, iters);
+  return (int)cudaGetLastError();
+}
+}  // namespace bp
+"""
+
+HOST_SRC = r"""
+#include <torch/extension.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#include <vector>
+namespace bp {
+int bp_b6(int v, const float* src_s, float* out, int sms, int n, cudaStream_t s);
+int bp_b6_attrs(int v, int* res);
+int bp_peak(float* out, int sms, int iters, cudaStream_t s);
+}
+static void check(int e, const char* what) {
+  TORCH_CHECK(e == 0, what, ": ", cudaGetErrorString((cudaError_t)e));
+}
+void b6(const at::Tensor& src_s, const at::Tensor& out, int64_t v, int64_t sms, int64_t n) {
+  check(bp::bp_b6((int)v, src_s.data_ptr<float>(), out.data_ptr<float>(), (int)sms, (int)n,
+                  c10::cuda::getCurrentCUDAStream()), "b6 launch");
+}
+std::vector<int64_t> b6_attrs(int64_t v) {
+  int r[4] = {0, 0, 0, 0};
+  check(bp::bp_b6_attrs((int)v, r), "b6 attributes");
+  return {r[0], r[1], r[2], r[3]};
+}
+void peak(const at::Tensor& out, int64_t sms, int64_t iters) {
+  check(bp::bp_peak(out.data_ptr<float>(), (int)sms, (int)iters, c10::cuda::getCurrentCUDAStream()), "peak launch");
+}
+"""
+
+# (name, consumer units a chunk (m64n64k16)): the order of Variant<V>.
+VARIANTS = [("full: WG0 dgate loop + 2 consumers, 2 terms, S from global", 192),
+            ("consumers only (WG0 idle)", 192),
+            ("1 term (no lo products)", 96),
+            ("full, block barrier a chunk (lockstep)", 192)]
+UNIT_FLOP = 2 * 64 * 64 * 16
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--trials", type=int, default=10)
+    ap.add_argument("--chunks", type=int, default=500)
+    ap.add_argument("--build-only", action="store_true")
+    args = ap.parse_args()
+    cuda = CUDA_SRC.replace("WGMMA_FORMS", WGMMA_SRC).replace("WGMMA_SYNC", solution_constant("WGMMA_SYNC_SRC"))
+    cuda = cuda.replace("FUNC_ATTRS", FUNC_ATTRS_SRC)
+    mod, summary = build("bwd_sm90_probe", HOST_SRC, cuda, ["b6", "b6_attrs", "peak"], "bp")
+    print_build(summary)
+    res = {"build": summary}
+    if args.build_only:
+        return
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    out = torch.zeros(sms * 384, device="cuda")
+    src_s = torch.randn(sms * 16384, device="cuda") * 0.1
+    res.update(device=torch.cuda.get_device_name(0), sms=sms, chunks=args.chunks, variants=[])
+    for v, (name, units) in enumerate(VARIANTS):
+        attrs = mod.b6_attrs(v)
+        ms = kernelbench_time(mod.b6, (src_s, out, v, sms, args.chunks), trials=args.trials, warmup=2,
+                              flush=False)["median"]
+        us = ms * 1e3 / args.chunks
+        tflops = sms * args.chunks * units * UNIT_FLOP / (ms * 1e-3) / 1e12
+        res["variants"].append({"variant": v, "name": name, "us_per_chunk": us, "tflops": tflops,
+                                "registers": attrs[0], "local_bytes": attrs[1], "finite": bool(out.isfinite().all())})
+        print(f"B6 [{v}] {name:55s} {us:7.3f} us/chunk {tflops:6.1f} TFLOPS ({attrs[0]} regs, {attrs[1]} B local)",
+              flush=True)
+    iters = 2000
+    ms = kernelbench_time(mod.peak, (out, sms, iters), trials=args.trials, warmup=2, flush=False)["median"]
+    tflops = sms * 3 * iters * 8 * UNIT_FLOP / (ms * 1e-3) / 1e12
+    res["peak_tflops"] = tflops
+    print(f"B6 ceiling: 3 warpgroups a CTA, SS m64n64k16 back to back: {tflops:6.1f} TFLOPS "
+          f"(= {sms * 192 * UNIT_FLOP / (tflops * 1e12) * 1e6:.2f} us for a 192-unit chunk)", flush=True)
+    us = res["variants"][0]["us_per_chunk"]
+    res["verdict"] = "GO (<= 8 us)" if us <= 8.0 else ("RE-PLAN (> 10 us)" if us > 10.0 else "marginal (8-10 us)")
+    print(f"B6 verdict [0]: {us:.3f} us a chunk: {res['verdict']}", flush=True)
+    save("bwd_sm90_probe.json", res)
+
+
+if __name__ == "__main__":
+    main()
