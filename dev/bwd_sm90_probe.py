@@ -28,8 +28,10 @@ Decision rule: the S4 bar leaves about 14.9 us a chunk for everything (perf-note
 the loads (64 KB of inputs and 64 KB of S a chunk at an SM's share of HBM) about 4 us of it: GO at <= 8 us a
 chunk for [0], RE-PLAN above 10 us. The tensor floor at 790 TFLOP/s is 4.2 us.
 
-Layouts are not checked here (dummy data; descriptors stay inside their regions): the correctness probes
-come with the kernel.
+B6 checks no layout (dummy data; descriptors stay inside their regions). B1 (after B6) checks each operand form
+the design uses against float64 on one warpgroup: SS with A MN-major (new here: chunk_sm90 uses MN-major B only),
+A and B MN-major, B MN-major at K = 128, the accumulator recast to RS A fragments in two bf16 terms, and RS
+m64n128 with B MN-major; the MN-major ones also with LBO and SBO exchanged, which must come out wrong.
 
     python3 dev/bwd_sm90_probe.py [--trials N] [--chunks 1000]   (writes $OUT/bwd_sm90_probe.json)
     python3 dev/bwd_sm90_probe.py --build-only   (compiles only, no GPU; CUDA_HOME=/usr/local/cuda)
@@ -138,8 +140,10 @@ static_assert(kSmem <= 232448, "fits the opt-in shared memory of an H200");
 __device__ __forceinline__ uint64_t kdesc(const unsigned char* sm, int off, int rows, int kb) {  // K-major, k16 step
   return sm_desc(sm + off + 2 * kb * rows * 16, rows * 16, 128);
 }
-__device__ __forceinline__ uint64_t mdesc(const unsigned char* sm, int off, int rows, int kb) {  // MN-major, k16 step
-  return sm_desc(sm + off + 2 * kb * 128, rows * 16, 128);
+// MN-major, k16 step: a tile stored [mn / 8][k][8] (rows = its k extent): LBO 128 between core matrices adjacent in
+// K, SBO rows x 16 between those adjacent in M / N (solution's mn_desc; B1 checks it for A too).
+__device__ __forceinline__ uint64_t mdesc(const unsigned char* sm, int off, int rows, int kb) {
+  return sm_desc(sm + off + 2 * kb * 128, 128, rows * 16);
 }
 
 // The weights of a chunk from the consumer's 64 x 64 accumulator X (rows 16 wl + g (+8), columns 8 n + 2 q):
@@ -352,7 +356,7 @@ __device__ __forceinline__ void consumer_loop(unsigned char* sm, int c, int nchu
           split2<TERMS>(x0, x1, ah[r], al[r]);
         }
         wg_fence();
-        const uint64_t db = mdesc(sm, kY, 128, kb);
+        const uint64_t db = mdesc(sm, kY, 64, kb);
         wg_rs128_01(G, ah, db);
         if constexpr (TERMS == 2) wg_rs128_01(G, al, db);
         wg_commit();
@@ -456,6 +460,101 @@ __global__ void __launch_bounds__(384, 1) peak_kernel(float* out, int iters) {
   out[blockIdx.x * 384 + threadIdx.x] = s;
 }
 
+// =============================== B1: the design's operand forms against float64 ===============
+// One warpgroup. A (64 x K), B (K x N), B2 (64 x 64) in math form, fp32 holding bf16 values. Modes:
+// 0 SS K-major A and B (control); 1 SS A MN-major; 2 SS A and B MN-major; 3 SS B MN-major, K = 128 (KG's form);
+// 4 D1 = A B (SS), then D = D1 B2 with D1's accumulator as RS A fragments (hi, lo); 5 RS m64n128, A fragments from
+// global, B MN-major (G's update form). swap: MN-major descriptors with LBO and SBO exchanged (must be wrong).
+__device__ __forceinline__ void put_k(unsigned char* t, const float* X, int R, int Kd, bool xt, int ld) {
+  // K-major tile of rows r < R, k < Kd: element (r, k) = X[k][r] (xt: X is K x R) or X[r][k]
+  for (int e = threadIdx.x; e < R * Kd; e += 128) {
+    const int r = e / Kd, k = e % Kd;
+    *reinterpret_cast<__nv_bfloat16*>(t + (k >> 3) * (R * 16) + r * 16 + (k & 7) * 2) =
+        __float2bfloat16_rn(xt ? X[k * ld + r] : X[r * ld + k]);
+  }
+}
+__device__ __forceinline__ void put_mn(unsigned char* t, const float* X, int R, int Kd, bool xt, int ld) {
+  // MN-major tile: element (x, k) at [x / 8][k][x % 8], x < R
+  for (int e = threadIdx.x; e < R * Kd; e += 128) {
+    const int x = e / Kd, k = e % Kd;
+    *reinterpret_cast<__nv_bfloat16*>(t + (x >> 3) * (Kd * 16) + k * 16 + (x & 7) * 2) =
+        __float2bfloat16_rn(xt ? X[k * ld + x] : X[x * ld + k]);
+  }
+}
+__device__ __forceinline__ uint64_t mn_d(const unsigned char* t, int Kd, int kb, int swap) {
+  return swap ? sm_desc(t + 256 * kb, Kd * 16, 128) : sm_desc(t + 256 * kb, 128, Kd * 16);
+}
+__global__ void __launch_bounds__(128, 1) b1_kernel(const float* A, const float* B, const float* B2, float* D, int mode,
+                                                     int swap) {
+#if defined(__CUDA_ARCH__) && !defined(GR_WGMMA)
+  __trap();
+#endif
+  __shared__ __align__(1024) unsigned char ta[16384], tb[32768], tb2[8192];
+  const int K = mode == 3 ? 128 : 64, N = mode == 5 ? 128 : 64;
+  const int wl = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  if (mode == 0 || mode == 3 || mode == 4) put_k(ta, A, 64, K, false, K);
+  else put_mn(ta, A, 64, K, false, K);
+  if (mode == 0 || mode == 1 || mode == 4) put_k(tb, B, N, K, true, N);
+  else put_mn(tb, B, N, K, true, N);
+  if (mode == 4) put_k(tb2, B2, 64, 64, true, 64);
+  fence_async_smem();
+  __syncthreads();
+  float d[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) d[i] = 0.f;
+  float (&d32)[32] = *reinterpret_cast<float (*)[32]>(d);
+  if (mode == 5) {
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) {
+      uint32_t a[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int m = 16 * wl + g + 8 * (r & 1), k = 16 * kb + 2 * q + 8 * (r >> 1);
+        const __nv_bfloat162 v = __floats2bfloat162_rn(A[m * K + k], A[m * K + k + 1]);
+        a[r] = *reinterpret_cast<const uint32_t*>(&v);
+      }
+      wg_fence();
+      wg_rs128_01(d, a, mn_d(tb, K, kb, swap));
+      wg_commit();
+    }
+  } else {
+    for (int kb = 0; kb < K / 16; ++kb) {
+      const uint64_t da = (mode == 1 || mode == 2) ? mn_d(ta, K, kb, swap) : kdesc(ta, 0, 64, kb);
+      const uint64_t db = (mode == 2 || mode == 3) ? mn_d(tb, K, kb, swap) : kdesc(tb, 0, N, kb);
+      wg_fence();
+      if (mode == 0 || mode == 4) wg_ss64_00(d32, da, db);
+      else if (mode == 1) wg_ss64_10(d32, da, db);
+      else if (mode == 2) wg_ss64_11(d32, da, db);
+      else wg_ss64_01(d32, da, db);
+      wg_commit();
+    }
+  }
+  wg_wait<0>();
+  acc_fence(d);
+  if (mode == 4) {  // D = D1 B2, D1's accumulator columns 16 kb .. as the k-step's A fragments, hi and lo
+    float e[32];
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) {
+      uint32_t ah[4], al[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) split2<2>(d[8 * kb + 2 * r], d[8 * kb + 2 * r + 1], ah[r], al[r]);
+      wg_fence();
+      if (kb == 0) wg_rs64_00_z(e, ah, kdesc(tb2, 0, 64, kb));
+      else wg_rs64_00(e, ah, kdesc(tb2, 0, 64, kb));
+      wg_rs64_00(e, al, kdesc(tb2, 0, 64, kb));
+      wg_commit();
+    }
+    wg_wait<0>();
+    acc_fence(e);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) d[i] = e[i];
+  }
+  for (int i = 0; i < N / 2; ++i) {
+    const int n = i >> 2, row = 16 * wl + g + 8 * ((i >> 1) & 1), col = 8 * n + 2 * q + (i & 1);
+    D[row * N + col] = d[i];
+  }
+}
+
 FUNC_ATTRS
 
 // (AUX, CONS, TERMS, SYNC) of each variant, in the order of VARIANTS (Python).
@@ -494,6 +593,10 @@ int bp_b6_attrs(int v, int* res) {
   }
   return (int)cudaErrorInvalidValue;
 }
+int bp_b1(const float* A, const float* B, const float* B2, float* D, int mode, int swap, cudaStream_t s) {
+  b1_kernel<<<1, 128, 0, s>>>(A, B, B2, D, mode, swap);
+  return (int)cudaGetLastError();
+}
 int bp_peak(float* out, int sms, int iters, cudaStream_t s) {
   cudaError_t e = cudaFuncSetAttribute(peak_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 65536);
   if (e != cudaSuccess) return (int)e;
@@ -512,6 +615,7 @@ namespace bp {
 int bp_b6(int v, const float* src_s, float* out, int sms, int n, cudaStream_t s);
 int bp_b6_attrs(int v, int* res);
 int bp_peak(float* out, int sms, int iters, cudaStream_t s);
+int bp_b1(const float* A, const float* B, const float* B2, float* D, int mode, int swap, cudaStream_t s);
 }
 static void check(int e, const char* what) {
   TORCH_CHECK(e == 0, what, ": ", cudaGetErrorString((cudaError_t)e));
@@ -524,6 +628,11 @@ std::vector<int64_t> b6_attrs(int64_t v) {
   int r[4] = {0, 0, 0, 0};
   check(bp::bp_b6_attrs((int)v, r), "b6 attributes");
   return {r[0], r[1], r[2], r[3]};
+}
+void b1(const at::Tensor& A, const at::Tensor& B, const at::Tensor& B2, const at::Tensor& D, int64_t mode,
+        int64_t swap) {
+  check(bp::bp_b1(A.data_ptr<float>(), B.data_ptr<float>(), B2.data_ptr<float>(), D.data_ptr<float>(), (int)mode,
+                  (int)swap, c10::cuda::getCurrentCUDAStream()), "b1 launch");
 }
 void peak(const at::Tensor& out, int64_t sms, int64_t iters) {
   check(bp::bp_peak(out.data_ptr<float>(), (int)sms, (int)iters, c10::cuda::getCurrentCUDAStream()), "peak launch");
@@ -538,6 +647,35 @@ VARIANTS = [("full: WG0 dgate loop + 2 consumers, 2 terms, S from global", 192),
 UNIT_FLOP = 2 * 64 * 64 * 16
 
 
+B1_MODES = ["SS, A and B K-major (control)", "SS, A MN-major", "SS, A and B MN-major", "SS, B MN-major, K = 128",
+            "accumulator recast to RS A (hi, lo), then x B2", "RS m64n128, B MN-major"]
+
+
+def probe_b1(mod):
+    """Each operand form of the design against float64 (bf16 inputs, fp32 accumulation: about 1e-7 when right; the
+    recast's 2-term split about 1e-5); the MN-major forms also with LBO and SBO exchanged (expected wrong)."""
+    gen = torch.Generator().manual_seed(3)
+    rows = []
+    for mode, name in enumerate(B1_MODES):
+        K, N = (128 if mode == 3 else 64), (128 if mode == 5 else 64)
+        A = torch.randn(64, K, generator=gen).bfloat16().float()
+        B = torch.randn(K, N, generator=gen).bfloat16().float()
+        B2 = torch.randn(64, 64, generator=gen).bfloat16().float()
+        want = A.double() @ B.double()
+        if mode == 4:
+            want = want @ B2.double()
+        for swap in ((0, 1) if mode in (1, 2, 3, 5) else (0,)):
+            D = torch.full((64, N), float("nan"), device="cuda")
+            mod.b1(A.cuda(), B.cuda(), B2.cuda(), D, mode, swap)
+            torch.cuda.synchronize()
+            err = ((D.cpu().double() - want).norm() / want.norm()).item()
+            ok = err < (1e-4 if mode == 4 else 1e-5)
+            rows.append({"mode": mode, "name": name, "swapped_lbo_sbo": bool(swap), "rel_l2": err, "right": ok})
+            print(f"B1 [{mode}] {name:48s} {'swapped ' if swap else ''}rel-L2 {err:.2e} {'RIGHT' if ok else 'wrong'}",
+                  flush=True)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--trials", type=int, default=10)
@@ -546,7 +684,7 @@ def main():
     args = ap.parse_args()
     cuda = CUDA_SRC.replace("WGMMA_FORMS", WGMMA_SRC).replace("WGMMA_SYNC", solution_constant("WGMMA_SYNC_SRC"))
     cuda = cuda.replace("FUNC_ATTRS", FUNC_ATTRS_SRC)
-    mod, summary = build("bwd_sm90_probe", HOST_SRC, cuda, ["b6", "b6_attrs", "peak"], "bp")
+    mod, summary = build("bwd_sm90_probe", HOST_SRC, cuda, ["b6", "b6_attrs", "peak", "b1"], "bp")
     print_build(summary)
     res = {"build": summary}
     if args.build_only:
@@ -574,6 +712,8 @@ def main():
     us = res["variants"][0]["us_per_chunk"]
     res["verdict"] = "GO (<= 8 us)" if us <= 8.0 else ("RE-PLAN (> 10 us)" if us > 10.0 else "marginal (8-10 us)")
     print(f"B6 verdict [0]: {us:.3f} us a chunk: {res['verdict']}", flush=True)
+    save("bwd_sm90_probe.json", res)
+    res["B1"] = probe_b1(mod)  # after B6: a wrong descriptor here could poison the context
     save("bwd_sm90_probe.json", res)
 
 
