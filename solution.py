@@ -4267,6 +4267,31 @@ __device__ __forceinline__ void strip(float (&acc)[NB][4], const float* a, const
   }
 }
 
+// Two independent strips in one k-loop (twice the accumulator chains in flight a warp): acc0 += A0 B0^T and
+// acc1 += A1 B1^T, both with B^T rows (kBT), k < kend.
+template <bool kExactA, int NB>
+__device__ __forceinline__ void strip2(float (&acc0)[NB][4], const float* a0, const float* b0, float (&acc1)[NB][4],
+                                       const float* a1, const float* b1, int kend) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+#pragma unroll 1
+  for (int k0 = 0; k0 < kend; k0 += 8) {
+    float af0[4], af1[4];
+    uint32_t ah0[4], al0[4], ah1[4], al1[4];
+    frag_a(af0, a0 + k0, P, g, q);
+    frag_a(af1, a1 + k0, P, g, q);
+    prep_a<!kExactA>(af0, ah0, al0);
+    prep_a<!kExactA>(af1, ah1, al1);
+#pragma unroll
+    for (int n = 0; n < NB; ++n) {
+      const float* bp0 = b0 + (8 * n + g) * P + k0 + q;
+      const float* bp1 = b1 + (8 * n + g) * P + k0 + q;
+      const float bb0[2] = {bp0[0], bp0[4]}, bb1[2] = {bp1[0], bp1[4]};
+      mma_terms<!kExactA, true>(acc0[n], ah0, al0, bb0);
+      mma_terms<!kExactA, true>(acc1[n], ah1, al1, bb1);
+    }
+  }
+}
+
 // Whether a (B, T, H, D) tensor's rows can be staged 16 bytes at a time: unit-stride rows, D a multiple of 8 (a
 // thread's 8 columns all in or all out), and the base and the b, h, t strides 16-byte aligned.
 template <typename E>
@@ -4362,7 +4387,8 @@ struct GateBeta {
 // The chunk's tables from its gates and betas, each a double product rounded once:
 // L[t][s] = prod_{r=s+1..t} g_r (s <= t, else 0), A[t] = prod_{r<=t} g_r, Ah[t] = A[t-1] (Ah[0] = 1),
 // w[s] = prod_{r>s} g_r. Warp 0 walks L's columns (lane s: a running product down t, the same roundings as
-// a product per element), warp 1 the vectors. Two barriers (the first also covers the caller's staging).
+// a product per element), warp 1 the vectors by shuffle scans in double (lane t: step t; a serial loop a lane
+// was up to 63 dependent products). Two barriers (the first also covers the caller's staging).
 __device__ __forceinline__ void tables(float* sm, const GateBeta& gb) {
   const int tid = threadIdx.x;
   if (tid < C) {
@@ -4379,14 +4405,19 @@ __device__ __forceinline__ void tables(float* sm, const GateBeta& gb) {
       sm[kL + t * PC + s] = t >= s ? (float)pr : 0.f;
     }
   } else if (tid < 2 * C) {
+    static_assert(C == 32, "a lane a step");
     const int t = tid - C;
-    double pa = 1.0, ph = 1.0, pw = 1.0;
-    for (int r = 0; r <= t; ++r) pa *= (double)g[r];
-    for (int r = 0; r < t; ++r) ph *= (double)g[r];
-    for (int r = t + 1; r < C; ++r) pw *= (double)g[r];
+    double pa = g[t], ps = pa;  // inclusive prefix and suffix products after the scans
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const double up = __shfl_up_sync(0xffffffffu, pa, o), down = __shfl_down_sync(0xffffffffu, ps, o);
+      if (t >= o) pa *= up;
+      if (t + o < 32) ps *= down;
+    }
+    const double ph = __shfl_up_sync(0xffffffffu, pa, 1), pw = __shfl_down_sync(0xffffffffu, ps, 1);
     sm[kA + t] = (float)pa;
-    sm[kAh + t] = (float)ph;
-    sm[kW + t] = (float)pw;
+    sm[kAh + t] = t == 0 ? 1.f : (float)ph;
+    sm[kW + t] = t == 31 ? 1.f : (float)pw;
   }
   __syncthreads();
 }
@@ -4654,8 +4685,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) chunk_bwd_kernel(const ChunkBw
       for (int n = 0; n < 2; ++n)
 #pragma unroll
         for (int x = 0; x < 4; ++x) R[n][x] = Rk[n][x] = KG[n][x] = 0.f;
-      strip<kExact, true>(R, Y + 16 * mt * P, S + nb * P, kv);
-      strip<kExact, true>(Rk, V + 16 * mt * P, G + nb * P, kv);
+      strip2<kExact>(R, Y + 16 * mt * P, S + nb * P, Rk, V + 16 * mt * P, G + nb * P, kv);
       strip<kExact, false>(KG, K + 16 * mt * P, G + nb, kk);
       float part = 0.f;  // c0: this thread's elements, the warp's, then (after the barriers) the warps' in order
 #pragma unroll
@@ -5725,14 +5755,14 @@ bool make_plan_backward(const Shape& s, DType dt, const Layout& lay_dq, const De
     dq_pass = false;
     bwd.kernel = Kernel::chunk_bwd;
     bwd.smem = kChunkBwdSmem;
-    // Segments (sequence parallelism): as many as fill every SM once with one block a (b, h, segment), each of
-    // whole chunk pairs (single chunks untried), down to one pair (at (2, 128, 4, 24) two segments of one
-    // pair beat one segment, perf-notes, twenty-first session). segments > 0 (tests) asks for that many.
-    const int64_t nck = std::max<int64_t>(1, ceil_div(s.T, kBwdChunk)), pairs = ceil_div(nck, 2);
+    // Segments (sequence parallelism): as many as fill every SM once with one block a (b, h, segment), down to
+    // one chunk each (at (2, 128, 4, 24) segments beat one segment, perf-notes, twenty-first session).
+    // segments > 0 (tests) asks for that many.
+    const int64_t nck = std::max<int64_t>(1, ceil_div(s.T, kBwdChunk));
     const int64_t want = segments > 0 ? segments : std::max<int64_t>(1, lim.sms / std::max<int64_t>(1, bwd.blocks));
-    const int64_t per = 2 * ceil_div(pairs, std::min(want, pairs));  // chunks a segment
+    const int64_t per = ceil_div(nck, std::min(want, nck));  // chunks a segment
     bwd.nseg = (int)ceil_div(nck, per);
-    bwd.seg_chunks = (int)(bwd.nseg > 1 ? per : 2 * pairs);
+    bwd.seg_chunks = (int)per;
     bwd.blocks *= bwd.nseg;
     GR_REQUIRE("ValueError", bwd.blocks <= INT32_MAX, "B * H * segments must be below 2^31 for the backward, got ",
                bwd.blocks);
