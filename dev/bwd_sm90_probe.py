@@ -22,7 +22,13 @@ store). Two named barriers a chunk between the consumers (weights ready; both do
 WG0 does the dgate-like C^3 / 6 loop over shared memory (AUX 1) or nothing (AUX 0).
 
 Variants (us a chunk, TFLOPS at 2 M N K a wgmma): [0] full; [1] consumers only; [2] 1 term (no lo products:
-the split's cost); [3] full with a block barrier a chunk (lockstep).
+the split's cost); [3] full with a block barrier a chunk (lockstep) (run 6 measured these four). Added after it:
+[4] WG0's scalar dgate loop alone; [5] the consumers pipelined (ORDER 1: the next product issued before the
+previous one's epilogue; Rk^T then reads G's hi / lo from shared memory, because R^T's 64 A-fragment registers
+stay tied up until its wait and RS for both needs more than 232 registers); [6] WG0's dgate term as a product
+(E split into shared memory, M^T = L' E^T, 3 terms) alone; [7] unpipelined consumers beside it; [8] pipelined
+consumers beside it. ptxas (local): [5] clean at 232; WG0's product needs about 80 registers, which leaves the
+consumers 216, and there ptxas serializes their wgmma (C7512) in [7] and [8]: those two measure that cost.
 Plus the ceiling of 3 warpgroups a CTA (SS m64n64k16 back to back).
 Decision rule: the S4 bar leaves about 14.9 us a chunk for everything (perf-notes, twenty-second session), and
 the loads (64 KB of inputs and 64 KB of S a chunk at an SM's share of HBM) about 4 us of it: GO at <= 8 us a
@@ -133,8 +139,6 @@ constexpr int kQ = 0, kK = 16384, kV = 32768, kY = 49152, kGH = 65536, kGL = 983
 constexpr int kMDH = 147456, kMDL = 155648, kMPH = 163840, kMPL = 172032, kQKF = 180224, kOut = 196608;
 constexpr int kTab = 212992, kPart = 214016, kEnd = 217088;
 constexpr int kSmem = kEnd + 8192;
-constexpr int kAuxRegs = 40, kConsRegs = 232;
-static_assert(kAuxRegs * 128 + kConsRegs * 256 <= 65536, "the split fits the register file");
 static_assert(kSmem <= 232448, "fits the opt-in shared memory of an H200");
 
 __device__ __forceinline__ uint64_t kdesc(const unsigned char* sm, int off, int rows, int kb) {  // K-major, k16 step
@@ -198,8 +202,21 @@ __device__ __forceinline__ void col_dots(unsigned char* sm, const float (&X)[32]
     }
 }
 
-// Consumer warpgroup c; src_s: this CTA's S (64 KB, L2-resident).
-template <int TERMS, bool SYNC>
+// Waits for the product issued before the newest one (ORDER 1: one product in flight behind the epilogue) or, with
+// ORDER 0, for every product right after its issue (drain), so that no epilogue overlaps a product.
+template <int ORDER>
+__device__ __forceinline__ void drain() {
+  if constexpr (ORDER == 0) wg_wait<0>();
+}
+template <int ORDER>
+__device__ __forceinline__ void behind() {
+  if constexpr (ORDER == 0) wg_wait<0>();
+  else wg_wait<1>();
+}
+
+// Consumer warpgroup c; src_s: this CTA's S (64 KB, L2-resident). ORDER 0: each product waited for at once;
+// ORDER 1: the next product issued before the previous one's epilogue (R^T's dots with Rk^T in flight, ...).
+template <int TERMS, int ORDER, bool SYNC>
 __device__ __forceinline__ void consumer_loop(unsigned char* sm, int c, int nchunks, const float* src_s, float* out) {
   const int tid = threadIdx.x & 127, wl = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
   const float* tab = reinterpret_cast<const float*>(sm + kTab);
@@ -209,173 +226,176 @@ __device__ __forceinline__ void consumer_loop(unsigned char* sm, int c, int nchu
   for (int i = 0; i < 64; ++i) G[i] = dummy(threadIdx.x * 64 + i + 12345u);
   float c0 = 0.f;
   for (int ch = 0; ch < nchunks; ++ch) {
-    {  // X = QK (c = 0) or Dd (c = 1); the weights from it
-      float X[32];
+    float X[32], R[32], Rk[32];
+    // X = QK (c = 0) or Dd (c = 1)
 #pragma unroll
-      for (int kb = 0; kb < 8; ++kb) {
-        wg_fence();
-        const uint64_t da = kdesc(sm, c ? kY : kQ, 64, kb), db = kdesc(sm, c ? kV : kK, 64, kb);
-        if (kb == 0) wg_ss64_00_z(X, da, db);
-        else wg_ss64_00(X, da, db);
-        wg_commit();
-      }
-      wg_wait<0>();
-      acc_fence(X);
-      if (c == 0) {
-        put_weights<TERMS>(sm, X, kMPH, kMPL, wl, g, q);
-#pragma unroll
-        for (int n = 0; n < 8; ++n)  // QK in fp32 for WG0's E
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-            *reinterpret_cast<float2*>(sm + kQKF + ((16 * wl + g + 8 * h) * 64 + 8 * n + 2 * q) * 4) =
-                make_float2(X[4 * n + 2 * h], X[4 * n + 2 * h + 1]);
-      } else {
-        put_weights<TERMS>(sm, X, kMQH, kMQL, wl, g, q);
-        put_weights<TERMS>(sm, X, kMDH, kMDL, wl, g, q);
-      }
-      fence_async_smem();
+    for (int kb = 0; kb < 8; ++kb) {
+      wg_fence();
+      const uint64_t da = kdesc(sm, c ? kY : kQ, 64, kb), db = kdesc(sm, c ? kV : kK, 64, kb);
+      if (kb == 0) wg_ss64_00_z(X, da, db);
+      else wg_ss64_00(X, da, db);
     }
-    float R[32];
-    {  // R^T = S dY^T (this consumer's rows of S), c0's part
+    wg_commit();
+    wg_wait<0>();  // (X, R^T and Rk^T in flight together would need more than ptxas's 168 registers)
+    acc_fence(X);
+    if (c == 0) {
+      put_weights<TERMS>(sm, X, kMPH, kMPL, wl, g, q);
 #pragma unroll
-      for (int kb = 0; kb < 8; ++kb) {
-        float s[8];  // S[ir (+8)][16 kb + 2 q (+1, +8, +9)]: the A fragment's elements, as G's at the same place
+      for (int n = 0; n < 8; ++n)  // QK in fp32 for WG0's E
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int row = ir + 8 * h, col = 16 * kb + 2 * q + 8 * e;
-            const float2 v = __ldg(reinterpret_cast<const float2*>(src_s + row * 128 + col));
-            s[4 * e + 2 * h] = v.x;
-            s[4 * e + 2 * h + 1] = v.y;
-          }
-        uint32_t ah[4], al[4];
-#pragma unroll
-        for (int r = 0; r < 4; ++r) split2<TERMS>(s[2 * r], s[2 * r + 1], ah[r], al[r]);
-#pragma unroll
-        for (int r = 0; r < 8; ++r) c0 = fmaf(s[r], G[8 * kb + r], c0);
-        wg_fence();
-        const uint64_t db = kdesc(sm, kY, 64, kb);
-        if (kb == 0) wg_rs64_00_z(R, ah, db);
-        else wg_rs64_00(R, ah, db);
-        if constexpr (TERMS == 2) wg_rs64_00(R, al, db);
-        wg_commit();
-      }
-      wg_wait<0>();
-      acc_fence(R);
-      col_dots(sm, R, kQ, i0, c, wl, g, q);  // f
+          *reinterpret_cast<float2*>(sm + kQKF + ((16 * wl + g + 8 * h) * 64 + 8 * n + 2 * q) * 4) =
+              make_float2(X[4 * n + 2 * h], X[4 * n + 2 * h + 1]);
+    } else {
+      put_weights<TERMS>(sm, X, kMQH, kMQL, wl, g, q);
+      put_weights<TERMS>(sm, X, kMDH, kMDL, wl, g, q);
     }
-    consumers_sync();  // the other consumer's weights are written
-    {  // dq^T = R^T diag(A) + K^T MQ^T
+    fence_async_smem();
+    // R^T = S dY^T (this consumer's rows of S, read a k-step at a time), c0's part
 #pragma unroll
-      for (int i = 0; i < 32; ++i) R[i] *= tab[8 * ((i >> 2) & 7) + 2 * q + (i & 1)];
+    for (int kb = 0; kb < 8; ++kb) {
+      float sv[8];  // S[ir (+8)][16 kb + 2 q (+1, +8, +9)]: the A fragment's elements, as G's at the same place
 #pragma unroll
-      for (int kb = 0; kb < 4; ++kb) {
-        wg_fence();
-        const uint64_t da = mdesc(sm, kK + 8192 * c, 64, kb);
-        wg_ss64_10(R, da, kdesc(sm, kMQH, 64, kb));
-        if constexpr (TERMS == 2) wg_ss64_10(R, da, kdesc(sm, kMQL, 64, kb));
-        wg_commit();
-      }
-      wg_wait<0>();
-      acc_fence(R);
-      put_out(sm, R, c, wl, g, q);
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float2 v = __ldg(reinterpret_cast<const float2*>(src_s + (ir + 8 * h) * 128 + 16 * kb + 2 * q + 8 * e));
+          sv[4 * e + 2 * h] = v.x;
+          sv[4 * e + 2 * h + 1] = v.y;
+        }
+      uint32_t ah[4], al[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) split2<TERMS>(sv[2 * r], sv[2 * r + 1], ah[r], al[r]);
+#pragma unroll
+      for (int r = 0; r < 8; ++r) c0 = fmaf(sv[r], G[8 * kb + r], c0);
+      wg_fence();
+      const uint64_t db = kdesc(sm, kY, 64, kb);
+      if (kb == 0) wg_rs64_00_z(R, ah, db);
+      else wg_rs64_00(R, ah, db);
+      if constexpr (TERMS == 2) wg_rs64_00(R, al, db);
     }
-    {  // Rk^T = G V^T (G's accumulator as A fragments), e's part; dkt^T = Rk^T diag(w) + Q^T MD, dbeta's part
+    wg_commit();
+    drain<ORDER>();
+    // Rk^T = G V^T. ORDER 0: G's accumulator as A fragments (hi / lo a k-step). ORDER 1: A = G's hi / lo in shared
+    // memory (this consumer's rows, K-major: [j / 8][i][8]), so that no A registers stay tied up beside R^T's.
 #pragma unroll
-      for (int kb = 0; kb < 8; ++kb) {
+    for (int kb = 0; kb < 8; ++kb) {
+      const uint64_t db = kdesc(sm, kV, 64, kb);
+      wg_fence();
+      if constexpr (ORDER == 0) {
         uint32_t ah[4], al[4];
 #pragma unroll
         for (int r = 0; r < 4; ++r) split2<TERMS>(G[8 * kb + 2 * r], G[8 * kb + 2 * r + 1], ah[r], al[r]);
-        wg_fence();
-        const uint64_t db = kdesc(sm, kV, 64, kb);
-        if (kb == 0) wg_rs64_00_z(R, ah, db);
-        else wg_rs64_00(R, ah, db);
-        if constexpr (TERMS == 2) wg_rs64_00(R, al, db);
-        wg_commit();
+        if (kb == 0) wg_rs64_00_z(Rk, ah, db);
+        else wg_rs64_00(Rk, ah, db);
+        if constexpr (TERMS == 2) wg_rs64_00(Rk, al, db);
+      } else {
+        const uint64_t ah = sm_desc(sm + kGH + 128 * 8 * c + 2 * kb * 2048, 2048, 128);
+        if (kb == 0) wg_ss64_00_z(Rk, ah, db);
+        else wg_ss64_00(Rk, ah, db);
+        if constexpr (TERMS == 2) wg_ss64_00(Rk, sm_desc(sm + kGL + 128 * 8 * c + 2 * kb * 2048, 2048, 128), db);
       }
-      wg_wait<0>();
-      acc_fence(R);
-      col_dots(sm, R, kK, i0, 2 + c, wl, g, q);  // e
-#pragma unroll
-      for (int i = 0; i < 32; ++i) R[i] *= tab[128 + 8 * ((i >> 2) & 7) + 2 * q + (i & 1)];
-#pragma unroll
-      for (int kb = 0; kb < 4; ++kb) {
-        wg_fence();
-        const uint64_t da = mdesc(sm, kQ + 8192 * c, 64, kb);
-        wg_ss64_11(R, da, mdesc(sm, kMDH, 64, kb));
-        if constexpr (TERMS == 2) wg_ss64_11(R, da, mdesc(sm, kMDL, 64, kb));
-        wg_commit();
-      }
-      wg_wait<0>();
-      acc_fence(R);
-      col_dots(sm, R, kK, i0, 4 + c, wl, g, q);  // dbeta
-      put_out(sm, R, c, wl, g, q);
     }
-    {  // KG (columns j = 64 c ..) = K G (B = G hi / lo, MN-major); dv = diag(beta w) KG + MP^T dY
+    wg_commit();
+    behind<ORDER>();  // R^T is done
+    acc_fence(R);
+    col_dots(sm, R, kQ, i0, c, wl, g, q);  // f
 #pragma unroll
-      for (int kb = 0; kb < 8; ++kb) {
-        wg_fence();
-        const uint64_t da = kdesc(sm, kK, 64, kb);
-        const uint64_t bh = mdesc(sm, kGH + 16384 * c, 128, kb), bl = mdesc(sm, kGL + 16384 * c, 128, kb);
-        if (kb == 0) wg_ss64_01_z(R, da, bh);
-        else wg_ss64_01(R, da, bh);
-        if constexpr (TERMS == 2) wg_ss64_01(R, da, bl);
-        wg_commit();
-      }
-      wg_wait<0>();
-      acc_fence(R);
+    for (int i = 0; i < 32; ++i) R[i] *= tab[8 * ((i >> 2) & 7) + 2 * q + (i & 1)];
+    consumers_sync();  // the other consumer's weights are written
+    // dq^T = R^T diag(A) + K^T MQ^T
 #pragma unroll
-      for (int i = 0; i < 32; ++i) R[i] *= tab[192 + 16 * wl + g + 8 * ((i >> 1) & 1)];
-#pragma unroll
-      for (int kb = 0; kb < 4; ++kb) {
-        wg_fence();
-        const uint64_t bd = mdesc(sm, kY + 8192 * c, 64, kb);
-        wg_ss64_11(R, mdesc(sm, kMPH, 64, kb), bd);
-        if constexpr (TERMS == 2) wg_ss64_11(R, mdesc(sm, kMPL, 64, kb), bd);
-        wg_commit();
-      }
-      wg_wait<0>();
-      acc_fence(R);
-      put_out(sm, R, c, wl, g, q);
+    for (int kb = 0; kb < 4; ++kb) {
+      wg_fence();
+      const uint64_t da = mdesc(sm, kK + 8192 * c, 64, kb);
+      wg_ss64_10(R, da, kdesc(sm, kMQH, 64, kb));
+      if constexpr (TERMS == 2) wg_ss64_10(R, da, kdesc(sm, kMQL, 64, kb));
     }
-    consumers_sync();  // both consumers' KG have read G's hi / lo
-    {  // G <- A_63 G + (diag(A) Q)^T dY: A = Q^T fragments (scalar loads of the q tile), scaled and split
-      const float a63 = tab[63];
+    wg_commit();
+    behind<ORDER>();  // Rk^T is done
+    acc_fence(Rk);
+    col_dots(sm, Rk, kK, i0, 2 + c, wl, g, q);  // e
 #pragma unroll
-      for (int i = 0; i < 64; ++i) G[i] *= a63;
-      acc_fence(G);
+    for (int i = 0; i < 32; ++i) Rk[i] *= tab[128 + 8 * ((i >> 2) & 7) + 2 * q + (i & 1)];
+    // dkt^T = Rk^T diag(w) + Q^T MD
 #pragma unroll
-      for (int kb = 0; kb < 4; ++kb) {
-        uint32_t ah[4], al[4];
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {  // a_r: row ir + 8 (r & 1), steps t = 16 kb + 2 q + 8 (r >> 1) (+1)
-          const int i = ir + 8 * (r & 1), t = 16 * kb + 2 * q + 8 * (r >> 1);
-          const float x0 = ldb(sm + kQ + (i >> 3) * 1024 + t * 16 + (i & 7) * 2) * tab[t];
-          const float x1 = ldb(sm + kQ + (i >> 3) * 1024 + (t + 1) * 16 + (i & 7) * 2) * tab[t + 1];
-          split2<TERMS>(x0, x1, ah[r], al[r]);
-        }
-        wg_fence();
-        const uint64_t db = mdesc(sm, kY, 64, kb);
-        wg_rs128_01(G, ah, db);
-        if constexpr (TERMS == 2) wg_rs128_01(G, al, db);
-        wg_commit();
-      }
-      wg_wait<0>();
-      acc_fence(G);
-#pragma unroll
-      for (int n = 0; n < 16; ++n)  // G's hi / lo for the next chunk's KG ([j / 8][i][8], MN-major for KG's B)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int i = ir + 8 * h, j = 8 * n + 2 * q;
-          uint32_t hi, lo;
-          split2<TERMS>(G[4 * n + 2 * h], G[4 * n + 2 * h + 1], hi, lo);
-          const int off = (j >> 3) * 2048 + i * 16 + (j & 7) * 2;
-          *reinterpret_cast<uint32_t*>(sm + kGH + off) = hi;
-          if constexpr (TERMS == 2) *reinterpret_cast<uint32_t*>(sm + kGL + off) = lo;
-        }
-      fence_async_smem();
+    for (int kb = 0; kb < 4; ++kb) {
+      wg_fence();
+      const uint64_t da = mdesc(sm, kQ + 8192 * c, 64, kb);
+      wg_ss64_11(Rk, da, mdesc(sm, kMDH, 64, kb));
+      if constexpr (TERMS == 2) wg_ss64_11(Rk, da, mdesc(sm, kMDL, 64, kb));
     }
+    wg_commit();
+    behind<ORDER>();  // dq^T is done
+    acc_fence(R);
+    put_out(sm, R, c, wl, g, q);
+    // KG (columns j = 64 c ..) = K G (B = G hi / lo, MN-major)
+#pragma unroll
+    for (int kb = 0; kb < 8; ++kb) {
+      wg_fence();
+      const uint64_t da = kdesc(sm, kK, 64, kb);
+      const uint64_t bh = mdesc(sm, kGH + 16384 * c, 128, kb), bl = mdesc(sm, kGL + 16384 * c, 128, kb);
+      if (kb == 0) wg_ss64_01_z(R, da, bh);
+      else wg_ss64_01(R, da, bh);
+      if constexpr (TERMS == 2) wg_ss64_01(R, da, bl);
+    }
+    wg_commit();
+    behind<ORDER>();  // dkt^T is done
+    acc_fence(Rk);
+    col_dots(sm, Rk, kK, i0, 4 + c, wl, g, q);  // dbeta
+    put_out(sm, Rk, c, wl, g, q);
+    wg_wait<0>();  // KG
+    acc_fence(R);
+    // dv = diag(beta w) KG + MP^T dY
+#pragma unroll
+    for (int i = 0; i < 32; ++i) R[i] *= tab[192 + 16 * wl + g + 8 * ((i >> 1) & 1)];
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) {
+      wg_fence();
+      const uint64_t bd = mdesc(sm, kY + 8192 * c, 64, kb);
+      wg_ss64_11(R, mdesc(sm, kMPH, 64, kb), bd);
+      if constexpr (TERMS == 2) wg_ss64_11(R, mdesc(sm, kMPL, 64, kb), bd);
+    }
+    wg_commit();
+    consumers_sync();  // both consumers' KG have read G's hi / lo (dv's product reads no G)
+    // G <- A_63 G + (diag(A) Q)^T dY: A = Q^T fragments (scalar loads of the q tile), scaled and split
+    const float a63 = tab[63];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) G[i] *= a63;
+    acc_fence(G);
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) {
+      uint32_t ah[4], al[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {  // a_r: row ir + 8 (r & 1), steps t = 16 kb + 2 q + 8 (r >> 1) (+1)
+        const int i = ir + 8 * (r & 1), t = 16 * kb + 2 * q + 8 * (r >> 1);
+        const float x0 = ldb(sm + kQ + (i >> 3) * 1024 + t * 16 + (i & 7) * 2) * tab[t];
+        const float x1 = ldb(sm + kQ + (i >> 3) * 1024 + (t + 1) * 16 + (i & 7) * 2) * tab[t + 1];
+        split2<TERMS>(x0, x1, ah[r], al[r]);
+      }
+      wg_fence();
+      const uint64_t db = mdesc(sm, kY, 64, kb);
+      wg_rs128_01(G, ah, db);
+      if constexpr (TERMS == 2) wg_rs128_01(G, al, db);
+    }
+    wg_commit();
+    behind<ORDER>();  // dv is done
+    acc_fence(R);
+    put_out(sm, R, c, wl, g, q);
+    wg_wait<0>();  // G's update
+    acc_fence(G);
+#pragma unroll
+    for (int n = 0; n < 16; ++n)  // G's hi / lo for the next chunk's KG ([j / 8][i][8], MN-major for KG's B)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int i = ir + 8 * h, j = 8 * n + 2 * q;
+        uint32_t hi, lo;
+        split2<TERMS>(G[4 * n + 2 * h], G[4 * n + 2 * h + 1], hi, lo);
+        const int off = (j >> 3) * 2048 + i * 16 + (j & 7) * 2;
+        *reinterpret_cast<uint32_t*>(sm + kGH + off) = hi;
+        if constexpr (TERMS == 2) *reinterpret_cast<uint32_t*>(sm + kGL + off) = lo;
+      }
+    fence_async_smem();
     if constexpr (SYNC) __syncthreads();
   }
   float sum = c0;
@@ -384,8 +404,8 @@ __device__ __forceinline__ void consumer_loop(unsigned char* sm, int c, int nchu
   out[blockIdx.x * 384 + threadIdx.x] = sum;
 }
 
-// WG0: the dgate-like work of a chunk, C^3 / 6 FMAs over shared memory (E from QK in fp32, the tables), and
-// the parts' sums.
+// WG0, AUX 1: the dgate-like work of a chunk, C^3 / 6 scalar FMAs over shared memory (E from QK in fp32, the
+// tables), and the parts' sums.
 template <bool SYNC>
 __device__ __forceinline__ void aux_loop(unsigned char* sm, int nchunks, float* out) {
   const int tid = threadIdx.x & 127;
@@ -410,9 +430,78 @@ __device__ __forceinline__ void aux_loop(unsigned char* sm, int nchunks, float* 
   out[blockIdx.x * 384 + threadIdx.x] = sink;
 }
 
-template <int AUX, bool CONS, int TERMS, bool SYNC>
+// WG0, AUX 2: the same term as a product (training-design.md 7): E = beta QK Dd below the diagonal, split hi / lo
+// into the staging buffer ([s / 8][u][8], E^T as a K-major B); M^T = L' E^T (t 64 x u 64 x s 64) with A = L'
+// fragments made from the tables (L'[t][s] = L[t-1][s]), 3 terms; td_t = sum_u L[u][t] M^T[t][u] by row sums.
+template <bool SYNC>
+__device__ __forceinline__ void aux_loop_mma(unsigned char* sm, int nchunks, float* out) {
+  const int tid = threadIdx.x & 127, wl = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
+  const float* qk = reinterpret_cast<const float*>(sm + kQKF);
+  const float* tab = reinterpret_cast<const float*>(sm + kTab);
+  const float* part = reinterpret_cast<const float*>(sm + kPart);
+  constexpr int kEH = kOut, kEL = kOut + 8192;  // (the consumers' staging: dummy data, the timing is what counts)
+  float sink = 0.f;
+  for (int ch = 0; ch < nchunks; ++ch) {
+#pragma unroll 1
+    for (int e = tid; e < 64 * 32; e += 128) {  // pairs (u, s, s + 1)
+      const int u = e >> 5, s = 2 * (e & 31);
+      const float x0 = s < u ? tab[s] * qk[u * 64 + s] * qk[s * 64 + u] : 0.f;
+      const float x1 = s + 1 < u ? tab[s + 1] * qk[u * 64 + s + 1] * qk[(s + 1) * 64 + u] : 0.f;
+      uint32_t hi, lo;
+      split2<2>(x0, x1, hi, lo);
+      const int off = (s >> 3) * 1024 + u * 16 + (s & 7) * 2;
+      *reinterpret_cast<uint32_t*>(sm + kEH + off) = hi;
+      *reinterpret_cast<uint32_t*>(sm + kEL + off) = lo;
+    }
+    fence_async_smem();
+    asm volatile("bar.sync 5, 128;\n" ::: "memory");  // WG0's own threads
+    float M[32];
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) {
+      uint32_t ah[4], al[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {  // L'[t][s], t = 16 wl + g + 8 (r & 1), s = 16 kb + 2 q + 8 (r >> 1) (+1)
+        const int t = 16 * wl + g + 8 * (r & 1), s = 16 * kb + 2 * q + 8 * (r >> 1);
+        split2<2>(s < t ? tab[t] * tab[64 + s] : 0.f, s + 1 < t ? tab[t] * tab[65 + s] : 0.f, ah[r], al[r]);
+      }
+      wg_fence();
+      const uint64_t bh = kdesc(sm, kEH, 64, kb), bl = kdesc(sm, kEL, 64, kb);
+      if (kb == 0) wg_rs64_00_z(M, ah, bh);
+      else wg_rs64_00(M, ah, bh);
+      wg_rs64_00(M, ah, bl);
+      wg_rs64_00(M, al, bh);
+      wg_commit();
+      wg_wait<0>();  // a k-step at a time: WG0's registers are few
+    }
+    acc_fence(M);
+    float td[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {  // M^T[t][u]: t = 16 wl + g + 8 ((i >> 1) & 1), u = 8 (i >> 2) + 2 q + (i & 1)
+      const int h = (i >> 1) & 1, t = 16 * wl + g + 8 * h, u = 8 * (i >> 2) + 2 * q + (i & 1);
+      td[h] = fmaf(t <= u ? tab[u] * tab[64 + t] : 0.f, M[i], td[h]);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      td[h] += __shfl_xor_sync(0xffffffffu, td[h], 1);
+      td[h] += __shfl_xor_sync(0xffffffffu, td[h], 2);
+#pragma unroll 4
+      for (int w = 0; w < 12; ++w) td[h] += part[w * 64 + 16 * wl + g + 8 * h];
+      sink += td[h];
+    }
+    asm volatile("bar.sync 5, 128;\n" ::: "memory");  // E's buffer is free
+    if constexpr (SYNC) __syncthreads();
+  }
+  out[blockIdx.x * 384 + threadIdx.x] = sink;
+}
+
+// AUX: 0 idle, 1 the scalar dgate loop, 2 the dgate term as a product; CONS: the consumers run; ORDER as
+// consumer_loop. Registers (setmaxnreg): WG0 40 and the consumers 232, or 80 and 216 where WG0 issues wgmma (the pipelined
+// consumers need more than 224 beside it: ptxas serializes their wgmma, C7512, in variant 8).
+template <int AUX, bool CONS, int TERMS, int ORDER, bool SYNC>
 __global__ void __launch_bounds__(384, 1) b6_kernel(const float* src_s, float* out, int nchunks) {
   static_assert(!SYNC || (AUX > 0 && CONS), "lockstep needs every warpgroup in the loop");
+  constexpr int kAux = AUX == 2 ? 80 : 40, kCons = AUX == 2 ? 216 : 232;
+  static_assert(kAux * 128 + kCons * 256 <= 65536, "the split fits the register file");
 #if defined(__CUDA_ARCH__) && !defined(GR_WGMMA)
   __trap();
 #endif
@@ -427,12 +516,13 @@ __global__ void __launch_bounds__(384, 1) b6_kernel(const float* src_s, float* o
   __syncthreads();
   const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0);
   if (wg == 0) {
-    maxnreg_dec<kAuxRegs>();
-    if constexpr (AUX > 0) aux_loop<SYNC>(sm, nchunks, out);
+    maxnreg_dec<kAux>();
+    if constexpr (AUX == 1) aux_loop<SYNC>(sm, nchunks, out);
+    if constexpr (AUX == 2) aux_loop_mma<SYNC>(sm, nchunks, out);
     return;
   }
-  maxnreg_inc<kConsRegs>();
-  if constexpr (CONS) consumer_loop<TERMS, SYNC>(sm, wg - 1, nchunks, src_s + (size_t)blockIdx.x * 16384, out);
+  maxnreg_inc<kCons>();
+  if constexpr (CONS) consumer_loop<TERMS, ORDER, SYNC>(sm, wg - 1, nchunks, src_s + (size_t)blockIdx.x * 16384, out);
 }
 
 // The issue ceiling of three warpgroups a CTA: SS m64n64k16 back to back, 8 a commit group, one group in flight.
@@ -557,13 +647,18 @@ __global__ void __launch_bounds__(128, 1) b1_kernel(const float* A, const float*
 
 FUNC_ATTRS
 
-// (AUX, CONS, TERMS, SYNC) of each variant, in the order of VARIANTS (Python).
+// (AUX, CONS, TERMS, ORDER, SYNC) of each variant, in the order of VARIANTS (Python).
 template <int V>
 struct Variant;
-template <> struct Variant<0> { static constexpr auto k = b6_kernel<1, true, 2, false>; };
-template <> struct Variant<1> { static constexpr auto k = b6_kernel<0, true, 2, false>; };
-template <> struct Variant<2> { static constexpr auto k = b6_kernel<1, true, 1, false>; };
-template <> struct Variant<3> { static constexpr auto k = b6_kernel<1, true, 2, true>; };
+template <> struct Variant<0> { static constexpr auto k = b6_kernel<1, true, 2, 0, false>; };
+template <> struct Variant<1> { static constexpr auto k = b6_kernel<0, true, 2, 0, false>; };
+template <> struct Variant<2> { static constexpr auto k = b6_kernel<1, true, 1, 0, false>; };
+template <> struct Variant<3> { static constexpr auto k = b6_kernel<1, true, 2, 0, true>; };
+template <> struct Variant<4> { static constexpr auto k = b6_kernel<1, false, 2, 0, false>; };
+template <> struct Variant<5> { static constexpr auto k = b6_kernel<0, true, 2, 1, false>; };
+template <> struct Variant<6> { static constexpr auto k = b6_kernel<2, false, 2, 1, false>; };
+template <> struct Variant<7> { static constexpr auto k = b6_kernel<2, true, 2, 0, false>; };
+template <> struct Variant<8> { static constexpr auto k = b6_kernel<2, true, 2, 1, false>; };
 
 template <int V>
 cudaError_t launch_v(const float* src_s, float* out, int sms, int n, cudaStream_t s) {
@@ -581,6 +676,11 @@ int bp_b6(int v, const float* src_s, float* out, int sms, int n, cudaStream_t s)
     case 1: return (int)launch_v<1>(src_s, out, sms, n, s);
     case 2: return (int)launch_v<2>(src_s, out, sms, n, s);
     case 3: return (int)launch_v<3>(src_s, out, sms, n, s);
+    case 4: return (int)launch_v<4>(src_s, out, sms, n, s);
+    case 5: return (int)launch_v<5>(src_s, out, sms, n, s);
+    case 6: return (int)launch_v<6>(src_s, out, sms, n, s);
+    case 7: return (int)launch_v<7>(src_s, out, sms, n, s);
+    case 8: return (int)launch_v<8>(src_s, out, sms, n, s);
   }
   return (int)cudaErrorInvalidValue;
 }
@@ -590,6 +690,11 @@ int bp_b6_attrs(int v, int* res) {
     case 1: return func_attrs((const void*)Variant<1>::k, res);
     case 2: return func_attrs((const void*)Variant<2>::k, res);
     case 3: return func_attrs((const void*)Variant<3>::k, res);
+    case 4: return func_attrs((const void*)Variant<4>::k, res);
+    case 5: return func_attrs((const void*)Variant<5>::k, res);
+    case 6: return func_attrs((const void*)Variant<6>::k, res);
+    case 7: return func_attrs((const void*)Variant<7>::k, res);
+    case 8: return func_attrs((const void*)Variant<8>::k, res);
   }
   return (int)cudaErrorInvalidValue;
 }
@@ -643,7 +748,12 @@ void peak(const at::Tensor& out, int64_t sms, int64_t iters) {
 VARIANTS = [("full: WG0 dgate loop + 2 consumers, 2 terms, S from global", 192),
             ("consumers only (WG0 idle)", 192),
             ("1 term (no lo products)", 96),
-            ("full, block barrier a chunk (lockstep)", 192)]
+            ("full, block barrier a chunk (lockstep)", 192),
+            ("WG0's scalar dgate loop alone", 0),
+            ("consumers only, pipelined (next product before the epilogue)", 192),
+            ("WG0's dgate as a product alone (E split, 4 x 3 RS)", 12),
+            ("consumers (not pipelined) + WG0's dgate product", 204),
+            ("pipelined consumers + WG0's dgate product (ptxas serializes: C7512)", 204)]
 UNIT_FLOP = 2 * 64 * 64 * 16
 
 
