@@ -4169,7 +4169,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) recurrent_bwd_kernel(const Bwd
 //     G <- A_{C-1} G + sum_u (A_u q_u) dy_u^T (from zero, one FMA join), after G's last read.
 // dS_0 = G at the end. Padded steps past T are identities (gate 1, beta 0, zero rows). Fixed-order sums.
 // Segments (sequence parallelism, docs/training-design.md 1.4): a (b, h) sequence's chunks in nseg segments of
-// seg_chunks (even; the last may be shorter), a block each. Segment j starts from S at its first chunk and ends on
+// seg_chunks (the last may be shorter; down to one chunk), a block each. Segment j starts from S at its first chunk and ends on
 // Gamma, the gradient of the state after its last chunk; with nseg > 1 both come from chunk_bwd_prep (each
 // segment's own contribution from zero, and its decay D_j, the product of its gates) and chunk_bwd_scan
 // (S_{j+1} = D_j S_j + U_j forwards, Gamma_{j-1} = D_j Gamma_j + W_j backwards, elementwise in segment order).
