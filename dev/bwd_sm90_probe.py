@@ -51,29 +51,20 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 from timing import kernelbench_time  # noqa: E402
 from tools.common import save  # noqa: E402
-from tools.sm90_build import FUNC_ATTRS_SRC, build, print_build, solution_constant  # noqa: E402
+from tools.sm90_build import (FUNC_ATTRS_SRC, PROBE_HELPERS_SRC, build, print_build, solution_constant,  # noqa: E402
+                               solution_function)
 
 
 def wgmma_bf16(n, rs, ta, tb, zero):
-    """One m64n{n}k16 bf16 wgmma with fp32 accumulators d[n / 2]: SS (descriptors da, db; ta / tb: A / B
-    MN-major) or RS (A four bf16x2 registers; tb). zero: d = A B (d output only), else d += A B."""
-    regs = n // 2
-    outs = ",".join(f"%{i}" for i in range(regs))
-    if rs:
-        a, b, sc = f"{{%{regs},%{regs + 1},%{regs + 2},%{regs + 3}}}", f"%{regs + 4}", f"%{regs + 5}"
-        ins, tail, sig = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), ', f"p, 1, 1, {tb}", \
-            "const uint32_t (&a)[4], uint64_t db"
-    else:
-        a, b, sc = f"%{regs}", f"%{regs + 1}", f"%{regs + 2}"
-        ins, tail, sig = '"l"(da), "l"(db), ', f"p, 1, 1, {ta}, {tb}", "uint64_t da, uint64_t db"
-    ins += '"r"(0)' if zero else '"r"(1)'
-    outs_c = ", ".join(f'"{"=" if zero else "+"}f"(d[{i}])' for i in range(regs))
-    body = (f'asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, {sc}, 0;\\n'
-            f'wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{outs}}}, {a}, {b}, {tail};\\n}}\\n"'
-            f' : {outs_c} : {ins});')
-    name = f"wg_{'rs' if rs else 'ss'}{n}_{ta}{tb}{'_z' if zero else ''}"
-    return (f"__device__ __forceinline__ void {name}(float (&d)[{regs}], {sig}) {{\n"
-            f"#ifdef GR_WGMMA\n  {body}\n#endif\n}}\n")
+    """solution's bf16 wgmma form (n, RS or SS, B MN-major tb, zero), renamed wg_{rs,ss}{n}_{ta}{tb}[_z]; ta: A
+    MN-major as well (SS only: solution's forms fix it at 0)."""
+    src = solution_function("_wgmma")(n, rs, tb, zero)
+    name = f"wgmma_{'rs' if rs else 'ss'}{n}{'_t' if tb else ''}{'_z' if zero else ''}("
+    src = src.replace(name, f"wg_{'rs' if rs else 'ss'}{n}_{ta}{tb}{'_z' if zero else ''}(")
+    if ta:
+        assert not rs
+        src = src.replace(f"p, 1, 1, 0, {tb};", f"p, 1, 1, 1, {tb};")
+    return src.replace(", int scale_d) {", ") {").replace('"r"(scale_d)', '"r"(1)')
 
 
 # (n, RS, A MN-major, B MN-major, zero): the forms the consumers use.
@@ -98,20 +89,7 @@ WGMMA_SYNC
 
 WGMMA_FORMS
 
-// No-swizzle descriptor: start >> 4, LBO >> 4 at bit 16, SBO >> 4 at bit 32 (dev/wgmma_probe.py's reading);
-// the opaque move keeps the compiler from hoisting every descriptor of an unrolled loop into registers.
-__device__ __forceinline__ uint64_t sm_desc(const void* p, uint32_t lbo, uint32_t sbo) {
-  uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-  asm volatile("mov.b32 %0, %0;\n" : "+r"(a));
-  return (uint64_t)((a & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
-}
-__device__ __forceinline__ float dummy(uint32_t i) {  // a hash in [-0.5, 0.5): full mantissas, finite
-  i *= 2654435761u;
-  i ^= i >> 15;
-  i *= 0x2c1b3c6du;
-  i ^= i >> 12;
-  return (float)(i & 0xFFFFFFu) * (1.f / 16777216.f) - 0.5f;
-}
+PROBE_HELPERS  // (tools/sm90_build.py: sm_desc, desc_at, dummy)
 // x = hi + lo in bf16 pairs: hi = bf16(x), lo = bf16(x - hi); TERMS 1: hi only.
 template <int TERMS>
 __device__ __forceinline__ void split2(float x0, float x1, uint32_t& hi, uint32_t& lo) {
@@ -126,6 +104,20 @@ __device__ __forceinline__ void split2(float x0, float x1, uint32_t& hi, uint32_
 }
 __device__ __forceinline__ float ldb(const unsigned char* p) {
   return __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(p));
+}
+// Dummy shared memory (scale x a hash), then the async-proxy fence and a block barrier.
+__device__ __forceinline__ void fill_dummy(unsigned char* sm, int bytes, uint32_t salt, float scale) {
+  float* f = reinterpret_cast<float*>(sm);
+  for (int e = threadIdx.x; e < bytes / 4; e += blockDim.x) f[e] = scale * dummy(e + salt);
+  fence_async_smem();
+  __syncthreads();
+}
+// base + the sum of d into this thread's slot of out (keeps the compiler from dropping the work).
+template <int N>
+__device__ __forceinline__ void sink_out(float* out, const float (&d)[N], float base) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) base += d[i];
+  out[blockIdx.x * 384 + threadIdx.x] = base;
 }
 __device__ __forceinline__ void consumers_sync() {  // the two consumer warpgroups (named barrier 1)
   asm volatile("bar.sync 1, 256;\n" ::: "memory");
@@ -200,6 +192,25 @@ __device__ __forceinline__ void col_dots(unsigned char* sm, const float (&X)[32]
       x += __shfl_xor_sync(0xffffffffu, x, 16);
       if (g == 0) part[(slot * 4 + wl) * 64 % 768 + u] = x;
     }
+}
+
+// acc += A W over the chunk's 64 steps, A MN-major from a staged tile (a_off), W the masked weights hi / lo
+// (K-major, or MN-major with BMN): dq^T's K^T MQ^T and dkt^T's Q^T MD.
+template <int TERMS, bool BMN>
+__device__ __forceinline__ void weights_product(float (&acc)[32], const unsigned char* sm, int a_off, int wh, int wl_) {
+#pragma unroll
+  for (int kb = 0; kb < 4; ++kb) {
+    wg_fence();
+    const uint64_t da = mdesc(sm, a_off, 64, kb);
+    if constexpr (BMN) {
+      wg_ss64_11(acc, da, mdesc(sm, wh, 64, kb));
+      if constexpr (TERMS == 2) wg_ss64_11(acc, da, mdesc(sm, wl_, 64, kb));
+    } else {
+      wg_ss64_10(acc, da, kdesc(sm, wh, 64, kb));
+      if constexpr (TERMS == 2) wg_ss64_10(acc, da, kdesc(sm, wl_, 64, kb));
+    }
+  }
+  wg_commit();
 }
 
 // Waits for the product issued before the newest one (ORDER 1: one product in flight behind the epilogue) or, with
@@ -303,29 +314,13 @@ __device__ __forceinline__ void consumer_loop(unsigned char* sm, int c, int nchu
 #pragma unroll
     for (int i = 0; i < 32; ++i) R[i] *= tab[8 * ((i >> 2) & 7) + 2 * q + (i & 1)];
     consumers_sync();  // the other consumer's weights are written
-    // dq^T = R^T diag(A) + K^T MQ^T
-#pragma unroll
-    for (int kb = 0; kb < 4; ++kb) {
-      wg_fence();
-      const uint64_t da = mdesc(sm, kK + 8192 * c, 64, kb);
-      wg_ss64_10(R, da, kdesc(sm, kMQH, 64, kb));
-      if constexpr (TERMS == 2) wg_ss64_10(R, da, kdesc(sm, kMQL, 64, kb));
-    }
-    wg_commit();
+    weights_product<TERMS, false>(R, sm, kK + 8192 * c, kMQH, kMQL);  // dq^T = R^T diag(A) + K^T MQ^T
     behind<ORDER>();  // Rk^T is done
     acc_fence(Rk);
     col_dots(sm, Rk, kK, i0, 2 + c, wl, g, q);  // e
 #pragma unroll
     for (int i = 0; i < 32; ++i) Rk[i] *= tab[128 + 8 * ((i >> 2) & 7) + 2 * q + (i & 1)];
-    // dkt^T = Rk^T diag(w) + Q^T MD
-#pragma unroll
-    for (int kb = 0; kb < 4; ++kb) {
-      wg_fence();
-      const uint64_t da = mdesc(sm, kQ + 8192 * c, 64, kb);
-      wg_ss64_11(Rk, da, mdesc(sm, kMDH, 64, kb));
-      if constexpr (TERMS == 2) wg_ss64_11(Rk, da, mdesc(sm, kMDL, 64, kb));
-    }
-    wg_commit();
+    weights_product<TERMS, true>(Rk, sm, kQ + 8192 * c, kMDH, kMDL);  // dkt^T = Rk^T diag(w) + Q^T MD
     behind<ORDER>();  // dq^T is done
     acc_fence(R);
     put_out(sm, R, c, wl, g, q);
@@ -398,10 +393,7 @@ __device__ __forceinline__ void consumer_loop(unsigned char* sm, int c, int nchu
     fence_async_smem();
     if constexpr (SYNC) __syncthreads();
   }
-  float sum = c0;
-#pragma unroll
-  for (int i = 0; i < 64; ++i) sum += G[i];
-  out[blockIdx.x * 384 + threadIdx.x] = sum;
+  sink_out(out, G, c0);
 }
 
 // WG0, AUX 1: the dgate-like work of a chunk, C^3 / 6 scalar FMAs over shared memory (E from QK in fp32, the
@@ -506,9 +498,7 @@ __global__ void __launch_bounds__(384, 1) b6_kernel(const float* src_s, float* o
   __trap();
 #endif
   extern __shared__ __align__(1024) unsigned char sm[];
-  float* smf = reinterpret_cast<float*>(sm);
-  for (int e = threadIdx.x; e < kSmem / 4; e += blockDim.x) smf[e] = 0.25f * dummy(e + 7919u * blockIdx.x);
-  __syncthreads();
+  fill_dummy(sm, kSmem, 7919u * blockIdx.x, 0.25f);
   float* tab = reinterpret_cast<float*>(sm + kTab);
   if (threadIdx.x < 256) tab[threadIdx.x] = 0.95f + 0.1f * dummy(threadIdx.x + 99u);
   if (threadIdx.x == 0) tab[63] = 0.5f;  // G stays bounded over the chunks
@@ -528,13 +518,8 @@ __global__ void __launch_bounds__(384, 1) b6_kernel(const float* src_s, float* o
 // The issue ceiling of three warpgroups a CTA: SS m64n64k16 back to back, 8 a commit group, one group in flight.
 __global__ void __launch_bounds__(384, 1) peak_kernel(float* out, int iters) {
   extern __shared__ __align__(1024) unsigned char sm[];
-  float* smf = reinterpret_cast<float*>(sm);
-  for (int e = threadIdx.x; e < 65536 / 4; e += blockDim.x) smf[e] = dummy(e);
-  fence_async_smem();
-  __syncthreads();
-  float d[32];
-#pragma unroll
-  for (int i = 0; i < 32; ++i) d[i] = 0.f;
+  fill_dummy(sm, 65536, 0u, 1.f);
+  float d[32] = {};
   for (int it = 0; it < iters; ++it) {
     wg_fence();
 #pragma unroll
@@ -544,10 +529,7 @@ __global__ void __launch_bounds__(384, 1) peak_kernel(float* out, int iters) {
   }
   wg_wait<0>();
   acc_fence(d);
-  float s = 0.f;
-#pragma unroll
-  for (int i = 0; i < 32; ++i) s += d[i];
-  out[blockIdx.x * 384 + threadIdx.x] = s;
+  sink_out(out, d, 0.f);
 }
 
 // =============================== B1: the design's operand forms against float64 ===============
@@ -793,7 +775,7 @@ def main():
     ap.add_argument("--build-only", action="store_true")
     args = ap.parse_args()
     cuda = CUDA_SRC.replace("WGMMA_FORMS", WGMMA_SRC).replace("WGMMA_SYNC", solution_constant("WGMMA_SYNC_SRC"))
-    cuda = cuda.replace("FUNC_ATTRS", FUNC_ATTRS_SRC)
+    cuda = cuda.replace("FUNC_ATTRS", FUNC_ATTRS_SRC).replace("PROBE_HELPERS", PROBE_HELPERS_SRC)
     mod, summary = build("bwd_sm90_probe", HOST_SRC, cuda, ["b6", "b6_attrs", "peak", "b1"], "bp")
     print_build(summary)
     res = {"build": summary}

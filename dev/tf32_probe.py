@@ -61,7 +61,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 from timing import kernelbench_time, rel_l2  # noqa: E402
 from tools.common import save  # noqa: E402
-from tools.sm90_build import FUNC_ATTRS_SRC, build, print_build, solution_constant, tf32_wgmma_src  # noqa: E402
+from tools.sm90_build import (FUNC_ATTRS_SRC, PROBE_HELPERS_SRC, build, print_build, solution_constant,  # noqa: E402
+                               tf32_wgmma_src)
 
 RESULT = {}
 
@@ -91,15 +92,7 @@ WGMMA_FORMS
 WGMMA_SYNC  // (solution.py's warpgroup helpers: wgmma fence / commit / wait, setmaxnreg, fence_async_smem,
             //  acc_fence, wg_barrier)
 
-// No-swizzle K-major descriptor: start >> 4, LBO (core matrices adjacent in K) >> 4 at bit 16, SBO
-// (adjacent in M / N) >> 4 at bit 32 (dev/wgmma_probe.py settled the reading). The opaque move keeps the
-// compiler from hoisting every descriptor of an unrolled loop into two registers each (as solution's sm_desc).
-__device__ __forceinline__ uint64_t sm_desc(const void* p, uint32_t lbo, uint32_t sbo) {
-  uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-  asm volatile("mov.b32 %0, %0;\n" : "+r"(a));
-  return (uint64_t)((a & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
-}
-__device__ __forceinline__ uint64_t desc_at(uint64_t d, uint32_t bytes) { return d + (bytes >> 4); }
+PROBE_HELPERS  // (tools/sm90_build.py: sm_desc, desc_at, dummy)
 
 // TF32 round to nearest, ties away (the split's hi; the A3 probe checks its low 13 bits are zero).
 __device__ __forceinline__ uint32_t tf32_rna(float x) {
@@ -129,13 +122,6 @@ template <int TERMS, bool IR = false>
 __device__ __forceinline__ void split4(const float (&x)[4], uint32_t (&hi)[4], uint32_t (&lo)[4]) {
 #pragma unroll
   for (int r = 0; r < 4; ++r) split1<TERMS, IR>(x[r], hi[r], lo[r]);
-}
-__device__ __forceinline__ float dummy(uint32_t i) {  // a hash in [-0.5, 0.5): full mantissas, finite
-  i *= 2654435761u;
-  i ^= i >> 15;
-  i *= 0x2c1b3c6du;
-  i ^= i >> 12;
-  return (float)(i & 0xFFFFFFu) * (1.f / 16777216.f) - 0.5f;
 }
 __device__ __forceinline__ float lds(const unsigned char* p) { return *reinterpret_cast<const float*>(p); }
 __device__ __forceinline__ uint32_t ldsu(const unsigned char* p) { return *reinterpret_cast<const uint32_t*>(p); }
@@ -1197,7 +1183,7 @@ def main():
     if unknown:
         ap.error(f"unknown probes {sorted(unknown)}")
     cuda = CUDA_SRC.replace("WGMMA_FORMS", WGMMA_SRC).replace("WGMMA_SYNC", solution_constant("WGMMA_SYNC_SRC"))
-    cuda = cuda.replace("FUNC_ATTRS", FUNC_ATTRS_SRC)
+    cuda = cuda.replace("FUNC_ATTRS", FUNC_ATTRS_SRC).replace("PROBE_HELPERS", PROBE_HELPERS_SRC)
     mod, summary = build("tf32_probe", HOST_SRC, cuda, FUNCTIONS, "tp", verbose=args.verbose_build)
     print_build(summary)
     RESULT["build"] = summary

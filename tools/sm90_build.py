@@ -33,6 +33,27 @@ static int func_attrs(const void* fn, int* res) {
 """
 
 
+# The dev/ probes' shared device helpers (CUDA source, spliced where a probe writes PROBE_HELPERS): the no-swizzle
+# shared-memory matrix descriptor (start >> 4, LBO >> 4 at bit 16, SBO >> 4 at bit 32; dev/wgmma_probe.py settled
+# the reading; the opaque move keeps the compiler from hoisting every descriptor of an unrolled loop into two
+# registers each, as solution's sm_desc), its offset form, and a hash for dummy data.
+PROBE_HELPERS_SRC = r"""
+__device__ __forceinline__ uint64_t sm_desc(const void* p, uint32_t lbo, uint32_t sbo) {
+  uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+  asm volatile("mov.b32 %0, %0;\n" : "+r"(a));
+  return (uint64_t)((a & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
+}
+__device__ __forceinline__ uint64_t desc_at(uint64_t d, uint32_t bytes) { return d + (bytes >> 4); }
+__device__ __forceinline__ float dummy(uint32_t i) {  // a hash in [-0.5, 0.5): full mantissas, finite
+  i *= 2654435761u;
+  i ^= i >> 15;
+  i *= 0x2c1b3c6du;
+  i ^= i >> 12;
+  return (float)(i & 0xFFFFFFu) * (1.f / 16777216.f) - 0.5f;
+}
+"""
+
+
 def solution_constant(name):
     """A string constant of solution.py (e.g. WGMMA_SYNC_SRC: the warpgroup fence, commit, wait and the
     setmaxnreg moves), read from its source text."""
