@@ -28,7 +28,8 @@ previous one's epilogue; Rk^T then reads G's hi / lo from shared memory, because
 stay tied up until its wait and RS for both needs more than 232 registers); [6] WG0's dgate term as a product
 (E split into shared memory, M^T = L' E^T, 3 terms) alone; [7] unpipelined consumers beside it; [8] pipelined
 consumers beside it. ptxas (local): [5] clean at 232; WG0's product needs about 80 registers, which leaves the
-consumers 216, and there ptxas serializes their wgmma (C7512) in [7] and [8]: those two measure that cost.
+consumers 216, and there ptxas serializes their wgmma (C7512) in [7] and [8]: those two measure that cost. This
+build spills 20 B in [0] and [3] (run 6's build of them did not: the products now commit once each).
 Plus the ceiling of 3 warpgroups a CTA (SS m64n64k16 back to back).
 Decision rule: the S4 bar leaves about 14.9 us a chunk for everything (perf-notes, twenty-second session), and
 the loads (64 KB of inputs and 64 KB of S a chunk at an SM's share of HBM) about 4 us of it: GO at <= 8 us a
