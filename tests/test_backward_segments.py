@@ -65,7 +65,8 @@ def test_segments_argument_errors(sol, kwargs, pattern):
 
 # ---- gradients with forced segments against float64
 SEG_CASES = [((1, 1000, 1, 64, 64), FP32, 3), ((1, 1000, 1, 64, 64), BF16, 4), ((2, 300, 1, 33, 100), FP32, 2),
-             ((1, 257, 2, 7, 5), FP32, 5), ((1, 200, 1, 128, 128), FP32, 4), ((1, 130, 2, 32, 40), BF16, 3)]
+             ((1, 257, 2, 7, 5), FP32, 5), ((1, 200, 1, 128, 128), FP32, 4), ((1, 130, 2, 32, 40), BF16, 3),
+             ((1, 100, 2, 16, 24), FP32, 4)]  # the last: every segment one chunk, the last chunk ragged
 
 
 @cuda
