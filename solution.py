@@ -4384,6 +4384,20 @@ struct GateBeta {
   }
 };
 
+// An inclusive product scan in double over a warp's 32 lanes (lane l: one step's gate): kPrefix prod_{r<=l},
+// else prod_{r>=l}.
+template <bool kPrefix>
+__device__ __forceinline__ double lane_scan(double x) {
+  static_assert(C == 32, "a lane a step");
+  const int l = threadIdx.x & 31;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const double y = kPrefix ? __shfl_up_sync(0xffffffffu, x, o) : __shfl_down_sync(0xffffffffu, x, o);
+    if (kPrefix ? l >= o : l + o < 32) x *= y;
+  }
+  return x;
+}
+
 // The chunk's tables from its gates and betas, each a double product rounded once:
 // L[t][s] = prod_{r=s+1..t} g_r (s <= t, else 0), A[t] = prod_{r<=t} g_r, Ah[t] = A[t-1] (Ah[0] = 1),
 // w[s] = prod_{r>s} g_r. Warp 0 walks L's columns (lane s: a running product down t, the same roundings as
@@ -4405,21 +4419,19 @@ __device__ __forceinline__ void tables(float* sm, const GateBeta& gb) {
       sm[kL + t * PC + s] = t >= s ? (float)pr : 0.f;
     }
   } else if (tid < 2 * C) {
-    static_assert(C == 32, "a lane a step");
     const int t = tid - C;
-    double pa = g[t], ps = pa;  // inclusive prefix and suffix products after the scans
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const double up = __shfl_up_sync(0xffffffffu, pa, o), down = __shfl_down_sync(0xffffffffu, ps, o);
-      if (t >= o) pa *= up;
-      if (t + o < 32) ps *= down;
-    }
+    const double pa = lane_scan<true>(g[t]), ps = lane_scan<false>(g[t]);  // prod_{r<=t}, prod_{r>=t}
     const double ph = __shfl_up_sync(0xffffffffu, pa, 1), pw = __shfl_down_sync(0xffffffffu, ps, 1);
     sm[kA + t] = (float)pa;
     sm[kAh + t] = t == 0 ? 1.f : (float)ph;
     sm[kW + t] = t == 31 ? 1.f : (float)pw;
   }
   __syncthreads();
+}
+
+// Whether (D_k, D_v) states from base on, D_k D_v floats apart, have 16-byte aligned rows (put_state's float4s).
+__device__ __forceinline__ bool state_rows16(const float* base, int Dv) {
+  return Dv % 4 == 0 && (reinterpret_cast<uintptr_t>(base) & 15) == 0;
 }
 
 // This warp's S elements (rows 16 (w % 8) .., columns 64 (w / 8) ..) into the row-major (D_k, D_v) state at dst:
@@ -4450,15 +4462,9 @@ __device__ __forceinline__ void put_state(float* dst, const float* S, int Dk, in
 // and beta): t[s] = w[s] = prod_{r>s} g_r, t[C + s] = beta_s, t[2C] = A_{C-1} = prod_r g_r; suffix products in
 // double by shuffles, each rounded once. No barrier of its own: the caller's publishes them.
 __device__ __forceinline__ void update_tables(float* t, const GateBeta& gb) {
-  static_assert(C == 32, "a lane a step");
   if (threadIdx.x < 32) {
     const int s = threadIdx.x;
-    double x = gb.g;  // prod_{r >= s} g_r after the scan
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const double y = __shfl_down_sync(0xffffffffu, x, o);
-      if (s + o < 32) x *= y;
-    }
+    const double x = lane_scan<false>(gb.g);  // prod_{r >= s} g_r
     const double next = __shfl_down_sync(0xffffffffu, x, 1);
     t[s] = s == 31 ? 1.f : (float)next;
     t[C + s] = gb.b;
@@ -4554,8 +4560,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) chunk_bwd_prep_kernel(const Ch
   const bool role_g = blockIdx.y == 1;
   const int j = (int)(blockIdx.x % (p.nseg - 1)) + (role_g ? 1 : 0);
   const int c0 = j * p.seg_chunks, n = min(p.nck, c0 + p.seg_chunks) - c0;
-  // seg_s and seg_g sit a multiple of D_k D_v floats past the workspace's start: aligned as the checkpoints are
-  const bool v4 = Dv % 4 == 0 && (reinterpret_cast<uintptr_t>(p.ckpt) & 15) == 0;
+  const bool v4 = state_rows16(p.ckpt, Dv);  // seg_s and seg_g sit D_k D_v floats apart from the checkpoints
   float* M = sm + (role_g ? kG : kS);
   get_state(M, nullptr, 0, 0, Dk, Dv);
   if (!role_g) {
@@ -4631,7 +4636,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) chunk_bwd_kernel(const ChunkBw
   const volatile int* sc = seg_c;
   // 16-byte forms: staged rows (rows16) and state rows (D_v % 4 == 0: the checkpoints' rows are then aligned)
   const bool vq = rows16<E>(p.q, p.sq, Dk), vk = rows16<E>(p.k, p.sk, Dk), vv = rows16<E>(p.v, p.sv, Dv);
-  const bool vy = rows16<E>(p.dy, p.sdy, Dv), v4 = Dv % 4 == 0 && (reinterpret_cast<uintptr_t>(p.ckpt) & 15) == 0;
+  const bool vy = rows16<E>(p.dy, p.sdy, Dv), v4 = state_rows16(p.ckpt, Dv);
 
   // ---- phase F: S at the segment's chunk starts into the workspace
   const int64_t seg_slot = bh * (p.nseg - 1);  // segments after the first start from chunk_bwd_scan's S
@@ -4874,14 +4879,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) chunk_bwd_kernel(const ChunkBw
     rank_update<kExact>(G, A[C - 1], Q, A, nullptr, Y);
     __syncthreads();  // the next chunk restages everything and reads G
   }
-  if (p.ds0 != nullptr && seg == 0)  // ours, contiguous
-#pragma unroll
-    for (int ia = 0; ia < 16; ++ia)
-#pragma unroll
-      for (int c = 0; c < NC; ++c) {
-        const int i = st_i(ia), j = st_j(c);
-        if (i < Dk && j < Dv) p.ds0[(bh * Dk + i) * Dv + j] = G[i * P + j];
-      }
+  // dS_0: ours, contiguous; after the loop's last barrier. An element a lane: the float4 form's code here spilled
+  // 8 bytes at the 128-register cap (16-bit inputs, ptxas), for one store a block.
+  if (p.ds0 != nullptr && seg == 0) put_state(p.ds0 + bh * Dk * Dv, G, Dk, Dv, false);
 }
 
 // The workspace: checkpoints (pl.blocks segments' seg_chunks states), then with segments U / S, W / Gamma
