@@ -52,7 +52,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 from timing import kernelbench_time  # noqa: E402
 from tools.common import save  # noqa: E402
-from tools.sm90_build import (FUNC_ATTRS_SRC, PROBE_HELPERS_SRC, build, print_build, solution_constant,  # noqa: E402
+from tools.sm90_build import (BF16_TILE_SRC, FUNC_ATTRS_SRC, PROBE_HELPERS_SRC, build, print_build, solution_constant,  # noqa: E402
                                solution_function)
 
 
@@ -90,19 +90,7 @@ WGMMA_SYNC
 
 WGMMA_FORMS
 
-PROBE_HELPERS  // (tools/sm90_build.py: sm_desc, desc_at, dummy)
-// x = hi + lo in bf16 pairs: hi = bf16(x), lo = bf16(x - hi); TERMS 1: hi only.
-template <int TERMS>
-__device__ __forceinline__ void split2(float x0, float x1, uint32_t& hi, uint32_t& lo) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
-  hi = *reinterpret_cast<const uint32_t*>(&h);
-  if constexpr (TERMS == 2) {
-    const __nv_bfloat162 l = __floats2bfloat162_rn(x0 - __low2float(h), x1 - __high2float(h));
-    lo = *reinterpret_cast<const uint32_t*>(&l);
-  } else {
-    lo = 0u;
-  }
-}
+PROBE_HELPERS  // (tools/sm90_build.py: sm_desc, desc_at, dummy; BF16_TILE_SRC: split2, kdesc, mdesc)
 __device__ __forceinline__ float ldb(const unsigned char* p) {
   return __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(p));
 }
@@ -133,15 +121,6 @@ constexpr int kMDH = 147456, kMDL = 155648, kMPH = 163840, kMPL = 172032, kQKF =
 constexpr int kTab = 212992, kPart = 214016, kEnd = 217088;
 constexpr int kSmem = kEnd + 8192;
 static_assert(kSmem <= 232448, "fits the opt-in shared memory of an H200");
-
-__device__ __forceinline__ uint64_t kdesc(const unsigned char* sm, int off, int rows, int kb) {  // K-major, k16 step
-  return sm_desc(sm + off + 2 * kb * rows * 16, rows * 16, 128);
-}
-// MN-major, k16 step: a tile stored [mn / 8][k][8] (rows = its k extent): LBO 128 between core matrices adjacent in
-// K, SBO rows x 16 between those adjacent in M / N (solution's mn_desc; B1 checks it for A too).
-__device__ __forceinline__ uint64_t mdesc(const unsigned char* sm, int off, int rows, int kb) {
-  return sm_desc(sm + off + 2 * kb * 128, 128, rows * 16);
-}
 
 // The weights of a chunk from the consumer's 64 x 64 accumulator X (rows 16 wl + g (+8), columns 8 n + 2 q):
 // masked (s <= t), scaled by two table entries, split, stored hi / lo at off_h / off_l (K-major [s/8][t][8]).
@@ -776,7 +755,7 @@ def main():
     ap.add_argument("--build-only", action="store_true")
     args = ap.parse_args()
     cuda = CUDA_SRC.replace("WGMMA_FORMS", WGMMA_SRC).replace("WGMMA_SYNC", solution_constant("WGMMA_SYNC_SRC"))
-    cuda = cuda.replace("FUNC_ATTRS", FUNC_ATTRS_SRC).replace("PROBE_HELPERS", PROBE_HELPERS_SRC)
+    cuda = cuda.replace("FUNC_ATTRS", FUNC_ATTRS_SRC).replace("PROBE_HELPERS", PROBE_HELPERS_SRC + BF16_TILE_SRC)
     mod, summary = build("bwd_sm90_probe", HOST_SRC, cuda, ["b6", "b6_attrs", "peak", "b1"], "bp")
     print_build(summary)
     res = {"build": summary}

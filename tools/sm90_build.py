@@ -53,6 +53,31 @@ __device__ __forceinline__ float dummy(uint32_t i) {  // a hash in [-0.5, 0.5): 
 }
 """
 
+# The bf16 tiles of the dev/ backward kernels (after PROBE_HELPERS; needs cuda_bf16.h): a pair split into hi and lo
+# terms, and the K-major and MN-major descriptors of a k16 step of a tile stored [k / 8][row][8] or [mn / 8][k][8].
+BF16_TILE_SRC = r"""
+// x = hi + lo in bf16 pairs: hi = bf16(x), lo = bf16(x - hi); TERMS 1: hi only.
+template <int TERMS>
+__device__ __forceinline__ void split2(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+  hi = *reinterpret_cast<const uint32_t*>(&h);
+  if constexpr (TERMS == 2) {
+    const __nv_bfloat162 l = __floats2bfloat162_rn(x0 - __low2float(h), x1 - __high2float(h));
+    lo = *reinterpret_cast<const uint32_t*>(&l);
+  } else {
+    lo = 0u;
+  }
+}
+__device__ __forceinline__ uint64_t kdesc(const unsigned char* sm, int off, int rows, int kb) {  // K-major, k16 step
+  return sm_desc(sm + off + 2 * kb * rows * 16, rows * 16, 128);
+}
+// MN-major, k16 step: a tile stored [mn / 8][k][8] (rows = its k extent): LBO 128 between core matrices adjacent in
+// K, SBO rows x 16 between those adjacent in M / N (solution's mn_desc; B1 checks it for A too).
+__device__ __forceinline__ uint64_t mdesc(const unsigned char* sm, int off, int rows, int kb) {
+  return sm_desc(sm + off + 2 * kb * 128, 128, rows * 16);
+}
+"""
+
 
 def solution_constant(name):
     """A string constant of solution.py (e.g. WGMMA_SYNC_SRC: the warpgroup fence, commit, wait and the
