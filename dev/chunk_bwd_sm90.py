@@ -62,16 +62,22 @@ PROBE_HELPERS
 
 
 // Shared memory (bytes): bf16 tiles q, k, v, dy [d / 8][t][8]; G hi / lo [j / 8][i][8]; the masked weights hi / lo
-// [s / 8][row][8]; QK in fp32 then E (pitch 65); L (pitch 65); the tables; the consumers' row-dot partials.
+// [s / 8][row][8]; Lx hi / lo (Lx[t][s] = L[t-1][s] for s < t, [s / 8][t][8]); L (fp32, pitch 65); the tables;
+// the consumers' row-dot partials.
 constexpr int kQ = 0, kK = 16384, kV = 32768, kY = 49152, kGH = 65536, kGL = 98304;
 constexpr int kMQH = 131072, kMQL = 139264, kMDH = 147456, kMDL = 155648, kMPH = 163840, kMPL = 172032;
-constexpr int kE = 180224, kL = kE + 64 * 65 * 4, kTab = kL + 64 * 65 * 4, kPart = kTab + 6 * 256;
-constexpr int kSmem = kPart + (3 * 8 * 64 + 8 + 2 * 64) * 4;
+constexpr int kLxH = 180224, kLxL = 188416, kL = 196608, kTab = kL + 64 * 65 * 4, kPart = kTab + 6 * 256;
+constexpr int kSmem = kPart + (3 * 8 * 64 + 8 + 2 * 64 + 4 * 64) * 4;
 static_assert(kSmem <= 232448, "fits the opt-in shared memory of an H200");
 // tables (floats at kTab): A 0, Ah 64, w 128, beta 192, beta w 256, gate 320
 // partials (floats at kPart): f [8][64] at 0, e at 512, dbeta at 1024 (slot c * 4 + warp), c0 [8] at 1536,
-// then the sums f at 1544, e at 1608
+// then the sums f at 1544, e at 1608, then dgate's term (d) [4][64] at 1672 (c = 0's warps)
 constexpr int PC = 65;
+// Variants (bits of V): kPrefetch (the next chunk's tiles and S into L2 at each chunk's start), kPairs (dq and dk
+// stored as bf16 pairs after a lane exchange), kNoStores (timing only: no dq, dk, dv)
+constexpr int kAuxRegs = AUX_REGS, kConsRegs = CONS_REGS;  // setmaxnreg split
+static_assert(kAuxRegs * 128 + kConsRegs * 256 <= 65536, "the split fits the register file");
+constexpr int kPrefetch = 2, kPairs = 4, kNoStores = 8;
 
 __device__ __forceinline__ void cp16(unsigned char* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
@@ -151,21 +157,33 @@ __device__ __forceinline__ void weights_product(float (&acc)[32], const unsigned
 
 // A transposed 64 x 64 accumulator X[i][t] (rows i = i0 + 16 wl + g (+8), columns t) to out[t][i] (bf16, row
 // stride ld elements), each element times scale[t] (or 1).
+// PAIRS: lanes g and g ^ 1 swap so that each holds rows i, i + 1 (g even: column t = 8 n + 2 q, g odd: t + 1),
+// one bf16 pair a store.
+template <bool PAIRS>
 __device__ __forceinline__ void store_t(bf16* out, int64_t ld, const float (&X)[32], const float* scale, int i0,
                                         int wl, int g, int q) {
 #pragma unroll
   for (int n = 0; n < 8; ++n)
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int t = 8 * n + 2 * q + e, i = i0 + 16 * wl + g + 8 * h;
-        out[t * ld + i] = __float2bfloat16_rn(scale ? X[4 * n + 2 * h + e] * scale[t] : X[4 * n + 2 * h + e]);
+    for (int h = 0; h < 2; ++h) {
+      const int t = 8 * n + 2 * q, i = i0 + 16 * wl + g + 8 * h;
+      float x0 = X[4 * n + 2 * h], x1 = X[4 * n + 2 * h + 1];
+      if (scale) x0 *= scale[t], x1 *= scale[t + 1];
+      if constexpr (PAIRS) {
+        const bool odd = g & 1;
+        const float send = odd ? x0 : x1, got = __shfl_xor_sync(0xffffffffu, send, 4);
+        const float lo = odd ? got : x0, hi = odd ? x1 : got;  // rows i & ~1, i | 1 at column t + odd
+        *reinterpret_cast<__nv_bfloat162*>(out + (t + odd) * ld + (i & ~1)) = __floats2bfloat162_rn(lo, hi);
+      } else {
+        out[t * ld + i] = __float2bfloat16_rn(x0);
+        out[(t + 1) * ld + i] = __float2bfloat16_rn(x1);
       }
+    }
 }
 
 // Every thread: its share of chunk ch's 4 tiles (64 rows x 16 pieces of 16 bytes each) by cp.async, then (after
 // its role's own work) the wait and the async-proxy fence before the chunk's barrier (1).
+template <int V>
 __device__ __forceinline__ void load_tiles(const Params& p, unsigned char* sm, int64_t bh, int ch) {
   const int64_t b = bh / p.H, h = bh - b * p.H, rs = (int64_t)p.H * 128;
   const int64_t row0 = (b * p.T + (int64_t)ch * 64) * rs + h * 128;
@@ -174,6 +192,12 @@ __device__ __forceinline__ void load_tiles(const Params& p, unsigned char* sm, i
     const bf16* src = tile == 0 ? p.q : tile == 1 ? p.k : tile == 2 ? p.v : p.dy;
     cp16(sm + tile * 16384 + c8 * 1024 + r * 16, src + row0 + r * rs + 8 * c8);
   }
+  if ((V & kPrefetch) && ch > 0)  // the next chunk's rows into L2 (2 lines of 128 bytes a row)
+    for (int e = threadIdx.x; e < 512; e += 384) {
+      const int tile = e >> 7, r = (e >> 1) & 63;
+      const bf16* src = tile == 0 ? p.q : tile == 1 ? p.k : tile == 2 ? p.v : p.dy;
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src + row0 - 64 * rs + r * rs + 64 * (e & 1)));
+    }
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 __device__ __forceinline__ void tiles_landed() {
@@ -181,11 +205,12 @@ __device__ __forceinline__ void tiles_landed() {
   fence_async_smem();
 }
 
+template <int V>
 __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, int nck) {
   const int lt = threadIdx.x & 127, wl = lt >> 5, lane = lt & 31, g = lane >> 2, q = lane & 3;
   const float* tab = reinterpret_cast<const float*>(sm + kTab);
   float* part = reinterpret_cast<float*>(sm + kPart);
-  float* E = reinterpret_cast<float*>(sm + kE);
+  const float* L = reinterpret_cast<const float*>(sm + kL);
   const int i0 = 64 * c, ir = i0 + 16 * wl + g;  // this thread's state rows ir, ir + 8
   const int64_t b = bh / p.H, h = bh - b * p.H, rs = (int64_t)p.H * 128;  // rs: a step's row stride
   float G[64];
@@ -214,9 +239,13 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
   for (int ch = nck - 1; ch >= 0; --ch) {
     const int64_t t0 = (int64_t)ch * 64, row0 = (b * p.T + t0) * rs + h * 128;  // element (t0, h, 0)
     float X[32], R[32], Rk[32];
-    load_tiles(p, sm, bh, ch);
+    load_tiles<V>(p, sm, bh, ch);
     tiles_landed();
     __syncthreads();  // (1) the chunk's tiles and tables
+    const float* S = p.ckpt + (bh * nck + ch) * 16384;
+    if ((V & kPrefetch) && ch > 0)  // the next chunk's S rows into L2
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(S - 16384 + (ir + 8 * hh) * 128 + 32 * q));
     // X = QK (c = 0) or Dd (c = 1)
 #pragma unroll
     for (int kb = 0; kb < 8; ++kb) {
@@ -230,33 +259,59 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     acc_fence(X);
     if (c == 0) {
       put_weights<true>(sm, X, kMPH, kMPL, wl, g, q);  // MP[u][s] = L[u][s] beta_s QK[u][s]
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) E[(16 * wl + g + 8 * hh) * PC + 8 * n + 2 * q + e] = X[4 * n + 2 * hh + e];
     } else {
       put_weights<true>(sm, X, kMQH, kMQL, wl, g, q);   // MQ[t][s] = L[t][s] beta_s Dd[t][s]
       put_weights<false>(sm, X, kMDH, kMDL, wl, g, q);  // MD[u][s] = L[u][s] Dd[u][s]
     }
     fence_async_smem();
-    consumers_sync();  // (2) the weights and QK
-    if (c == 1) {  // E[u][s] = beta_s QK[u][s] Dd[u][s] (s < u), in place over QK: the same thread map as c = 0's
+    consumers_sync();  // (2) the weights
+    if (c == 0) {  // dgate's term (d): sum_{u >= t} L[u][t] M[u][t], M = E Lx^T, E[u][s] = beta_s QK Dd (s < u)
+      float Dd[32];  // Dd = dY V^T again (consumer 1 has its own), then M
+#pragma unroll
+      for (int kb = 0; kb < 8; ++kb) {
+        wg_fence();
+        if (kb == 0) wg_ss64_00_z(Dd, kdesc(sm, kY, 64, kb), kdesc(sm, kV, 64, kb));
+        else wg_ss64_00(Dd, kdesc(sm, kY, 64, kb), kdesc(sm, kV, 64, kb));
+      }
+      wg_commit();
+      wg_wait<0>();
+      acc_fence(Dd);
 #pragma unroll
       for (int n = 0; n < 8; ++n)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const int u = 16 * wl + g + 8 * hh, s = 8 * n + 2 * q + e;
-            float* x = E + u * PC + s;
-            *x = s < u ? tab[192 + s] * *x * X[4 * n + 2 * hh + e] : 0.f;
+            const int u = 16 * wl + g + 8 * hh, s = 8 * n + 2 * q + e, x = 4 * n + 2 * hh + e;
+            X[x] = s < u ? tab[192 + s] * X[x] * Dd[x] : 0.f;
           }
+#pragma unroll
+      for (int kb = 0; kb < 4; ++kb) {  // E's accumulator as A fragments, hi / lo; 3 terms
+        uint32_t ah[4], al[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) split2<2>(X[8 * kb + 2 * r], X[8 * kb + 2 * r + 1], ah[r], al[r]);
+        wg_fence();
+        if (kb == 0) wg_rs64_00_z(Dd, ah, kdesc(sm, kLxH, 64, kb));
+        else wg_rs64_00(Dd, ah, kdesc(sm, kLxH, 64, kb));
+        wg_rs64_00(Dd, ah, kdesc(sm, kLxL, 64, kb));
+        wg_rs64_00(Dd, al, kdesc(sm, kLxH, 64, kb));
+      }
+      wg_commit();
+      wg_wait<0>();
+      acc_fence(Dd);
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {  // column t's sum over this warp's rows u >= t
+          const int t = 8 * n + 2 * q + e, u = 16 * wl + g;
+          float x = (u >= t ? L[u * PC + t] * Dd[4 * n + e] : 0.f) + (u + 8 >= t ? L[(u + 8) * PC + t] * Dd[4 * n + 2 + e] : 0.f);
+          x += __shfl_xor_sync(0xffffffffu, x, 4);
+          x += __shfl_xor_sync(0xffffffffu, x, 8);
+          x += __shfl_xor_sync(0xffffffffu, x, 16);
+          if (g == 0) part[1672 + wl * 64 + t] = x;
+        }
     }
-    arrive_all<2>();  // (3) E for WG0
     // R^T = S dY^T: S rows ir, ir + 8 from the checkpoint, a k-step at a time, split; c0's part
-    const float* S = p.ckpt + (bh * nck + ch) * 16384;
     float c0 = 0.f;
 #pragma unroll
     for (int kb = 0; kb < 8; ++kb) {
@@ -287,7 +342,7 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
 #pragma unroll
     for (int i = 0; i < 32; ++i) R[i] *= tab[8 * ((i >> 2) & 7) + 2 * q + (i & 1)];  // diag(A) on columns t
     weights_product<false>(R, sm, kK + 8192 * c, kMQH, kMQL);  // dq^T += K^T MQ^T
-    store_t(p.dq + row0, rs, R, nullptr, i0, wl, g, q);
+    if (!(V & kNoStores)) store_t<(V & kPairs) != 0>(p.dq + row0, rs, R, nullptr, i0, wl, g, q);
     // Rk^T = G V^T, G's accumulator as A fragments (hi / lo a k-step); e's part
 #pragma unroll
     for (int kb = 0; kb < 8; ++kb) {
@@ -308,7 +363,7 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     for (int i = 0; i < 32; ++i) Rk[i] *= tab[128 + 8 * ((i >> 2) & 7) + 2 * q + (i & 1)];  // diag(w) on columns s
     weights_product<true>(Rk, sm, kQ + 8192 * c, kMDH, kMDL);  // dkt^T += Q^T MD
     col_dots(sm, Rk, kK, i0, part + 1024 + (c * 4 + wl) * 64, wl, g, q);  // dbeta_s's part
-    store_t(p.dk + row0, rs, Rk, tab + 192, i0, wl, g, q);  // dk = beta dkt
+    if (!(V & kNoStores)) store_t<(V & kPairs) != 0>(p.dk + row0, rs, Rk, tab + 192, i0, wl, g, q);  // dk = beta dkt
     // KG (columns j = 64 c ..) = K G, B = G hi / lo (MN-major); then dv = diag(beta w) KG + MP^T dY
 #pragma unroll
     for (int kb = 0; kb < 8; ++kb) {
@@ -337,6 +392,7 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     for (int n = 0; n < 8; ++n)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
+        if (V & kNoStores) break;
         const int s = 16 * wl + g + 8 * hh, j = i0 + 8 * n + 2 * q;
         *reinterpret_cast<__nv_bfloat162*>(p.dv + row0 + s * rs + j) =
             __floats2bfloat162_rn(R[4 * n + 2 * hh], R[4 * n + 2 * hh + 1]);
@@ -344,7 +400,7 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) c0 += __shfl_xor_sync(0xffffffffu, c0, o);
     if (lane == 0) part[1536 + c * 4 + wl] = c0;
-    arrive_all<3>();   // (4) the partials for WG0
+    arrive_all<3>();   // (3) the partials for WG0
     consumers_sync();  // (5) both consumers' KG have read G's hi / lo
     // G <- A_63 G + (diag(A) Q)^T dY: A = Q^T fragments scaled and split
     const float a63 = tab[63];
@@ -381,16 +437,16 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
 }
 
 // WG0: the tables before each chunk, dgate and dbeta during and after it.
+template <int V>
 __device__ void aux(const Params& p, unsigned char* sm, int64_t bh, int nck) {
   const int tid = threadIdx.x;
   float* tab = reinterpret_cast<float*>(sm + kTab);
   float* L = reinterpret_cast<float*>(sm + kL);
-  const float* E = reinterpret_cast<const float*>(sm + kE);
   float* part = reinterpret_cast<float*>(sm + kPart);
   const int64_t b = bh / p.H, h = bh - b * p.H;
   for (int ch = nck - 1; ch >= 0; --ch) {
     const int64_t gi = (b * p.T + (int64_t)ch * 64) * p.H + h;  // (b, t0, h) in gate / beta
-    load_tiles(p, sm, bh, ch);
+    load_tiles<V>(p, sm, bh, ch);
     if (tid < 64) {
       tab[320 + tid] = __bfloat162float(p.gate[gi + tid * p.H]);
       tab[192 + tid] = __bfloat162float(p.beta[gi + tid * p.H]);
@@ -413,19 +469,19 @@ __device__ void aux(const Params& p, unsigned char* sm, int64_t bh, int nck) {
       tab[64 + t] = t ? tab[t - 1] : 1.f;  // Ah
       tab[128 + t] = L[63 * PC + t];       // w
       tab[256 + t] = tab[192 + t] * L[63 * PC + t];
+      for (int s = 0; s < 64; s += 2) {  // Lx row t: L[t-1][s] (s < t), hi / lo at [s / 8][t][8]
+        uint32_t hi, lo;
+        split2<2>(s < t ? L[(t - 1) * PC + s] : 0.f, s + 1 < t ? L[(t - 1) * PC + s + 1] : 0.f, hi, lo);
+        const int off = (s >> 3) * 1024 + t * 16 + (s & 7) * 2;
+        *reinterpret_cast<uint32_t*>(sm + kLxH + off) = hi;
+        *reinterpret_cast<uint32_t*>(sm + kLxL + off) = lo;
+      }
     }
     tiles_landed();
     __syncthreads();  // (1)
-    sync_all<2>();    // (3) E
-    const int t = tid >> 1, x = tid & 1;  // two threads a step: term (d), u of parity x
+    sync_all<3>();    // (3) the partials
+    const int t = tid >> 1, x = tid & 1;  // two threads a step
     float td = 0.f;
-    for (int u = t + x; u < 64; u += 2) {
-      float e = 0.f;
-      for (int s = 0; s < t; ++s) e = fmaf(E[u * PC + s], L[(t - 1) * PC + s], e);
-      td = fmaf(L[u * PC + t], e, td);
-    }
-    td += __shfl_xor_sync(0xffffffffu, td, 1);
-    sync_all<3>();  // (4) the partials
     {  // fixed-order sums of the 8 parts: f (threads 0..63) and e (64..127)
       const int u = tid & 63, base = tid < 64 ? 0 : 512;
       float acc = 0.f;
@@ -434,7 +490,9 @@ __device__ void aux(const Params& p, unsigned char* sm, int64_t bh, int nck) {
       part[1544 + (tid >> 6) * 64 + u] = acc;
     }
     wg0_sync();
-    if (x == 0) {  // (a) + (b)
+    if (x == 0) {  // (a) + (b) + (d)
+#pragma unroll
+      for (int w = 0; w < 4; ++w) td += part[1672 + w * 64 + t];
       float c0 = 0.f;
 #pragma unroll
       for (int w = 0; w < 8; ++w) c0 += part[1536 + w];
@@ -450,12 +508,13 @@ __device__ void aux(const Params& p, unsigned char* sm, int64_t bh, int nck) {
       for (int u = t; u < 64; ++u) sc = fmaf(L[u * PC + t], part[1544 + u], sc);
       td = tab[64 + t] * sc;
     }
-    td += __shfl_xor_sync(0xffffffffu, td, 1);  // (x = 1's td is (c) only; x = 0's (a) + (b) + (d))
+    td += __shfl_xor_sync(0xffffffffu, td, 1);  // x = 0's (a) + (b) + (d), x = 1's (c)
     if (x == 0) p.dgate[gi + t * p.H] = __float2bfloat16_rn(td);
     __syncthreads();  // (6)
   }
 }
 
+template <int V>
 __global__ void __launch_bounds__(384, 1) bwd_kernel(const Params p) {
 #if defined(__CUDA_ARCH__) && !defined(GR_WGMMA)
   __trap();
@@ -464,23 +523,36 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel(const Params p) {
   const int64_t bh = blockIdx.x;
   const int nck = p.T / 64;
   const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0);
-  if (wg == 0) maxnreg_dec<40>();
-  else maxnreg_inc<232>();
-  if (wg == 0) aux(p, sm, bh, nck);
-  else consumer(p, sm, wg - 1, bh, nck);
+  if (wg == 0) maxnreg_dec<kAuxRegs>();
+  else maxnreg_inc<kConsRegs>();
+  if (wg == 0) aux<V>(p, sm, bh, nck);
+  else consumer<V>(p, sm, wg - 1, bh, nck);
 }
 
 FUNC_ATTRS
 
 }  // namespace
 
-int launch(const Params& p, int blocks, cudaStream_t s) {
-  cudaError_t e = cudaFuncSetAttribute(bwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+template <int V>
+int launch_v(const Params& p, int blocks, cudaStream_t s) {
+  cudaError_t e = cudaFuncSetAttribute(bwd_kernel<V>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (e != cudaSuccess) return (int)e;
-  bwd_kernel<<<blocks, 384, kSmem, s>>>(p);
+  bwd_kernel<V><<<blocks, 384, kSmem, s>>>(p);
   return (int)cudaGetLastError();
 }
-int attrs(int* res) { return func_attrs((const void*)bwd_kernel, res); }
+#define VARIANTS(X) X(0) X(2) X(6) X(10)
+int launch(const Params& p, int v, int blocks, cudaStream_t s) {
+#define CASE(n) if (v == n) return launch_v<n>(p, blocks, s);
+  VARIANTS(CASE)
+#undef CASE
+  return (int)cudaErrorInvalidValue;
+}
+int attrs(int v, int* res) {
+#define CASE(n) if (v == n) return func_attrs((const void*)bwd_kernel<n>, res);
+  VARIANTS(CASE)
+#undef CASE
+  return (int)cudaErrorInvalidValue;
+}
 }  // namespace cbs
 """
 
@@ -498,8 +570,8 @@ struct Params {
   float* ds0;
   int T, H;
 };
-int launch(const Params& p, int blocks, cudaStream_t s);
-int attrs(int* res);
+int launch(const Params& p, int v, int blocks, cudaStream_t s);
+int attrs(int v, int* res);
 }
 static const __nv_bfloat16* cb(const at::Tensor& t) {
   return reinterpret_cast<const __nv_bfloat16*>(t.data_ptr<at::BFloat16>());
@@ -509,16 +581,16 @@ static __nv_bfloat16* mb(const at::Tensor& t) { return reinterpret_cast<__nv_bfl
 void bwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dy, const at::Tensor& gate,
          const at::Tensor& beta, const at::Tensor& ckpt, const at::Tensor& dfinal, const at::Tensor& dq,
          const at::Tensor& dk, const at::Tensor& dv, const at::Tensor& dgate, const at::Tensor& dbeta,
-         const at::Tensor& ds0) {
+         const at::Tensor& ds0, int64_t variant) {
   cbs::Params p{cb(q), cb(k), cb(v), cb(dy), cb(gate), cb(beta), ckpt.data_ptr<float>(),
                 dfinal.numel() ? dfinal.data_ptr<float>() : nullptr, mb(dq), mb(dk), mb(dv), mb(dgate), mb(dbeta),
                 ds0.data_ptr<float>(), (int)q.size(1), (int)q.size(2)};
-  const int e = cbs::launch(p, (int)(q.size(0) * q.size(2)), c10::cuda::getCurrentCUDAStream());
+  const int e = cbs::launch(p, (int)variant, (int)(q.size(0) * q.size(2)), c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(e == 0, "bwd launch: ", cudaGetErrorString((cudaError_t)e));
 }
-std::vector<int64_t> attrs() {
+std::vector<int64_t> attrs(int64_t v) {
   int r[4] = {0, 0, 0, 0};
-  TORCH_CHECK(cbs::attrs(r) == 0, "attributes");
+  TORCH_CHECK(cbs::attrs((int)v, r) == 0, "attributes");
   return {r[0], r[1], r[2], r[3]};
 }
 """
@@ -546,18 +618,20 @@ def checkpoints(k, v, gate, beta, s0, chunk=64):
     return out.reshape(B * H, T // chunk, Dk, v.shape[-1])
 
 
-def run(mod, q, k, v, gate, beta, dy, ckpt, dfinal):
+def run(mod, q, k, v, gate, beta, dy, ckpt, dfinal, variant=0):
     outs = [torch.full_like(q, float("nan")), torch.full_like(k, float("nan")), torch.full_like(v, float("nan")),
             torch.full_like(gate, float("nan")), torch.full_like(beta, float("nan")),
             torch.full((q.shape[0], q.shape[2], 128, 128), float("nan"), device=q.device)]
-    mod.bwd(q, k, v, dy, gate, beta, ckpt, dfinal if dfinal is not None else torch.empty(0, device=q.device), *outs)
+    mod.bwd(q, k, v, dy, gate, beta, ckpt, dfinal if dfinal is not None else torch.empty(0, device=q.device), *outs,
+            variant)
     return outs
 
 
 NAMES = ["dq", "dk", "dv", "dgate", "dbeta", "dS0"]
+VARIANT_NAMES = {0: "v1", 2: "L2 prefetch", 6: "prefetch + pair stores", 10: "prefetch, no stores (timing only)"}
 
 
-def check(mod, gen):
+def check(mod, gen, variant):
     """Against float64 autograd through the loop (naive.recurrent_backward_naive): per gradient, ours and the
     float64 gradient rounded to bf16 (the floor), over gate classes, with and without states."""
     import naive
@@ -576,11 +650,11 @@ def check(mod, gen):
         want = naive.recurrent_backward_naive(q, k, v, g, b, dy, initial_state=s0, d_final_state=dfinal)
         cu = [x.cuda() for x in (q, k, v, g, b, dy)]
         ck = checkpoints(cu[1], cu[2], cu[3], cu[4], None if s0 is None else s0.cuda())
-        got = run(mod, *cu, ck, None if dfinal is None else dfinal.cuda())
+        got = run(mod, *cu, ck, None if dfinal is None else dfinal.cuda(), variant)
         torch.cuda.synchronize()
         errs = {n: rel_l2(x.cpu(), w) for n, x, w in zip(NAMES, got, want)}
         floor = {n: rel_l2(w.to(x.dtype), w) for n, x, w in zip(NAMES, got, want)}
-        case = f"{(B, T, H)} {gates}{' states' if states else ''}"
+        case = f"v{variant} {(B, T, H)} {gates}{' states' if states else ''}"
         print(f"check {case:34s} " + " ".join(f"{n} {errs[n]:.1e} ({floor[n]:.1e})" for n in NAMES), flush=True)
         rows.append({"case": case, "rel_l2": errs, "bf16_floor": floor})
     return rows
@@ -589,7 +663,7 @@ def check(mod, gen):
 SHAPES = {"S2-bf16": (8, 2048, 16), "S4-bf16": (16, 4096, 32), "S0-bf16": (2, 128, 4)}
 
 
-def bench(mod, names, trials, gen):
+def bench(mod, names, trials, gen, variants):
     """Ours (the checkpoints precomputed) and solution.py's backward, KernelBench medians, and the gradients' rel-L2
     between the two (solution's backward is fp32-level: the difference is ours)."""
     import solution
@@ -600,17 +674,21 @@ def bench(mod, names, trials, gen):
                                                                             dtype=torch.bfloat16, generator=gen))
         dy = torch.randn(B, T, H, 128, generator=gen).bfloat16().cuda()
         ck = checkpoints(k, v, g, b, None)
-        ours = run(mod, q, k, v, g, b, dy, ck, None)
         theirs = solution._backward_with(dy, None, q, k, v, g, b, None)
-        diff = {n: rel_l2(x.float(), y.float()) for n, x, y in zip(NAMES, ours, theirs) if y is not None}
-        t_ours = kernelbench_time(run, (mod, q, k, v, g, b, dy, ck, None), trials=trials)["median"]
         t_sol = kernelbench_time(solution._backward_with, (dy, None, q, k, v, g, b, None), trials=trials)["median"]
         chunks = B * H * T // 64
         sms = torch.cuda.get_device_properties(0).multi_processor_count
-        per = t_ours * 1e3 / -(-chunks // sms)
-        print(f"bench {name}: ours {t_ours:.3f} ms ({per:.2f} us a chunk an SM), solution's backward {t_sol:.3f} ms; "
-              f"rel-L2 vs solution " + " ".join(f"{n} {e:.1e}" for n, e in diff.items()), flush=True)
-        rows.append({"shape": name, "ours_ms": t_ours, "solution_ms": t_sol, "us_per_chunk": per, "diff": diff})
+        row = {"shape": name, "solution_ms": t_sol, "variants": {}}
+        print(f"bench {name}: solution's backward {t_sol:.3f} ms", flush=True)
+        for var in variants:
+            ours = run(mod, q, k, v, g, b, dy, ck, None, var)
+            diff = {n: rel_l2(x.float(), y.float()) for n, x, y in zip(NAMES, ours, theirs) if y is not None}
+            t = kernelbench_time(run, (mod, q, k, v, g, b, dy, ck, None, var), trials=trials)["median"]
+            per = t * 1e3 / -(-chunks // sms)
+            print(f"  v{var:<2d} {VARIANT_NAMES[var]:34s} {t:.3f} ms ({per:.2f} us a chunk an SM); rel-L2 vs solution "
+                  + " ".join(f"{n} {e:.1e}" for n, e in diff.items()), flush=True)
+            row["variants"][var] = {"ms": t, "us_per_chunk": per, "diff": diff}
+        rows.append(row)
         del ck
     return rows
 
@@ -619,21 +697,27 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--trials", type=int, default=10)
     ap.add_argument("--shapes", default="S0-bf16,S2-bf16,S4-bf16")
+    ap.add_argument("--variants", default="0,2,6,10")
+    ap.add_argument("--check-variants", default="6")
+    ap.add_argument("--regs", type=lambda x: [int(r) for r in x.split(",")], default=[56, 224],
+                    help="setmaxnreg split: WG0, consumers")
     ap.add_argument("--build-only", action="store_true")
     args = ap.parse_args()
     cuda = CUDA_SRC.replace("WGMMA_FORMS", "".join(wgmma_bf16(*f) for f in FORMS_USED))
     cuda = cuda.replace("WGMMA_SYNC", solution_constant("WGMMA_SYNC_SRC")).replace("FUNC_ATTRS", FUNC_ATTRS_SRC)
     cuda = cuda.replace("PROBE_HELPERS", PROBE_HELPERS_SRC + BF16_TILE_SRC)
-    mod, summary = build("chunk_bwd_sm90_dev", HOST_SRC, cuda, ["bwd", "attrs"], "cbs")
+    cuda = cuda.replace("AUX_REGS", str(args.regs[0])).replace("CONS_REGS", str(args.regs[1]))
+    mod, summary = build(f"chunk_bwd_sm90_dev_{args.regs[0]}_{args.regs[1]}", HOST_SRC, cuda, ["bwd", "attrs"], "cbs")
     print_build(summary, launch_regs=168)
     res = {"build": summary}
     if args.build_only:
         return
     gen = torch.Generator().manual_seed(11)
-    res["attrs"] = mod.attrs()
-    res["check"] = check(mod, gen)
+    variants = [int(v) for v in args.variants.split(",")]
+    res["attrs"] = {v: mod.attrs(v) for v in variants}
+    res["check"] = [r for v in args.check_variants.split(",") for r in check(mod, gen, int(v))]
     save("chunk_bwd_sm90.json", res)
-    res["bench"] = bench(mod, [s for s in args.shapes.split(",") if s], args.trials, gen)
+    res["bench"] = bench(mod, [s for s in args.shapes.split(",") if s], args.trials, gen, variants)
     save("chunk_bwd_sm90.json", res)
 
 
