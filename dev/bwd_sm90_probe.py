@@ -52,8 +52,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 from timing import kernelbench_time  # noqa: E402
 from tools.common import save  # noqa: E402
-from tools.sm90_build import (BF16_TILE_SRC, FUNC_ATTRS_SRC, PROBE_HELPERS_SRC, build, print_build, solution_constant,  # noqa: E402
-                               solution_function)
+from tools.sm90_build import (BF16_TILE_SRC, FUNC_ATTRS_SRC, PROBE_HELPERS_SRC, build, print_build,  # noqa: E402
+                               solution_constant, solution_function)
 
 
 def wgmma_bf16(n, rs, ta, tb, zero):

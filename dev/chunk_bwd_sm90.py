@@ -1,23 +1,29 @@
-"""chunk_bwd_sm90 v0: the Hopper chunked backward of docs/training-design.md section 7 as a dev kernel, bf16 inputs,
-D_k = D_v = 128, T a multiple of 64, one CTA a (b, h) (no segments), contiguous (B, T, H, D) inputs. Its own
-reference check (float64 autograd through the loop, naive.recurrent_backward_naive) and benchmark (beside
+"""chunk_bwd_sm90: the Hopper chunked backward of docs/training-design.md section 7 as a dev kernel (v1), bf16 inputs,
+D_k = D_v = 128, T a multiple of 64, one CTA a (b, h) (no segments), contiguous (B, T, H, D) inputs, finite inputs
+(a staged inf meets the masks' zeros inside a product). Its own reference check (float64 autograd through the loop,
+naive.recurrent_backward_naive; each gradient beside the float64 gradient rounded to bf16) and benchmark (beside
 solution.py's mma.sync backward in the same process). Not in solution.py: the checkpoints here come from a float64
-torch pass (the shipped form takes them from chunk_sm90's state mode, a second launch).
+torch pass (the shipped form would take them from chunk_sm90's state mode, a launch before this one).
 
 One CTA of 384 threads, chunks of C = 64 backwards, in lockstep (a block barrier at each chunk's start and end):
 - all threads: the chunk's q, k, v, dy tiles by cp.async into bf16 tiles [d / 8][t][8] (K-major for the sums over
   d, MN-major for the sums over t);
-- WG0 (setmaxnreg 40): the gate tables (L[t][s] = prod_{r=s+1..t} g_r, double products rounded once; A, Ah, w,
-  beta w), then dgate: the C^3 term (d) sum_{u>=t} L[u][t] sum_{s<t} E[u][s] L[t-1][s] by scalar FMAs while the
-  consumers run, then terms (a)-(c) from the consumers' row-dot partials, and dbeta (fixed-order sums);
-- WG1, WG2 (setmaxnreg 232), consumer c holding rows i = 64 c .. of G (the state gradient after the chunk) in a
-  wgmma accumulator across chunks: X = QK (c = 0) or Dd (c = 1) and the masked weights MP, MQ, MD (bf16 hi / lo);
-  R^T = S dY^T (S rows from the checkpoint in global memory, split hi / lo), f's part; dq^T = R^T diag(A) +
-  K^T MQ^T; Rk^T = G V^T (G's accumulator recast), e's part; dkt^T = Rk^T diag(w) + Q^T MD, dbeta's part;
-  KG = K G (G hi / lo from shared memory, the consumer's 64 columns j); dv = diag(beta w) KG + MP^T dY;
-  G <- A_63 G + (diag(A) Q)^T dY. dq, dk, dv stored from the accumulators (bf16).
+- WG0 (setmaxnreg --regs[0]): the gate tables (L[t][s] = prod_{r=s+1..t} g_r, double products rounded once; A, Ah,
+  w, beta w; Lx = L shifted down a row, bf16 hi / lo), then dgate's terms (a)-(c) from the consumers' row-dot
+  partials plus term (d)'s partials, and dbeta (fixed-order sums);
+- WG1, WG2 (setmaxnreg --regs[1]), consumer c holding rows i = 64 c .. of G (the state gradient after the chunk)
+  in a wgmma accumulator across chunks: X = QK (c = 0) or Dd (c = 1) and the masked weights MP, MQ, MD (bf16
+  hi / lo); consumer 0 then dgate's C^3 term as a product, M = E Lx^T (E = beta QK Dd below the diagonal, its
+  accumulator recast to A fragments, 3 terms) and the column sums of L o M; R^T = S dY^T (S rows from the
+  checkpoint in global memory, split hi / lo), f's part; dq^T = R^T diag(A) + K^T MQ^T; Rk^T = G V^T (G's
+  accumulator recast), e's part; dkt^T = Rk^T diag(w) + Q^T MD, dbeta's part; KG = K G (G hi / lo from shared
+  memory, the consumer's 64 columns j); dv = diag(beta w) KG + MP^T dY; G <- A_63 G + (diag(A) Q)^T dY. dq, dk, dv
+  stored from the accumulators (bf16).
+Variants (template bits, --variants): kPrefetch, kPairs, kNoStores, kGateAhead (docs/perf-notes.md, twenty-third
+session, has what each measured).
 
-    python3 dev/chunk_bwd_sm90.py [--shapes S2-bf16,S4-bf16] [--trials 10]   (writes $OUT/chunk_bwd_sm90.json)
+    python3 dev/chunk_bwd_sm90.py [--shapes S2-bf16,S4-bf16] [--variants 0,16] [--trials 10]
+        (writes $OUT/chunk_bwd_sm90.json)
     python3 dev/chunk_bwd_sm90.py --build-only   (compiles only; CUDA_HOME=/usr/local/cuda)
 """
 import argparse
@@ -246,7 +252,8 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     const float* S = p.ckpt + (bh * nck + ch) * 16384;
     if ((V & kPrefetch) && ch > 0)  // the next chunk's S rows into L2
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(S - 16384 + (ir + 8 * hh) * 128 + 32 * q));
+      for (int hh = 0; hh < 2; ++hh)
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(S - 16384 + (ir + 8 * hh) * 128 + 32 * q));
     // X = QK (c = 0) or Dd (c = 1)
 #pragma unroll
     for (int kb = 0; kb < 8; ++kb) {
@@ -305,7 +312,8 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
 #pragma unroll
         for (int e = 0; e < 2; ++e) {  // column t's sum over this warp's rows u >= t
           const int t = 8 * n + 2 * q + e, u = 16 * wl + g;
-          float x = (u >= t ? L[u * PC + t] * Dd[4 * n + e] : 0.f) + (u + 8 >= t ? L[(u + 8) * PC + t] * Dd[4 * n + 2 + e] : 0.f);
+          float x = (u >= t ? L[u * PC + t] * Dd[4 * n + e] : 0.f) +
+                    (u + 8 >= t ? L[(u + 8) * PC + t] * Dd[4 * n + 2 + e] : 0.f);
           x += __shfl_xor_sync(0xffffffffu, x, 4);
           x += __shfl_xor_sync(0xffffffffu, x, 8);
           x += __shfl_xor_sync(0xffffffffu, x, 16);
