@@ -19,7 +19,7 @@ One CTA of 384 threads, chunks of C = 64 backwards, in lockstep (a block barrier
   accumulator recast), e's part; dkt^T = Rk^T diag(w) + Q^T MD, dbeta's part; KG = K G (G hi / lo from shared
   memory, the consumer's 64 columns j); dv = diag(beta w) KG + MP^T dY; G <- A_63 G + (diag(A) Q)^T dY. dq, dk, dv
   stored from the accumulators (bf16).
-Variants (template bits, --variants): kPrefetch, kPairs, kNoStores, kGateAhead (docs/perf-notes.md, twenty-third
+Variants (template bits, --variants): kPairs, kNoStores, kGateAhead (docs/perf-notes.md, twenty-third
 session, has what each measured).
 
     python3 dev/chunk_bwd_sm90.py [--shapes S2-bf16,S4-bf16] [--variants 0,16] [--trials 10]
@@ -79,12 +79,12 @@ static_assert(kSmem <= 232448, "fits the opt-in shared memory of an H200");
 // partials (floats at kPart): f [8][64] at 0, e at 512, dbeta at 1024 (slot c * 4 + warp), c0 [8] at 1536,
 // then the sums f at 1544, e at 1608, then dgate's term (d) [4][64] at 1672 (c = 0's warps)
 constexpr int PC = 65;
-// Variants (bits of V): kPrefetch (the next chunk's tiles and S into L2 at each chunk's start), kPairs (dq and dk
+// Variants (bits of V; an L2 prefetch of the next chunk's tiles and S, 1%, was dropped): kPairs (dq and dk
 // stored as bf16 pairs after a transpose in registers), kNoStores (timing only: no dq, dk, dv), kGateAhead (WG0 loads
 // the next chunk's gates and betas during the chunk)
 constexpr int kAuxRegs = AUX_REGS, kConsRegs = CONS_REGS;  // setmaxnreg split
 static_assert(kAuxRegs * 128 + kConsRegs * 256 <= 65536, "the split fits the register file");
-constexpr int kPrefetch = 2, kPairs = 4, kNoStores = 8, kGateAhead = 16;
+constexpr int kPairs = 4, kNoStores = 8, kGateAhead = 16;
 
 __device__ __forceinline__ void cp16(unsigned char* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
@@ -192,7 +192,6 @@ __device__ __forceinline__ void store_t(bf16* out, int64_t ld, const float (&X)[
 
 // Every thread: its share of chunk ch's 4 tiles (64 rows x 16 pieces of 16 bytes each) by cp.async, then (after
 // its role's own work) the wait and the async-proxy fence before the chunk's barrier (1).
-template <int V>
 __device__ __forceinline__ void load_tiles(const Params& p, unsigned char* sm, int64_t bh, int ch) {
   const int64_t b = bh / p.H, h = bh - b * p.H, rs = (int64_t)p.H * 128;
   const int64_t row0 = (b * p.T + (int64_t)ch * 64) * rs + h * 128;
@@ -201,12 +200,6 @@ __device__ __forceinline__ void load_tiles(const Params& p, unsigned char* sm, i
     const bf16* src = tile == 0 ? p.q : tile == 1 ? p.k : tile == 2 ? p.v : p.dy;
     cp16(sm + tile * 16384 + c8 * 1024 + r * 16, src + row0 + r * rs + 8 * c8);
   }
-  if ((V & kPrefetch) && ch > 0)  // the next chunk's rows into L2 (2 lines of 128 bytes a row)
-    for (int e = threadIdx.x; e < 512; e += 384) {
-      const int tile = e >> 7, r = (e >> 1) & 63;
-      const bf16* src = tile == 0 ? p.q : tile == 1 ? p.k : tile == 2 ? p.v : p.dy;
-      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src + row0 - 64 * rs + r * rs + 64 * (e & 1)));
-    }
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 __device__ __forceinline__ void tiles_landed() {
@@ -248,14 +241,10 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
   for (int ch = nck - 1; ch >= 0; --ch) {
     const int64_t t0 = (int64_t)ch * 64, row0 = (b * p.T + t0) * rs + h * 128;  // element (t0, h, 0)
     float X[32], R[32], Rk[32];
-    load_tiles<V>(p, sm, bh, ch);
+    load_tiles(p, sm, bh, ch);
     tiles_landed();
     sync_all<6>();  // (1) the chunk's tiles and tables
     const float* S = p.ckpt + (bh * nck + ch) * 16384;
-    if ((V & kPrefetch) && ch > 0)  // the next chunk's S rows into L2
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh)
-        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(S - 16384 + (ir + 8 * hh) * 128 + 32 * q));
     // X = QK (c = 0) or Dd (c = 1)
 #pragma unroll
     for (int kb = 0; kb < 8; ++kb) {
@@ -463,7 +452,7 @@ __device__ void aux(const Params& p, unsigned char* sm, int64_t bh, int nck) {
   }
   for (int ch = nck - 1; ch >= 0; --ch) {
     const int64_t gi = (b * p.T + (int64_t)ch * 64) * p.H + h;  // (b, t0, h) in gate / beta
-    load_tiles<V>(p, sm, bh, ch);
+    load_tiles(p, sm, bh, ch);
     if (tid < 64) {
       tab[320 + tid] = (V & kGateAhead) ? g_next : __bfloat162float(p.gate[gi + tid * p.H]);
       tab[192 + tid] = (V & kGateAhead) ? b_next : __bfloat162float(p.beta[gi + tid * p.H]);
