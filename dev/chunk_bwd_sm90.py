@@ -20,7 +20,7 @@ One CTA of 384 threads, chunks of C = 64 backwards, in lockstep (a block barrier
   memory, the consumer's 64 columns j); dv = diag(beta w) KG + MP^T dY; G <- A_63 G + (diag(A) Q)^T dY. dq, dk, dv
   stored from the accumulators (bf16).
 Variants (template bits, --variants): kPairs, kNoStores, kGateAhead (docs/perf-notes.md, twenty-third
-session, has what each measured).
+session, has what each measured); kStage and kEarly, written after the last device run, are compiled, not yet run.
 
     python3 dev/chunk_bwd_sm90.py [--shapes S2-bf16,S4-bf16] [--variants 0,16] [--trials 10]
         (writes $OUT/chunk_bwd_sm90.json)
@@ -81,10 +81,12 @@ static_assert(kSmem <= 232448, "fits the opt-in shared memory of an H200");
 constexpr int PC = 65;
 // Variants (bits of V; an L2 prefetch of the next chunk's tiles and S, 1%, was dropped): kPairs (dq and dk
 // stored as bf16 pairs after a transpose in registers), kNoStores (timing only: no dq, dk, dv), kGateAhead (WG0 loads
-// the next chunk's gates and betas during the chunk)
+// the next chunk's gates and betas during the chunk), kStage (dq, dk, dv staged in the weights' space once both
+// consumers are past the product that read it, WG0 copying them out in 16-byte pieces), kEarly (the next chunk's
+// k and v tiles loaded by the consumers once both are past KG, their last reader).
 constexpr int kAuxRegs = AUX_REGS, kConsRegs = CONS_REGS;  // setmaxnreg split
 static_assert(kAuxRegs * 128 + kConsRegs * 256 <= 65536, "the split fits the register file");
-constexpr int kPairs = 4, kNoStores = 8, kGateAhead = 16;
+constexpr int kPairs = 4, kNoStores = 8, kGateAhead = 16, kStage = 32, kEarly = 64;
 
 __device__ __forceinline__ void cp16(unsigned char* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
@@ -93,14 +95,29 @@ __device__ __forceinline__ void cp16(unsigned char* dst, const void* src) {
 __device__ __forceinline__ float ldb(const unsigned char* p) {
   return __bfloat162float(*reinterpret_cast<const bf16*>(p));
 }
-__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
-__device__ __forceinline__ void wg0_sync() { asm volatile("bar.sync 5, 128;\n" ::: "memory"); }
-// Whole-CTA barriers by id and count from each role's own code (synccheck flags __syncthreads reached from
-// different places as divergent; chunk_sm90's named barriers pass it).
+// Named barriers (bar.sync is barrier.sync.aligned: every lane of a warp must reach it together). Each helper
+// first reconverges the warp (__syncwarp): an inline-asm barrier after a lane-divergent branch (a lane-0 store,
+// loops with per-lane trip counts) is not reconverged by the compiler, which synccheck reported as divergent
+// threads in v1 (twenty-third session, run 9; this form not yet run under it).
+__device__ __forceinline__ void consumers_sync() {
+  __syncwarp();
+  asm volatile("bar.sync 1, 256;\n" ::: "memory");
+}
+__device__ __forceinline__ void wg0_sync() {
+  __syncwarp();
+  asm volatile("bar.sync 5, 128;\n" ::: "memory");
+}
+// Whole-CTA barriers by id and count (arrive: consumers; sync: WG0, or everyone for the chunk's barriers).
 template <int ID>
-__device__ __forceinline__ void arrive_all() { asm volatile("bar.arrive %0, 384;\n" ::"n"(ID) : "memory"); }
+__device__ __forceinline__ void arrive_all() {
+  __syncwarp();
+  asm volatile("bar.arrive %0, 384;\n" ::"n"(ID) : "memory");
+}
 template <int ID>
-__device__ __forceinline__ void sync_all() { asm volatile("bar.sync %0, 384;\n" ::"n"(ID) : "memory"); }
+__device__ __forceinline__ void sync_all() {
+  __syncwarp();
+  asm volatile("bar.sync %0, 384;\n" ::"n"(ID) : "memory");
+}
 
 // The chunk's weights from the consumer's 64 x 64 accumulator X (rows r = 16 wl + g (+8), columns s = 8 n + 2 q
 // (+1)): L[r][s] (beta_s) X[r][s] for s <= r, else 0; split, stored hi / lo at [s / 8][r][8].
@@ -192,11 +209,57 @@ __device__ __forceinline__ void store_t(bf16* out, int64_t ld, const float (&X)[
 
 // Every thread: its share of chunk ch's 4 tiles (64 rows x 16 pieces of 16 bytes each) by cp.async, then (after
 // its role's own work) the wait and the async-proxy fence before the chunk's barrier (1).
-__device__ __forceinline__ void load_tiles(const Params& p, unsigned char* sm, int64_t bh, int ch) {
+// kStage: a consumer's 64 x 64 bf16 accumulator as it lies (rows r = 16 wl + g (+8), columns x = 8 n + 2 q (+1)) in
+// 8 KB of the weights' space: 128-byte rows, the 16-byte piece index XORed with r ^ (r >> 3) (conflict-free for the
+// pairs written here and for WG0's reads, by rows or by columns). Writing the transposed accumulators (dq^T, dk^T)
+// transposed spilled 96-132 B at 224 registers; WG0, idle then, transposes as it copies.
+__device__ __forceinline__ int stage_off(int r, int x) {
+  return r * 128 + ((((x >> 3) ^ r ^ (r >> 3)) & 7) << 4) + (x & 7) * 2;
+}
+__device__ __forceinline__ void stage(unsigned char* st, const float (&X)[32], const float* col_scale, int wl, int g,
+                                      int q) {
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int x = 8 * n + 2 * q;
+      float x0 = X[4 * n + 2 * h], x1 = X[4 * n + 2 * h + 1];
+      if (col_scale) x0 *= col_scale[x], x1 *= col_scale[x + 1];
+      *reinterpret_cast<__nv_bfloat162*>(st + stage_off(16 * wl + g + 8 * h, x)) = __floats2bfloat162_rn(x0, x1);
+    }
+}
+// WG0: both consumers' stages (output columns 0..63 and 64..127) to rows t of out (row stride rs elements), 16 bytes
+// a thread. TRANS: the stages hold [column][t] (dq^T, dk^T): 8 two-byte reads a piece; else [t][column] (dv).
+template <bool TRANS>
+__device__ __forceinline__ void copy_out(bf16* out, int64_t rs, const unsigned char* st0, const unsigned char* st1,
+                                         int tid) {
+#pragma unroll 1
+  for (int e = tid; e < 1024; e += 128) {
+    const int t = e >> 4, c = (e >> 3) & 1, pc = e & 7;
+    const unsigned char* st = c ? st1 : st0;
+    uint4 v;
+    if constexpr (TRANS) {
+      uint32_t w[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        w[k] = (uint32_t)*reinterpret_cast<const unsigned short*>(st + stage_off(8 * pc + 2 * k, t)) |
+               ((uint32_t)*reinterpret_cast<const unsigned short*>(st + stage_off(8 * pc + 2 * k + 1, t)) << 16);
+      v = make_uint4(w[0], w[1], w[2], w[3]);
+    } else {
+      v = *reinterpret_cast<const uint4*>(st + stage_off(t, 8 * pc));
+    }
+    *reinterpret_cast<uint4*>(out + t * rs + 64 * c + 8 * pc) = v;
+  }
+}
+
+// MASK: bit x loads tile x (q, k, v, dy), by NT threads from thread index `first`.
+template <int MASK, int NT>
+__device__ __forceinline__ void load_tiles(const Params& p, unsigned char* sm, int64_t bh, int ch, int first = 0) {
   const int64_t b = bh / p.H, h = bh - b * p.H, rs = (int64_t)p.H * 128;
   const int64_t row0 = (b * p.T + (int64_t)ch * 64) * rs + h * 128;
-  for (int e = threadIdx.x; e < 4096; e += 384) {
+  for (int e = (int)threadIdx.x - first; e < 4096; e += NT) {
     const int tile = e >> 10, r = (e >> 4) & 63, c8 = e & 15;
+    if (!((MASK >> tile) & 1)) continue;
     const bf16* src = tile == 0 ? p.q : tile == 1 ? p.k : tile == 2 ? p.v : p.dy;
     cp16(sm + tile * 16384 + c8 * 1024 + r * 16, src + row0 + r * rs + 8 * c8);
   }
@@ -241,7 +304,8 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
   for (int ch = nck - 1; ch >= 0; --ch) {
     const int64_t t0 = (int64_t)ch * 64, row0 = (b * p.T + t0) * rs + h * 128;  // element (t0, h, 0)
     float X[32], R[32], Rk[32];
-    load_tiles(p, sm, bh, ch);
+    if (!(V & kEarly) || ch == nck - 1) load_tiles<15, 384>(p, sm, bh, ch);
+    else load_tiles<9, 384>(p, sm, bh, ch);  // q and dy (k and v came during the chunk before)
     tiles_landed();
     sync_all<6>();  // (1) the chunk's tiles and tables
     const float* S = p.ckpt + (bh * nck + ch) * 16384;
@@ -342,7 +406,13 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
 #pragma unroll
     for (int i = 0; i < 32; ++i) R[i] *= tab[8 * ((i >> 2) & 7) + 2 * q + (i & 1)];  // diag(A) on columns t
     weights_product<false>(R, sm, kK + 8192 * c, kMQH, kMQL);  // dq^T += K^T MQ^T
-    if (!(V & kNoStores)) store_t<(V & kPairs) != 0>(p.dq + row0, rs, R, nullptr, i0, wl, g, q);
+    if (V & kStage) {
+      consumers_sync();  // both consumers past dq's product: MQ's space is free
+      stage(sm + (c ? kMQL : kMQH), R, nullptr, wl, g, q);
+      arrive_all<7>();
+    } else if (!(V & kNoStores)) {
+      store_t<(V & kPairs) != 0>(p.dq + row0, rs, R, nullptr, i0, wl, g, q);
+    }
     // Rk^T = G V^T, G's accumulator as A fragments (hi / lo a k-step); e's part
 #pragma unroll
     for (int kb = 0; kb < 8; ++kb) {
@@ -363,7 +433,13 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     for (int i = 0; i < 32; ++i) Rk[i] *= tab[128 + 8 * ((i >> 2) & 7) + 2 * q + (i & 1)];  // diag(w) on columns s
     weights_product<true>(Rk, sm, kQ + 8192 * c, kMDH, kMDL);  // dkt^T += Q^T MD
     col_dots(sm, Rk, kK, i0, part + 1024 + (c * 4 + wl) * 64, wl, g, q);  // dbeta_s's part
-    if (!(V & kNoStores)) store_t<(V & kPairs) != 0>(p.dk + row0, rs, Rk, tab + 192, i0, wl, g, q);  // dk = beta dkt
+    if (V & kStage) {  // dk = beta dkt
+      consumers_sync();  // both past dkt's product: MD's space is free
+      stage(sm + (c ? kMDL : kMDH), Rk, tab + 192, wl, g, q);
+      arrive_all<8>();
+    } else if (!(V & kNoStores)) {
+      store_t<(V & kPairs) != 0>(p.dk + row0, rs, Rk, tab + 192, i0, wl, g, q);
+    }
     // KG (columns j = 64 c ..) = K G, B = G hi / lo (MN-major); then dv = diag(beta w) KG + MP^T dY
 #pragma unroll
     for (int kb = 0; kb < 8; ++kb) {
@@ -392,16 +468,22 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     for (int n = 0; n < 8; ++n)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        if (V & kNoStores) break;
+        if (V & (kNoStores | kStage)) break;
         const int s = 16 * wl + g + 8 * hh, j = i0 + 8 * n + 2 * q;
         *reinterpret_cast<__nv_bfloat162*>(p.dv + row0 + s * rs + j) =
             __floats2bfloat162_rn(R[4 * n + 2 * hh], R[4 * n + 2 * hh + 1]);
       }
+    if (V & kStage) {
+      consumers_sync();  // both past dv's product: MP's space is free
+      stage(sm + (c ? kMPL : kMPH), R, nullptr, wl, g, q);
+      arrive_all<9>();
+    }
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) c0 += __shfl_xor_sync(0xffffffffu, c0, o);
     if (lane == 0) part[1536 + c * 4 + wl] = c0;
     arrive_all<3>();   // (3) the partials for WG0
     consumers_sync();  // (5) both consumers' KG have read G's hi / lo
+    if ((V & kEarly) && ch > 0) load_tiles<6, 256>(p, sm, bh, ch - 1, 128);  // k and v: KG was their last reader
     // G <- A_63 G + (diag(A) Q)^T dY: A = Q^T fragments scaled and split
     const float a63 = tab[63];
 #pragma unroll
@@ -452,7 +534,8 @@ __device__ void aux(const Params& p, unsigned char* sm, int64_t bh, int nck) {
   }
   for (int ch = nck - 1; ch >= 0; --ch) {
     const int64_t gi = (b * p.T + (int64_t)ch * 64) * p.H + h;  // (b, t0, h) in gate / beta
-    load_tiles(p, sm, bh, ch);
+    if (!(V & kEarly) || ch == nck - 1) load_tiles<15, 384>(p, sm, bh, ch);
+    else load_tiles<9, 384>(p, sm, bh, ch);
     if (tid < 64) {
       tab[320 + tid] = (V & kGateAhead) ? g_next : __bfloat162float(p.gate[gi + tid * p.H]);
       tab[192 + tid] = (V & kGateAhead) ? b_next : __bfloat162float(p.beta[gi + tid * p.H]);
@@ -488,6 +571,15 @@ __device__ void aux(const Params& p, unsigned char* sm, int64_t bh, int nck) {
     if ((V & kGateAhead) && tid < 64 && ch > 0) {
       g_next = __bfloat162float(p.gate[gi - 64 * p.H + tid * p.H]);
       b_next = __bfloat162float(p.beta[gi - 64 * p.H + tid * p.H]);
+    }
+    if (V & kStage) {  // dq, dk, dv from the consumers' stages
+      const int64_t rs = (int64_t)p.H * 128, row0 = (b * p.T + (int64_t)ch * 64) * rs + h * 128;
+      sync_all<7>();
+      copy_out<true>(p.dq + row0, rs, sm + kMQH, sm + kMQL, tid);
+      sync_all<8>();
+      copy_out<true>(p.dk + row0, rs, sm + kMDH, sm + kMDL, tid);
+      sync_all<9>();
+      copy_out<false>(p.dv + row0, rs, sm + kMPH, sm + kMPL, tid);
     }
     sync_all<3>();    // (3) the partials
     const int t = tid >> 1, x = tid & 1;  // two threads a step
@@ -550,7 +642,7 @@ int launch_v(const Params& p, int blocks, cudaStream_t s) {
   bwd_kernel<V><<<blocks, 384, kSmem, s>>>(p);
   return (int)cudaGetLastError();
 }
-#define VARIANTS(X) X(0) X(4) X(16) X(20) X(24)
+#define VARIANTS(X) X(16) X(48) X(80) X(112)
 int launch(const Params& p, int v, int blocks, cudaStream_t s) {
 #define CASE(n) if (v == n) return launch_v<n>(p, blocks, s);
   VARIANTS(CASE)
@@ -639,7 +731,8 @@ def run(mod, q, k, v, gate, beta, dy, ckpt, dfinal, variant=0):
 
 NAMES = ["dq", "dk", "dv", "dgate", "dbeta", "dS0"]
 VARIANT_NAMES = {0: "v1", 4: "pair stores (movmatrix)", 16: "gates a chunk ahead", 20: "pairs + gates ahead",
-                 24: "gates ahead, no stores (timing only)"}
+                 24: "gates ahead, no stores (timing only)", 48: "gates ahead + staged stores",
+                 80: "gates ahead + early k, v", 112: "gates ahead + staged stores + early k, v"}
 
 
 def check(mod, gen, variant):
@@ -709,8 +802,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--trials", type=int, default=10)
     ap.add_argument("--shapes", default="S0-bf16,S2-bf16,S4-bf16")
-    ap.add_argument("--variants", default="16,0,24")
-    ap.add_argument("--check-variants", default="16")
+    ap.add_argument("--variants", default="16,48,80,112")
+    ap.add_argument("--check-variants", default="16,112")
     ap.add_argument("--regs", type=lambda x: [int(r) for r in x.split(",")], default=[56, 224],
                     help="setmaxnreg split: WG0, consumers")
     ap.add_argument("--build-only", action="store_true")
