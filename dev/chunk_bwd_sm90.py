@@ -1,6 +1,8 @@
 """chunk_bwd_sm90: the Hopper chunked backward of docs/training-design.md section 7 as a dev kernel (v1), bf16 inputs,
-D_k = D_v = 128, T a multiple of 64, one CTA a (b, h) (no segments), contiguous (B, T, H, D) inputs, finite inputs
-(a staged inf meets the masks' zeros inside a product). Its own reference check (float64 autograd through the loop,
+D_k = D_v = 128, any T (rows past T zero-filled, gates 1 and betas 0 there), one CTA a (b, h) (no segments), inputs
+with any (b, t, h) strides and 16-byte aligned rows, contiguous outputs, finite inputs (a staged inf meets the
+masks' zeros inside a product).
+Its own reference check (float64 autograd through the loop,
 naive.recurrent_backward_naive; each gradient beside the float64 gradient rounded to bf16) and benchmark (beside
 solution.py's mma.sync backward in the same process). Not in solution.py: the checkpoints here come from a float64
 torch pass (the shipped form would take them from chunk_sm90's state mode, a launch before this one).
@@ -51,10 +53,12 @@ CUDA_SRC = r"""
 namespace cbs {
 typedef __nv_bfloat16 bf16;
 struct Params {
-  const bf16 *q, *k, *v, *dy, *gate, *beta;  // (B, T, H, 128) and (B, T, H), contiguous
-  const float* ckpt;                          // (B H, T / 64, 128, 128): S at each chunk start
+  const bf16 *q, *k, *v, *dy, *gate, *beta;  // (B, T, H, 128) and (B, T, H)
+  int64_t st[4][3];                           // (b, t, h) element strides of q, k, v, dy (d: 1; rows 16-byte aligned)
+  int64_t sg[3], sb[3];                       // (b, t, h) strides of gate and beta
+  const float* ckpt;                          // (B H, ceil(T / 64), 128, 128): S at each chunk start
   const float* dfinal;                        // (B, H, 128, 128) or null
-  bf16 *dq, *dk, *dv, *dgate, *dbeta;
+  bf16 *dq, *dk, *dv, *dgate, *dbeta;         // contiguous (B, T, H, 128) and (B, T, H)
   float* ds0;                                 // (B, H, 128, 128)
   int T, H;
 };
@@ -88,9 +92,10 @@ constexpr int kAuxRegs = AUX_REGS, kConsRegs = CONS_REGS;  // setmaxnreg split
 static_assert(kAuxRegs * 128 + kConsRegs * 256 <= 65536, "the split fits the register file");
 constexpr int kPairs = 4, kNoStores = 8, kGateAhead = 16, kStage = 32, kEarly = 64;
 
-__device__ __forceinline__ void cp16(unsigned char* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
-               "l"(src) : "memory");
+// 16 bytes by cp.async; valid false: zeros (no global read: the source size is 0).
+__device__ __forceinline__ void cp16(unsigned char* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
+               "l"(src), "r"(valid ? 16 : 0) : "memory");
 }
 __device__ __forceinline__ float ldb(const unsigned char* p) {
   return __bfloat162float(*reinterpret_cast<const bf16*>(p));
@@ -184,9 +189,9 @@ __device__ __forceinline__ void weights_product(float (&acc)[32], const unsigned
 // A transposed 64 x 64 accumulator X[i][t] (rows i = i0 + 16 wl + g (+8), columns t) to out[t][i] (bf16, row
 // stride ld elements), each element times scale[t] (or 1).
 // PAIRS: each 8 x 8 block transposed in registers (movmatrix), one bf16 pair of rows i a store.
-template <bool PAIRS>
+template <bool PAIRS, bool GUARD>
 __device__ __forceinline__ void store_t(bf16* out, int64_t ld, const float (&X)[32], const float* scale, int i0,
-                                        int wl, int g, int q) {
+                                        int wl, int g, int q, int tc) {
   bf16* o = out + g * ld + i0 + 16 * wl + 2 * q;  // PAIRS: column 8 n + g, rows 16 wl + 8 h + 2 q (a running pointer)
 #pragma unroll
   for (int n = 0; n < 8; ++n, o += 8 * ld)
@@ -199,10 +204,10 @@ __device__ __forceinline__ void store_t(bf16* out, int64_t ld, const float (&X)[
         const __nv_bfloat162 v = __floats2bfloat162_rn(x0, x1);
         uint32_t w = *reinterpret_cast<const uint32_t*>(&v);
         asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %0;\n" : "+r"(w));
-        *reinterpret_cast<uint32_t*>(o + 8 * h) = w;
+        if (!GUARD || 8 * n + g < tc) *reinterpret_cast<uint32_t*>(o + 8 * h) = w;
       } else {
-        out[t * ld + i] = __float2bfloat16_rn(x0);
-        out[(t + 1) * ld + i] = __float2bfloat16_rn(x1);
+        if (!GUARD || t < tc) out[t * ld + i] = __float2bfloat16_rn(x0);
+        if (!GUARD || t + 1 < tc) out[(t + 1) * ld + i] = __float2bfloat16_rn(x1);
       }
     }
 }
@@ -229,12 +234,13 @@ __device__ __forceinline__ void stage(unsigned char* st, const float (&X)[32], c
     }
 }
 // WG0: both consumers' stages (output columns 0..63 and 64..127) to rows t of out (row stride rs elements), 16 bytes
-// a thread. TRANS: the stages hold [column][t] (dq^T, dk^T): 8 two-byte reads a piece; else [t][column] (dv).
+// a thread, rows t < tc. TRANS: the stages hold [column][t] (dq^T, dk^T): 8 two-byte reads a piece; else [t][column]
+// (dv).
 template <bool TRANS>
 __device__ __forceinline__ void copy_out(bf16* out, int64_t rs, const unsigned char* st0, const unsigned char* st1,
-                                         int tid) {
+                                         int tid, int tc) {
 #pragma unroll 1
-  for (int e = tid; e < 1024; e += 128) {
+  for (int e = tid; e < 64 * tc; e += 128) {
     const int t = e >> 4, c = (e >> 3) & 1, pc = e & 7;
     const unsigned char* st = c ? st1 : st0;
     uint4 v;
@@ -255,13 +261,19 @@ __device__ __forceinline__ void copy_out(bf16* out, int64_t rs, const unsigned c
 // MASK: bit x loads tile x (q, k, v, dy), by NT threads from thread index `first`.
 template <int MASK, int NT>
 __device__ __forceinline__ void load_tiles(const Params& p, unsigned char* sm, int64_t bh, int ch, int first = 0) {
-  const int64_t b = bh / p.H, h = bh - b * p.H, rs = (int64_t)p.H * 128;
-  const int64_t row0 = (b * p.T + (int64_t)ch * 64) * rs + h * 128;
+  const int64_t b = bh / p.H, h = bh - b * p.H;
+  const int t0 = ch * 64;
   for (int e = (int)threadIdx.x - first; e < 4096; e += NT) {
     const int tile = e >> 10, r = (e >> 4) & 63, c8 = e & 15;
     if (!((MASK >> tile) & 1)) continue;
     const bf16* src = tile == 0 ? p.q : tile == 1 ? p.k : tile == 2 ? p.v : p.dy;
-    cp16(sm + tile * 16384 + c8 * 1024 + r * 16, src + row0 + r * rs + 8 * c8);
+    // (selected, not indexed: a run-time index into the parameter array would copy it to local memory)
+    const int64_t sb = tile == 0 ? p.st[0][0] : tile == 1 ? p.st[1][0] : tile == 2 ? p.st[2][0] : p.st[3][0];
+    const int64_t stt = tile == 0 ? p.st[0][1] : tile == 1 ? p.st[1][1] : tile == 2 ? p.st[2][1] : p.st[3][1];
+    const int64_t sh = tile == 0 ? p.st[0][2] : tile == 1 ? p.st[1][2] : tile == 2 ? p.st[2][2] : p.st[3][2];
+    const bool valid = t0 + r < p.T;  // rows past T: zeros
+    cp16(sm + tile * 16384 + c8 * 1024 + r * 16, valid ? src + b * sb + (int64_t)(t0 + r) * stt + h * sh + 8 * c8 : src,
+         valid);
   }
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
@@ -302,7 +314,8 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
   };
   put_g();
   for (int ch = nck - 1; ch >= 0; --ch) {
-    const int64_t t0 = (int64_t)ch * 64, row0 = (b * p.T + t0) * rs + h * 128;  // element (t0, h, 0)
+    const int64_t t0 = (int64_t)ch * 64, row0 = (b * p.T + t0) * rs + h * 128;  // element (t0, h, 0) of an output
+    const int tc = min(64, p.T - (int)t0);  // the chunk's steps (rows past T are not stored)
     float X[32], R[32], Rk[32];
     if (!(V & kEarly) || ch == nck - 1) load_tiles<15, 384>(p, sm, bh, ch);
     else load_tiles<9, 384>(p, sm, bh, ch);  // q and dy (k and v came during the chunk before)
@@ -411,7 +424,8 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
       stage(sm + (c ? kMQL : kMQH), R, nullptr, wl, g, q);
       arrive_all<7>();
     } else if (!(V & kNoStores)) {
-      store_t<(V & kPairs) != 0>(p.dq + row0, rs, R, nullptr, i0, wl, g, q);
+      if (tc == 64) store_t<(V & kPairs) != 0, false>(p.dq + row0, rs, R, nullptr, i0, wl, g, q, tc);
+      else store_t<(V & kPairs) != 0, true>(p.dq + row0, rs, R, nullptr, i0, wl, g, q, tc);  // the last chunk
     }
     // Rk^T = G V^T, G's accumulator as A fragments (hi / lo a k-step); e's part
 #pragma unroll
@@ -438,7 +452,8 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
       stage(sm + (c ? kMDL : kMDH), Rk, tab + 192, wl, g, q);
       arrive_all<8>();
     } else if (!(V & kNoStores)) {
-      store_t<(V & kPairs) != 0>(p.dk + row0, rs, Rk, tab + 192, i0, wl, g, q);
+      if (tc == 64) store_t<(V & kPairs) != 0, false>(p.dk + row0, rs, Rk, tab + 192, i0, wl, g, q, tc);
+      else store_t<(V & kPairs) != 0, true>(p.dk + row0, rs, Rk, tab + 192, i0, wl, g, q, tc);
     }
     // KG (columns j = 64 c ..) = K G, B = G hi / lo (MN-major); then dv = diag(beta w) KG + MP^T dY
 #pragma unroll
@@ -470,7 +485,7 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
       for (int hh = 0; hh < 2; ++hh) {
         if (V & (kNoStores | kStage)) break;
         const int s = 16 * wl + g + 8 * hh, j = i0 + 8 * n + 2 * q;
-        *reinterpret_cast<__nv_bfloat162*>(p.dv + row0 + s * rs + j) =
+        if (s < tc) *reinterpret_cast<__nv_bfloat162*>(p.dv + row0 + s * rs + j) =
             __floats2bfloat162_rn(R[4 * n + 2 * hh], R[4 * n + 2 * hh + 1]);
       }
     if (V & kStage) {
@@ -526,19 +541,19 @@ __device__ void aux(const Params& p, unsigned char* sm, int64_t bh, int nck) {
   float* L = reinterpret_cast<float*>(sm + kL);
   float* part = reinterpret_cast<float*>(sm + kPart);
   const int64_t b = bh / p.H, h = bh - b * p.H;
+  // step t's gate and beta (past T: 1 and 0, identities in every table)
+  auto gate_at = [&](int t) { return t < p.T ? __bfloat162float(p.gate[b * p.sg[0] + t * p.sg[1] + h * p.sg[2]]) : 1.f; };
+  auto beta_at = [&](int t) { return t < p.T ? __bfloat162float(p.beta[b * p.sb[0] + t * p.sb[1] + h * p.sb[2]]) : 0.f; };
   float g_next = 0.f, b_next = 0.f;  // kGateAhead: step tid's gate and beta of the chunk after this one
-  if ((V & kGateAhead) && tid < 64) {
-    const int64_t gi = (b * p.T + (int64_t)(nck - 1) * 64) * p.H + h;
-    g_next = __bfloat162float(p.gate[gi + tid * p.H]);
-    b_next = __bfloat162float(p.beta[gi + tid * p.H]);
-  }
+  if ((V & kGateAhead) && tid < 64) g_next = gate_at((nck - 1) * 64 + tid), b_next = beta_at((nck - 1) * 64 + tid);
   for (int ch = nck - 1; ch >= 0; --ch) {
-    const int64_t gi = (b * p.T + (int64_t)ch * 64) * p.H + h;  // (b, t0, h) in gate / beta
+    const int t0 = ch * 64, tc = min(64, p.T - t0);
+    const int64_t go = (b * p.T + t0) * p.H + h;  // (b, t0, h) in dgate / dbeta (contiguous)
     if (!(V & kEarly) || ch == nck - 1) load_tiles<15, 384>(p, sm, bh, ch);
     else load_tiles<9, 384>(p, sm, bh, ch);
     if (tid < 64) {
-      tab[320 + tid] = (V & kGateAhead) ? g_next : __bfloat162float(p.gate[gi + tid * p.H]);
-      tab[192 + tid] = (V & kGateAhead) ? b_next : __bfloat162float(p.beta[gi + tid * p.H]);
+      tab[320 + tid] = (V & kGateAhead) ? g_next : gate_at(t0 + tid);
+      tab[192 + tid] = (V & kGateAhead) ? b_next : beta_at(t0 + tid);
     }
     wg0_sync();
     if (tid < 64) {  // row t of L: L[t][s] = prod_{r=s+1..t} g_r (s <= t), 0 above; A[t] = prod_{r<=t} g_r
@@ -569,17 +584,16 @@ __device__ void aux(const Params& p, unsigned char* sm, int64_t bh, int nck) {
     tiles_landed();
     sync_all<6>();  // (1)
     if ((V & kGateAhead) && tid < 64 && ch > 0) {
-      g_next = __bfloat162float(p.gate[gi - 64 * p.H + tid * p.H]);
-      b_next = __bfloat162float(p.beta[gi - 64 * p.H + tid * p.H]);
+      g_next = gate_at(t0 - 64 + tid), b_next = beta_at(t0 - 64 + tid);
     }
     if (V & kStage) {  // dq, dk, dv from the consumers' stages
-      const int64_t rs = (int64_t)p.H * 128, row0 = (b * p.T + (int64_t)ch * 64) * rs + h * 128;
+      const int64_t rs = (int64_t)p.H * 128, row0 = (b * p.T + t0) * rs + h * 128;
       sync_all<7>();
-      copy_out<true>(p.dq + row0, rs, sm + kMQH, sm + kMQL, tid);
+      copy_out<true>(p.dq + row0, rs, sm + kMQH, sm + kMQL, tid, tc);
       sync_all<8>();
-      copy_out<true>(p.dk + row0, rs, sm + kMDH, sm + kMDL, tid);
+      copy_out<true>(p.dk + row0, rs, sm + kMDH, sm + kMDL, tid, tc);
       sync_all<9>();
-      copy_out<false>(p.dv + row0, rs, sm + kMPH, sm + kMPL, tid);
+      copy_out<false>(p.dv + row0, rs, sm + kMPH, sm + kMPL, tid, tc);
     }
     sync_all<3>();    // (3) the partials
     const int t = tid >> 1, x = tid & 1;  // two threads a step
@@ -604,14 +618,14 @@ __device__ void aux(const Params& p, unsigned char* sm, int64_t bh, int nck) {
       float db = 0.f;
 #pragma unroll
       for (int w = 0; w < 8; ++w) db += part[1024 + w * 64 + t];
-      p.dbeta[gi + t * p.H] = __float2bfloat16_rn(db);
+      if (t < tc) p.dbeta[go + t * p.H] = __float2bfloat16_rn(db);
     } else {  // (c)
       float sc = 0.f;
       for (int u = t; u < 64; ++u) sc = fmaf(L[u * PC + t], part[1544 + u], sc);
       td = tab[64 + t] * sc;
     }
     td += __shfl_xor_sync(0xffffffffu, td, 1);  // x = 0's (a) + (b) + (d), x = 1's (c)
-    if (x == 0) p.dgate[gi + t * p.H] = __float2bfloat16_rn(td);
+    if (x == 0 && t < tc) p.dgate[go + t * p.H] = __float2bfloat16_rn(td);
     sync_all<6>();  // (6)
   }
 }
@@ -623,7 +637,7 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel(const Params p) {
 #endif
   extern __shared__ __align__(1024) unsigned char sm[];
   const int64_t bh = blockIdx.x;
-  const int nck = p.T / 64;
+  const int nck = (p.T + 63) / 64;
   const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0);
   if (wg == 0) maxnreg_dec<kAuxRegs>();
   else maxnreg_inc<kConsRegs>();
@@ -666,6 +680,8 @@ HOST_SRC = r"""
 namespace cbs {
 struct Params {
   const __nv_bfloat16 *q, *k, *v, *dy, *gate, *beta;
+  int64_t st[4][3];
+  int64_t sg[3], sb[3];
   const float* ckpt;
   const float* dfinal;
   __nv_bfloat16 *dq, *dk, *dv, *dgate, *dbeta;
@@ -684,9 +700,17 @@ void bwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at
          const at::Tensor& beta, const at::Tensor& ckpt, const at::Tensor& dfinal, const at::Tensor& dq,
          const at::Tensor& dk, const at::Tensor& dv, const at::Tensor& dgate, const at::Tensor& dbeta,
          const at::Tensor& ds0, int64_t variant) {
-  cbs::Params p{cb(q), cb(k), cb(v), cb(dy), cb(gate), cb(beta), ckpt.data_ptr<float>(),
-                dfinal.numel() ? dfinal.data_ptr<float>() : nullptr, mb(dq), mb(dk), mb(dv), mb(dgate), mb(dbeta),
-                ds0.data_ptr<float>(), (int)q.size(1), (int)q.size(2)};
+  cbs::Params p{};
+  p.q = cb(q), p.k = cb(k), p.v = cb(v), p.dy = cb(dy), p.gate = cb(gate), p.beta = cb(beta);
+  const at::Tensor* rows[4] = {&q, &k, &v, &dy};
+  for (int x = 0; x < 4; ++x)
+    for (int d = 0; d < 3; ++d) p.st[x][d] = rows[x]->stride(d);
+  for (int d = 0; d < 3; ++d) p.sg[d] = gate.stride(d), p.sb[d] = beta.stride(d);
+  p.ckpt = ckpt.data_ptr<float>();
+  p.dfinal = dfinal.numel() ? dfinal.data_ptr<float>() : nullptr;
+  p.dq = mb(dq), p.dk = mb(dk), p.dv = mb(dv), p.dgate = mb(dgate), p.dbeta = mb(dbeta);
+  p.ds0 = ds0.data_ptr<float>();
+  p.T = (int)q.size(1), p.H = (int)q.size(2);
   const int e = cbs::launch(p, (int)variant, (int)(q.size(0) * q.size(2)), c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(e == 0, "bwd launch: ", cudaGetErrorString((cudaError_t)e));
 }
@@ -704,26 +728,27 @@ assert FORMS_USED == FORMS  # the probe's forms: this kernel issues the same ins
 
 
 def checkpoints(k, v, gate, beta, s0, chunk=64):
-    """S at every chunk start, (B H, T / chunk, D_k, D_v) fp32, by a float64 pass over chunks (dev only: the
+    """S at every chunk start, (B H, ceil(T / chunk), D_k, D_v) fp32, by a float64 pass over chunks (dev only: the
     shipped form is chunk_sm90's state mode)."""
     B, T, H, Dk = k.shape
     kd, vd, gd, bd = (x.double().transpose(1, 2) for x in (k, v, gate, beta))  # (B, H, T, ...)
     S = torch.zeros(B, H, Dk, v.shape[-1], dtype=torch.float64, device=k.device) if s0 is None else s0.double().clone()
-    out = torch.empty(B, H, T // chunk, Dk, v.shape[-1], dtype=torch.float32, device=k.device)
-    for c in range(T // chunk):
-        sl = slice(c * chunk, (c + 1) * chunk)
+    n = -(-T // chunk)
+    out = torch.empty(B, H, n, Dk, v.shape[-1], dtype=torch.float32, device=k.device)
+    for c in range(n):
+        sl = slice(c * chunk, min(T, (c + 1) * chunk))
         out[:, :, c] = S.float()
         g = gd[:, :, sl]
-        rev = torch.flip(torch.cumprod(torch.flip(g, [-1]), -1), [-1])  # prod_{r >= s} g_r
+        rev = torch.flip(torch.cumprod(torch.flip(g, [-1]), -1), [-1])  # prod_{r >= s} g_r (to the chunk's end)
         w = torch.cat([rev[..., 1:], torch.ones_like(rev[..., :1])], -1)  # prod_{r > s} g_r
         S = rev[..., :1, None] * S + (kd[:, :, sl] * (w * bd[:, :, sl])[..., None]).transpose(-1, -2) @ vd[:, :, sl]
-    return out.reshape(B * H, T // chunk, Dk, v.shape[-1])
+    return out.reshape(B * H, n, Dk, v.shape[-1])
 
 
 def run(mod, q, k, v, gate, beta, dy, ckpt, dfinal, variant=0):
-    outs = [torch.full_like(q, float("nan")), torch.full_like(k, float("nan")), torch.full_like(v, float("nan")),
-            torch.full_like(gate, float("nan")), torch.full_like(beta, float("nan")),
-            torch.full((q.shape[0], q.shape[2], 128, 128), float("nan"), device=q.device)]
+    """Ours into NaN-poisoned contiguous outputs: (dq, dk, dv, dgate, dbeta, dS_0)."""
+    outs = [torch.full(x.shape, float("nan"), dtype=x.dtype, device=x.device) for x in (q, k, v, gate, beta)]
+    outs.append(torch.full((q.shape[0], q.shape[2], 128, 128), float("nan"), device=q.device))
     mod.bwd(q, k, v, dy, gate, beta, ckpt, dfinal if dfinal is not None else torch.empty(0, device=q.device), *outs,
             variant)
     return outs
@@ -741,9 +766,10 @@ def check(mod, gen, variant):
     import naive
     import reference
     rows = []
-    for B, T, H, gates, states in [(1, 64, 1, "sigmoid", False), (1, 256, 2, "sigmoid", True),
-                                   (2, 192, 1, "zeros", True), (1, 128, 2, "negative", False),
-                                   (1, 128, 1, "above-one", True)]:
+    for B, T, H, gates, states, bhtd in [(1, 64, 1, "sigmoid", False, False), (1, 256, 2, "sigmoid", True, False),
+                                         (2, 192, 1, "zeros", True, False), (1, 128, 2, "negative", False, False),
+                                         (1, 128, 1, "above-one", True, False), (1, 100, 3, "sigmoid", True, False),
+                                         (2, 63, 1, "zeros", False, False), (1, 130, 2, "sigmoid", True, True)]:
         q, k, v, g, b = reference.make_inputs(B, T, H, 128, 128, dtype=torch.bfloat16, generator=gen)
         g = {"sigmoid": g, "negative": torch.empty_like(g).uniform_(-1, 1, generator=gen),
              "zeros": g.masked_fill(torch.rand(g.shape, generator=gen) < 0.1, 0.0),
@@ -753,12 +779,14 @@ def check(mod, gen, variant):
         dfinal = torch.randn(B, H, 128, 128, generator=gen) if states else None
         want = naive.recurrent_backward_naive(q, k, v, g, b, dy, initial_state=s0, d_final_state=dfinal)
         cu = [x.cuda() for x in (q, k, v, g, b, dy)]
+        if bhtd:  # inputs as (B, H, T, ...) tensors seen through a transpose: (b, t, h) strides not contiguous
+            cu = [x.transpose(1, 2).contiguous().transpose(1, 2) for x in cu]
         ck = checkpoints(cu[1], cu[2], cu[3], cu[4], None if s0 is None else s0.cuda())
         got = run(mod, *cu, ck, None if dfinal is None else dfinal.cuda(), variant)
         torch.cuda.synchronize()
         errs = {n: rel_l2(x.cpu(), w) for n, x, w in zip(NAMES, got, want)}
         floor = {n: rel_l2(w.to(x.dtype), w) for n, x, w in zip(NAMES, got, want)}
-        case = f"v{variant} {(B, T, H)} {gates}{' states' if states else ''}"
+        case = f"v{variant} {(B, T, H)} {gates}{' states' if states else ''}{' bhtd' if bhtd else ''}"
         print(f"check {case:34s} " + " ".join(f"{n} {errs[n]:.1e} ({floor[n]:.1e})" for n in NAMES), flush=True)
         rows.append({"case": case, "rel_l2": errs, "bf16_floor": floor})
     return rows
