@@ -87,10 +87,11 @@ constexpr int PC = 65;
 // stored as bf16 pairs after a transpose in registers), kNoStores (timing only: no dq, dk, dv), kGateAhead (WG0 loads
 // the next chunk's gates and betas during the chunk), kStage (dq, dk, dv staged in the weights' space once both
 // consumers are past the product that read it, WG0 copying them out in 16-byte pieces), kEarly (the next chunk's
-// k and v tiles loaded by the consumers once both are past KG, their last reader).
+// k and v tiles loaded by the consumers once both are past KG, their last reader), kLdsm (the q and k tiles' values
+// for the row dots and G's update fragments by ldmatrix.trans instead of 2-byte loads).
 constexpr int kAuxRegs = AUX_REGS, kConsRegs = CONS_REGS;  // setmaxnreg split
 static_assert(kAuxRegs * 128 + kConsRegs * 256 <= 65536, "the split fits the register file");
-constexpr int kPairs = 4, kNoStores = 8, kGateAhead = 16, kStage = 32, kEarly = 64;
+constexpr int kPairs = 4, kNoStores = 8, kGateAhead = 16, kStage = 32, kEarly = 64, kLdsm = 128;
 
 // 16 bytes by cp.async; valid false: zeros (no global read: the source size is 0).
 __device__ __forceinline__ void cp16(unsigned char* dst, const void* src, bool valid) {
@@ -149,20 +150,49 @@ __device__ __forceinline__ void put_weights(unsigned char* sm, const float (&X)[
 
 // Column u of a 64 x 64 accumulator (rows i = i0 + 16 wl + g (+8)) against row u of a bf16 tile, over this warp's
 // 16 rows i: one partial a warp and column, at part[slot][u].
+// Four 8 x 8 bf16 blocks of a tile stored [x / 8][t][8], transposed: block j's lane (g, q) gets the pair
+// (t = 2 q, 2 q + 1; x = g) of it: the A-fragment (and accumulator-column) order. p: this lane's row address
+// (lanes 8 j .. 8 j + 7 give block j's 8 rows t).
+__device__ __forceinline__ void ldsm4_t(uint32_t (&r)[4], const unsigned char* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"((uint32_t)__cvta_generic_to_shared(p)));
+}
+__device__ __forceinline__ float2 unpack(uint32_t w) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
+}
+// LDSM: the tile's values by ldmatrix (4 a call), else by 2-byte loads (32 a call).
+template <bool LDSM>
 __device__ __forceinline__ void col_dots(unsigned char* sm, const float (&X)[32], int tile, int i0, float* part,
                                          int wl, int g, int q) {
+  const int lane = threadIdx.x & 31;
 #pragma unroll
-  for (int n = 0; n < 8; ++n)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int u = 8 * n + 2 * q + e, i = i0 + 16 * wl + g;
-      float x = X[4 * n + e] * ldb(sm + tile + (i >> 3) * 1024 + u * 16 + (i & 7) * 2) +
-                X[4 * n + 2 + e] * ldb(sm + tile + ((i + 8) >> 3) * 1024 + u * 16 + ((i + 8) & 7) * 2);
-      x += __shfl_xor_sync(0xffffffffu, x, 4);
-      x += __shfl_xor_sync(0xffffffffu, x, 8);
-      x += __shfl_xor_sync(0xffffffffu, x, 16);
-      if (g == 0) part[u] = x;
+  for (int m = 0; m < 4; ++m) {  // columns u of blocks n = 2 m, 2 m + 1
+    uint32_t r[4];  // block j: rows i of half j & 1, columns of block n = 2 m + (j >> 1)
+    if constexpr (LDSM) {
+      const int j = lane >> 3;
+      ldsm4_t(r, sm + tile + ((i0 + 16 * wl + 8 * (j & 1)) >> 3) * 1024 + (16 * m + 8 * (j >> 1) + (lane & 7)) * 16);
     }
+#pragma unroll
+    for (int nn = 0; nn < 2; ++nn)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int n = 2 * m + nn, u = 8 * n + 2 * q + e, i = i0 + 16 * wl + g;
+        float a0, a1;
+        if constexpr (LDSM) {
+          const float2 v0 = unpack(r[2 * nn]), v1 = unpack(r[2 * nn + 1]);
+          a0 = e ? v0.y : v0.x, a1 = e ? v1.y : v1.x;
+        } else {
+          a0 = ldb(sm + tile + (i >> 3) * 1024 + u * 16 + (i & 7) * 2);
+          a1 = ldb(sm + tile + ((i + 8) >> 3) * 1024 + u * 16 + ((i + 8) & 7) * 2);
+        }
+        float x = X[4 * n + e] * a0 + X[4 * n + 2 + e] * a1;
+        x += __shfl_xor_sync(0xffffffffu, x, 4);
+        x += __shfl_xor_sync(0xffffffffu, x, 8);
+        x += __shfl_xor_sync(0xffffffffu, x, 16);
+        if (g == 0) part[u] = x;
+      }
+  }
 }
 
 // acc += A W over the chunk's 64 steps: A MN-major from a staged tile, W the weights hi / lo (K-major B, or
@@ -415,7 +445,7 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     wg_commit();
     wg_wait<0>();
     acc_fence(R);
-    col_dots(sm, R, kQ, i0, part + (c * 4 + wl) * 64, wl, g, q);  // f_u's part
+    col_dots<(V & kLdsm) != 0>(sm, R, kQ, i0, part + (c * 4 + wl) * 64, wl, g, q);  // f_u's part
 #pragma unroll
     for (int i = 0; i < 32; ++i) R[i] *= tab[8 * ((i >> 2) & 7) + 2 * q + (i & 1)];  // diag(A) on columns t
     weights_product<false>(R, sm, kK + 8192 * c, kMQH, kMQL);  // dq^T += K^T MQ^T
@@ -442,11 +472,11 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     wg_commit();
     wg_wait<0>();
     acc_fence(Rk);
-    col_dots(sm, Rk, kK, i0, part + 512 + (c * 4 + wl) * 64, wl, g, q);  // e_s's part
+    col_dots<(V & kLdsm) != 0>(sm, Rk, kK, i0, part + 512 + (c * 4 + wl) * 64, wl, g, q);  // e_s's part
 #pragma unroll
     for (int i = 0; i < 32; ++i) Rk[i] *= tab[128 + 8 * ((i >> 2) & 7) + 2 * q + (i & 1)];  // diag(w) on columns s
     weights_product<true>(Rk, sm, kQ + 8192 * c, kMDH, kMDL);  // dkt^T += Q^T MD
-    col_dots(sm, Rk, kK, i0, part + 1024 + (c * 4 + wl) * 64, wl, g, q);  // dbeta_s's part
+    col_dots<(V & kLdsm) != 0>(sm, Rk, kK, i0, part + 1024 + (c * 4 + wl) * 64, wl, g, q);  // dbeta_s's part
     if (V & kStage) {  // dk = beta dkt
       consumers_sync();  // both past dkt's product: MD's space is free
       stage(sm + (c ? kMDL : kMDH), Rk, tab + 192, wl, g, q);
@@ -506,13 +536,18 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     acc_fence(G);
 #pragma unroll
     for (int kb = 0; kb < 4; ++kb) {
-      uint32_t ah[4], al[4];
+      uint32_t ah[4], al[4], qf[4];
+      if (V & kLdsm) {  // block j: rows i of half j & 1, steps of half j >> 1
+        const int j = lane >> 3;
+        ldsm4_t(qf, sm + kQ + ((i0 + 16 * wl + 8 * (j & 1)) >> 3) * 1024 + (16 * kb + 8 * (j >> 1) + (lane & 7)) * 16);
+      }
 #pragma unroll
       for (int r = 0; r < 4; ++r) {  // a_r: row ir + 8 (r & 1), steps t = 16 kb + 2 q + 8 (r >> 1) (+1)
         const int i = ir + 8 * (r & 1), t = 16 * kb + 2 * q + 8 * (r >> 1);
-        const float x0 = ldb(sm + kQ + (i >> 3) * 1024 + t * 16 + (i & 7) * 2) * tab[t];
-        const float x1 = ldb(sm + kQ + (i >> 3) * 1024 + (t + 1) * 16 + (i & 7) * 2) * tab[t + 1];
-        split2<2>(x0, x1, ah[r], al[r]);
+        const float2 v = (V & kLdsm) ? unpack(qf[r])
+                                     : make_float2(ldb(sm + kQ + (i >> 3) * 1024 + t * 16 + (i & 7) * 2),
+                                                   ldb(sm + kQ + (i >> 3) * 1024 + (t + 1) * 16 + (i & 7) * 2));
+        split2<2>(v.x * tab[t], v.y * tab[t + 1], ah[r], al[r]);
       }
       wg_fence();
       const uint64_t db = mdesc(sm, kY, 64, kb);
@@ -656,7 +691,7 @@ int launch_v(const Params& p, int blocks, cudaStream_t s) {
   bwd_kernel<V><<<blocks, 384, kSmem, s>>>(p);
   return (int)cudaGetLastError();
 }
-#define VARIANTS(X) X(16) X(48) X(80) X(112)
+#define VARIANTS(X) X(16) X(48) X(80) X(112) X(144) X(240)
 int launch(const Params& p, int v, int blocks, cudaStream_t s) {
 #define CASE(n) if (v == n) return launch_v<n>(p, blocks, s);
   VARIANTS(CASE)
@@ -757,7 +792,8 @@ def run(mod, q, k, v, gate, beta, dy, ckpt, dfinal, variant=0):
 NAMES = ["dq", "dk", "dv", "dgate", "dbeta", "dS0"]
 VARIANT_NAMES = {0: "v1", 4: "pair stores (movmatrix)", 16: "gates a chunk ahead", 20: "pairs + gates ahead",
                  24: "gates ahead, no stores (timing only)", 48: "gates ahead + staged stores",
-                 80: "gates ahead + early k, v", 112: "gates ahead + staged stores + early k, v"}
+                 80: "gates ahead + early k, v", 112: "gates ahead + staged stores + early k, v",
+                 144: "gates ahead + ldmatrix", 240: "gates ahead + staged + early + ldmatrix"}
 
 
 def check(mod, gen, variant):
@@ -830,8 +866,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--trials", type=int, default=10)
     ap.add_argument("--shapes", default="S0-bf16,S2-bf16,S4-bf16")
-    ap.add_argument("--variants", default="16,48,80,112")
-    ap.add_argument("--check-variants", default="16,112")
+    ap.add_argument("--variants", default="16,48,80,112,144,240")
+    ap.add_argument("--check-variants", default="16,240")
     ap.add_argument("--regs", type=lambda x: [int(r) for r in x.split(",")], default=[56, 224],
                     help="setmaxnreg split: WG0, consumers")
     ap.add_argument("--build-only", action="store_true")
