@@ -156,7 +156,8 @@ __device__ __forceinline__ void put_weights(unsigned char* sm, const float (&X)[
 __device__ __forceinline__ void ldsm4_t(uint32_t (&r)[4], const unsigned char* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"((uint32_t)__cvta_generic_to_shared(p)));
+               : "r"((uint32_t)__cvta_generic_to_shared(p))
+               : "memory");
 }
 __device__ __forceinline__ float2 unpack(uint32_t w) {
   return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
@@ -270,7 +271,7 @@ template <bool TRANS>
 __device__ __forceinline__ void copy_out(bf16* out, int64_t rs, const unsigned char* st0, const unsigned char* st1,
                                          int tid, int tc) {
 #pragma unroll 1
-  for (int e = tid; e < 64 * tc; e += 128) {
+  for (int e = tid; e < 16 * tc; e += 128) {  // 16 pieces a row (8 a consumer)
     const int t = e >> 4, c = (e >> 3) & 1, pc = e & 7;
     const unsigned char* st = c ? st1 : st0;
     uint4 v;
@@ -867,7 +868,7 @@ def main():
     ap.add_argument("--trials", type=int, default=10)
     ap.add_argument("--shapes", default="S0-bf16,S2-bf16,S4-bf16")
     ap.add_argument("--variants", default="16,48,80,112,144,240")
-    ap.add_argument("--check-variants", default="16,240")
+    ap.add_argument("--check-variants", default="16,48,80,144,240")
     ap.add_argument("--regs", type=lambda x: [int(r) for r in x.split(",")], default=[56, 224],
                     help="setmaxnreg split: WG0, consumers")
     ap.add_argument("--build-only", action="store_true")
