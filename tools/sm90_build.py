@@ -185,15 +185,17 @@ def build(name, cpp_sources, cuda_sources, functions, namespace, verbose=False):
     return mod, summary
 
 
-def print_build(summary, launch_regs=None):
+def print_build(summary, launch_regs=None, split_kernels=""):
     """The build line, each kernel's registers / stack / spills (flagged when not `launch_regs`, where a
-    setmaxnreg split assumes that count), and the warnings."""
+    setmaxnreg split assumes that count; with split_kernels, only kernels whose names start with it), and the
+    warnings."""
     print(f"build: {'compiled' if summary['fresh_build'] else 'cached'} in {summary['build_s']} s ({summary['module']})")
     if not summary["kernels"]:
         print("  (no ptxas log: delete the cached build to see registers and spills)")
     for r in summary["kernels"]:
         regs = r.get("registers", "?")
-        note = "" if launch_regs is None or regs in (launch_regs, "?") else \
+        checked = launch_regs is not None and r["kernel"].startswith(split_kernels)
+        note = "" if not checked or regs in (launch_regs, "?") else \
             f"  <-- NOT {launch_regs}: setmaxnreg.inc would wait for registers that do not exist"
         print(f"  {regs:>4} regs  stack {r.get('stack', '?'):>4}  spill st/ld "
               f"{r.get('spill_stores', '?')}/{r.get('spill_loads', '?')}  {r['kernel']}{note}")
