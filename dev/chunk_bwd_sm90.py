@@ -692,7 +692,7 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel(const Params p) {
 // beta_s w_s (w_s = prod_{r>s} g_r, double) and the scaled k tile's hi / lo ([dk / 8][t][8], MN-major B); consumer c
 // holds S^T rows dv = 64 c .. as two m64n64 accumulators (dk halves), stores them, then S^T <- A_63 S^T +
 // V^T (diag(beta w) K) (A = V^T from the v tile, MN-major; 2 terms).
-constexpr int cK = 0, cV = 16384, cKH = 32768, cKL = 49152, cTab = 65536, cSmem = cTab + 3 * 256;
+constexpr int cK = 0, cV = 16384, cKH = 32768, cKL = 49152, cTab = 65536, cSmem = cTab + 4 * 256;  // (A_63 at 192)
 __global__ void __launch_bounds__(384, 1) ckpt_kernel(const Params p, const float* s0, float* ckpt) {
 #if defined(__CUDA_ARCH__) && !defined(GR_WGMMA)
   __trap();
@@ -717,10 +717,11 @@ __global__ void __launch_bounds__(384, 1) ckpt_kernel(const Params p, const floa
     for (int e = tid; e < 2048; e += 384) {  // k and v tiles
       const int tile = e >> 10, r = (e >> 4) & 63, c8 = e & 15;
       const bf16* src = tile ? p.v : p.k;
-      const int x = tile ? 2 : 1;
+      const int64_t sb = tile ? p.st[2][0] : p.st[1][0], stt = tile ? p.st[2][1] : p.st[1][1];  // (selected: an
+      const int64_t sh = tile ? p.st[2][2] : p.st[1][2];  // index into the parameter array would go to local memory)
       const bool valid = t0 + r < p.T;
-      cp16(sm + tile * 16384 + c8 * 1024 + r * 16,
-           valid ? src + b * p.st[x][0] + (int64_t)(t0 + r) * p.st[x][1] + h * p.st[x][2] + 8 * c8 : src, valid);
+      const bf16* row = src + b * sb + (int64_t)(t0 + r) * stt + h * sh + 8 * c8;
+      cp16(sm + tile * 16384 + c8 * 1024 + r * 16, valid ? row : src, valid);
     }
     asm volatile("cp.async.commit_group;\n" ::: "memory");
     if (tid < 64) {
@@ -749,14 +750,21 @@ __global__ void __launch_bounds__(384, 1) ckpt_kernel(const Params p, const floa
         if (tid == 0) tab[192] = (float)(w * (double)tab[0]);
       }
       wg0_sync();
-      for (int e = tid; e < 64 * 64; e += 128) {  // scaled k pairs (t, dk, dk + 1), hi / lo
-        const int t = e >> 6, dk = 2 * (e & 63);
-        const int off = (dk >> 3) * 1024 + t * 16 + (dk & 7) * 2;
-        const float2 kv = unpack(*reinterpret_cast<const uint32_t*>(sm + cK + off));
-        uint32_t hi, lo;
-        split2<2>(kv.x * tab[128 + t], kv.y * tab[128 + t], hi, lo);
-        *reinterpret_cast<uint32_t*>(sm + cKH + off) = hi;
-        *reinterpret_cast<uint32_t*>(sm + cKL + off) = lo;
+      for (int e = tid; e < 64 * 16; e += 128) {  // scaled k, 16-byte pieces (t, dk = 8 pc ..), lanes along t
+        const int t = e & 63, off = (e >> 6) * 1024 + t * 16;
+        const uint4 kv = *reinterpret_cast<const uint4*>(sm + cK + off);
+        const float wb = tab[128 + t];
+        uint4 hi, lo;
+        float2 f = unpack(kv.x);
+        split2<2>(f.x * wb, f.y * wb, hi.x, lo.x);
+        f = unpack(kv.y);
+        split2<2>(f.x * wb, f.y * wb, hi.y, lo.y);
+        f = unpack(kv.z);
+        split2<2>(f.x * wb, f.y * wb, hi.z, lo.z);
+        f = unpack(kv.w);
+        split2<2>(f.x * wb, f.y * wb, hi.w, lo.w);
+        *reinterpret_cast<uint4*>(sm + cKH + off) = hi;
+        *reinterpret_cast<uint4*>(sm + cKL + off) = lo;
       }
       fence_async_smem();
     }
@@ -909,13 +917,23 @@ def checkpoints(k, v, gate, beta, s0, chunk=64):
     return out.reshape(B * H, n, Dk, v.shape[-1])
 
 
+_EMPTY = {}
+
+
+def empty(device):
+    """A 0-element float32 tensor (an absent state for the extension), made once: none is allocated in a timed call."""
+    if device not in _EMPTY:
+        _EMPTY[device] = torch.empty(0, device=device)
+    return _EMPTY[device]
+
+
 def dev_checkpoints(mod, k, v, gate, beta, s0, out=None):
     """checkpoints() by the dev checkpoint kernel (fp32 accumulators, 2-term bf16 products), into out (or a new
     NaN-poisoned tensor)."""
     B, T, H, _ = k.shape
     if out is None:
         out = torch.full((B * H, -(-T // 64), 128, 128), float("nan"), device=k.device)
-    mod.ckpt(k, v, gate, beta, s0.contiguous() if s0 is not None else torch.empty(0, device=k.device), out)
+    mod.ckpt(k, v, gate, beta, s0.contiguous() if s0 is not None else empty(k.device), out)
     return out
 
 
@@ -925,8 +943,7 @@ def run(mod, q, k, v, gate, beta, dy, ckpt, dfinal, variant=0, outs=None):
     if outs is None:
         outs = [torch.full(x.shape, float("nan"), dtype=x.dtype, device=x.device) for x in (q, k, v, gate, beta)]
         outs.append(torch.full((q.shape[0], q.shape[2], 128, 128), float("nan"), device=q.device))
-    mod.bwd(q, k, v, dy, gate, beta, ckpt, dfinal if dfinal is not None else torch.empty(0, device=q.device), *outs,
-            variant)
+    mod.bwd(q, k, v, dy, gate, beta, ckpt, dfinal if dfinal is not None else empty(q.device), *outs, variant)
     return outs
 
 
