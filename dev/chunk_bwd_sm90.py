@@ -139,9 +139,9 @@ __device__ __forceinline__ void put_weights(unsigned char* sm, const float (&X)[
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = 16 * wl + g + 8 * h, s = 8 * n + 2 * q;
-      float x0 = s <= r ? X[4 * n + 2 * h] * L[r * PC + s] : 0.f;
-      float x1 = s + 1 <= r ? X[4 * n + 2 * h + 1] * L[r * PC + s + 1] : 0.f;
-      if (BETA) x0 *= bt[s], x1 *= bt[s + 1];
+      const float b0 = BETA ? bt[s] : 1.f, b1 = BETA ? bt[s + 1] : 1.f;  // (inside the selects: a NaN beta stays
+      const float x0 = s <= r ? X[4 * n + 2 * h] * L[r * PC + s] * b0 : 0.f;  // out of the masked slots)
+      const float x1 = s + 1 <= r ? X[4 * n + 2 * h + 1] * L[r * PC + s + 1] * b1 : 0.f;
       uint32_t hi, lo;
       split2<2>(x0, x1, hi, lo);
       const int off = (s >> 3) * 1024 + r * 16 + (s & 7) * 2;
@@ -369,6 +369,17 @@ __device__ __forceinline__ void fma_m(float (&M)[32], const float (&E)[32], cons
       }
   }
 }
+// An accumulator through a called FMA fallback by way of a copy: passed itself, its address would escape and keep it
+// in local memory on the fast path too (a review found 256 B of stack there).
+template <typename F>
+__device__ __forceinline__ void exact(float (&acc)[32], F&& f) {
+  float t[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) t[i] = acc[i];
+  f(t);
+#pragma unroll
+  for (int i = 0; i < 32; ++i) acc[i] = t[i];
+}
 // WG0: whether any of the chunk's four tiles, gates or betas holds a non-finite value (a beta's NaN meets Lx's zeros
 // in M; a bf16's exponent bits all ones), into *flag.
 __device__ __forceinline__ void scan_tiles(const unsigned char* sm, int tid, int* flag) {
@@ -552,7 +563,7 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     col_dots<(V & kLdsm) != 0>(sm, R, kQ, i0, part + (c * 4 + wl) * 64, wl, g, q);  // f_u's part
 #pragma unroll
     for (int i = 0; i < 32; ++i) R[i] *= tab[8 * ((i >> 2) & 7) + 2 * q + (i & 1)];  // diag(A) on columns t
-    if ((V & kExact) && bad) fma_dq(R, sm, ir, q);
+    if ((V & kExact) && bad) exact(R, [&](float (&t)[32]) { fma_dq(t, sm, ir, q); });
     else weights_product<false>(R, sm, kK + 8192 * c, kMQH, kMQL);  // dq^T += K^T MQ^T
     if (V & kStage) {
       consumers_sync();  // both consumers past dq's product: MQ's space is free
@@ -580,7 +591,7 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     col_dots<(V & kLdsm) != 0>(sm, Rk, kK, i0, part + 512 + (c * 4 + wl) * 64, wl, g, q);  // e_s's part
 #pragma unroll
     for (int i = 0; i < 32; ++i) Rk[i] *= tab[128 + 8 * ((i >> 2) & 7) + 2 * q + (i & 1)];  // diag(w) on columns s
-    if ((V & kExact) && bad) fma_dk(Rk, sm, ir, q);
+    if ((V & kExact) && bad) exact(Rk, [&](float (&t)[32]) { fma_dk(t, sm, ir, q); });
     else weights_product<true>(Rk, sm, kQ + 8192 * c, kMDH, kMDL);  // dkt^T += Q^T MD
     col_dots<(V & kLdsm) != 0>(sm, Rk, kK, i0, part + 1024 + (c * 4 + wl) * 64, wl, g, q);  // dbeta_s's part
     if (V & kStage) {  // dk = beta dkt
@@ -606,7 +617,7 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
 #pragma unroll
     for (int i = 0; i < 32; ++i) R[i] *= tab[256 + 16 * wl + g + 8 * ((i >> 1) & 1)];  // diag(beta w) on rows s
     if ((V & kExact) && bad) {
-      fma_dv(R, sm, 16 * wl + g, i0, q);
+      exact(R, [&](float (&t)[32]) { fma_dv(t, sm, 16 * wl + g, i0, q); });
     } else {
 #pragma unroll
       for (int kb = 0; kb < 4; ++kb) {

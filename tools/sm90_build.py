@@ -111,15 +111,19 @@ def summarise_ptxas(log, namespace):
     """Per entry function: registers, stack, spills; and every warning line (nvcc --ptxas-options=-v), the
     kernels' names demangled without `namespace`::(anonymous namespace)."""
     strip = rf"^(void )?{namespace}::\(anonymous namespace\)::"
-    rows, cur = [], None
+    rows, cur, props = [], None, None
     for line in log.splitlines():
         m = re.search(r"Compiling entry function '([^']+)'", line)
         if m:
             cur = {"kernel": m.group(1)}
             rows.append(cur)
             continue
+        m = re.search(r"Function properties for (\S+)", line)
+        if m:
+            props = m.group(1)  # (a called .func's stack line follows its own header: not the entry's)
+            continue
         m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
-        if m and cur is not None:
+        if m and cur is not None and props in (None, cur["kernel"]):
             cur.update(stack=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3)))
         m = re.search(r"Used (\d+) registers", line)
         if m and cur is not None:
