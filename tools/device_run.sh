@@ -50,7 +50,7 @@ for step in "$@"; do
     bench_all) timeout 300 python3 bench.py --shapes S0,S1,S2,S3,S4,S2-bf16,S3-bf16,S4-bf16 --trials 20 --eager-max-s 0.05 --out $OUT 2>&1 | tee $OUT/bench.log | grep -v "^{" | tail -12 | tee -a $OUT/log.txt ;;
     # fla's chunk backward autotunes on first use: about 130 s a shape, so the shapes alone, 5 trials
     train) timeout 560 python3 bench.py --shapes "" --train --train-shapes ${TRAIN_SHAPES:-S2-bf16,S2,S4-bf16,S3-bf16} --fla-640-guard-off --trials 5 --out $OUT 2>&1 | tee $OUT/bench_train.log | grep -v "^{" | tail -20 | tee -a $OUT/log.txt ;;
-    bwd_probe) timeout 200 python3 dev/bwd_sm90_probe.py --trials 10 --chunks 500 2>&1 | grep -v "WARNING\|^W1" | tail -28 | tee -a $OUT/log.txt ;;
+    bwd_probe) timeout 200 python3 dev/bwd_sm90_probe.py --trials 10 2>&1 | grep -v "WARNING\|^W1" | tail -28 | tee -a $OUT/log.txt ;;
     bwd_ab) timeout 500 python3 tools/bwd_ab.py ${BWD_AB_ARGS:-} 2>&1 | grep -v Warn | tail -40 | tee -a $OUT/log.txt ;;
     bwd_sanitize)
       for tool in memcheck racecheck synccheck; do
