@@ -297,37 +297,25 @@ __device__ __forceinline__ void copy_out(bf16* out, int64_t rs, const unsigned c
 __device__ __forceinline__ float wsum(const unsigned char* sm, int hi, int lo, int off) {
   return ldb(sm + hi + off) + ldb(sm + lo + off);
 }
-// dq^T[i][t] += sum_{s <= t} K[s][i] MQ[t][s] for this thread's elements (i = ir (+8), t = 8 n + 2 q + e).
-__device__ __noinline__ void fma_dq(float (&R)[32], const unsigned char* sm, int ir, int q) {
-  for (int s = 0; s < 64; ++s) {
-    const float k0 = ldb(sm + kK + (ir >> 3) * 1024 + s * 16 + (ir & 7) * 2);
-    const float k1 = ldb(sm + kK + ((ir + 8) >> 3) * 1024 + s * 16 + ((ir + 8) & 7) * 2);
+// The transposed accumulators' masked sums, over steps r, for this thread's elements (i = ir (+8), x = 8 n + 2 q + e):
+// DK false: dq^T[i][x = t] += sum_{r <= t} K[r][i] MQ[t][r]; DK true: dkt^T[i][x = s] += sum_{r >= s} Q[r][i] MD[r][s]
+// (both weights stored [column / 8][row][8]).
+template <bool DK>
+__device__ __noinline__ void fma_t(float (&R)[32], const unsigned char* sm, int ir, int q) {
+  constexpr int tile = DK ? kQ : kK, wh = DK ? kMDH : kMQH, wlo = DK ? kMDL : kMQL;
+  for (int r = 0; r < 64; ++r) {
+    const float a0 = ldb(sm + tile + (ir >> 3) * 1024 + r * 16 + (ir & 7) * 2);
+    const float a1 = ldb(sm + tile + ((ir + 8) >> 3) * 1024 + r * 16 + ((ir + 8) & 7) * 2);
 #pragma unroll
     for (int n = 0; n < 8; ++n)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int t = 8 * n + 2 * q + e;
-        if (s > t) continue;
-        const float w = wsum(sm, kMQH, kMQL, (s >> 3) * 1024 + t * 16 + (s & 7) * 2);
-        R[4 * n + e] = fmaf(k0, w, R[4 * n + e]);
-        R[4 * n + 2 + e] = fmaf(k1, w, R[4 * n + 2 + e]);
-      }
-  }
-}
-// dkt^T[i][s] += sum_{u >= s} Q[u][i] MD[u][s] (i = ir (+8), s = 8 n + 2 q + e).
-__device__ __noinline__ void fma_dk(float (&R)[32], const unsigned char* sm, int ir, int q) {
-  for (int u = 0; u < 64; ++u) {
-    const float q0 = ldb(sm + kQ + (ir >> 3) * 1024 + u * 16 + (ir & 7) * 2);
-    const float q1 = ldb(sm + kQ + ((ir + 8) >> 3) * 1024 + u * 16 + ((ir + 8) & 7) * 2);
-#pragma unroll
-    for (int n = 0; n < 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int sx = 8 * n + 2 * q + e;
-        if (u < sx) continue;
-        const float w = wsum(sm, kMDH, kMDL, (sx >> 3) * 1024 + u * 16 + (sx & 7) * 2);
-        R[4 * n + e] = fmaf(q0, w, R[4 * n + e]);
-        R[4 * n + 2 + e] = fmaf(q1, w, R[4 * n + 2 + e]);
+        const int x = 8 * n + 2 * q + e;
+        if (DK ? r < x : r > x) continue;
+        const int off = DK ? (x >> 3) * 1024 + r * 16 + (x & 7) * 2 : (r >> 3) * 1024 + x * 16 + (r & 7) * 2;
+        const float w = wsum(sm, wh, wlo, off);
+        R[4 * n + e] = fmaf(a0, w, R[4 * n + e]);
+        R[4 * n + 2 + e] = fmaf(a1, w, R[4 * n + 2 + e]);
       }
   }
 }
@@ -563,7 +551,7 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     col_dots<(V & kLdsm) != 0>(sm, R, kQ, i0, part + (c * 4 + wl) * 64, wl, g, q);  // f_u's part
 #pragma unroll
     for (int i = 0; i < 32; ++i) R[i] *= tab[8 * ((i >> 2) & 7) + 2 * q + (i & 1)];  // diag(A) on columns t
-    if ((V & kExact) && bad) exact(R, [&](float (&t)[32]) { fma_dq(t, sm, ir, q); });
+    if ((V & kExact) && bad) exact(R, [&](float (&t)[32]) { fma_t<false>(t, sm, ir, q); });
     else weights_product<false>(R, sm, kK + 8192 * c, kMQH, kMQL);  // dq^T += K^T MQ^T
     if (V & kStage) {
       consumers_sync();  // both consumers past dq's product: MQ's space is free
@@ -591,7 +579,7 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     col_dots<(V & kLdsm) != 0>(sm, Rk, kK, i0, part + 512 + (c * 4 + wl) * 64, wl, g, q);  // e_s's part
 #pragma unroll
     for (int i = 0; i < 32; ++i) Rk[i] *= tab[128 + 8 * ((i >> 2) & 7) + 2 * q + (i & 1)];  // diag(w) on columns s
-    if ((V & kExact) && bad) exact(Rk, [&](float (&t)[32]) { fma_dk(t, sm, ir, q); });
+    if ((V & kExact) && bad) exact(Rk, [&](float (&t)[32]) { fma_t<true>(t, sm, ir, q); });
     else weights_product<true>(Rk, sm, kQ + 8192 * c, kMDH, kMDL);  // dkt^T += Q^T MD
     col_dots<(V & kLdsm) != 0>(sm, Rk, kK, i0, part + 1024 + (c * 4 + wl) * 64, wl, g, q);  // dbeta_s's part
     if (V & kStage) {  // dk = beta dkt
