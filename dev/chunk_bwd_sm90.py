@@ -22,8 +22,8 @@ One CTA of 384 threads, chunks of C = 64 backwards, in lockstep (a block barrier
   accumulator recast), e's part; dkt^T = Rk^T diag(w) + Q^T MD, dbeta's part; KG = K G (G hi / lo from shared
   memory, the consumer's 64 columns j); dv = diag(beta w) KG + MP^T dY; G <- A_63 G + (diag(A) Q)^T dY. dq, dk, dv
   stored from the accumulators (bf16).
-Variants (template bits, --variants): kPairs, kNoStores, kGateAhead (docs/perf-notes.md, twenty-third
-session, has what each measured); kStage and kEarly, written after the last device run, are compiled, not yet run.
+Variants (template bits, --variants; docs/perf-notes.md, twenty-third session): kGateAhead (measured), kStage,
+kEarly, kLdsm and kExact (written after the last device run: compiled, not yet run).
 
     python3 dev/chunk_bwd_sm90.py [--shapes S2-bf16,S4-bf16] [--variants 0,16] [--trials 10]
         (writes $OUT/chunk_bwd_sm90.json)
@@ -84,8 +84,9 @@ static_assert(kSmem <= 232448, "fits the opt-in shared memory of an H200");
 // partials (floats at kPart): f [8][64] at 0, e at 512, dbeta at 1024 (slot c * 4 + warp), c0 [8] at 1536,
 // then the sums f at 1544, e at 1608, then dgate's term (d) [4][64] at 1672 (c = 0's warps)
 constexpr int PC = 65;
-// Variants (bits of V; an L2 prefetch of the next chunk's tiles and S, 1%, was dropped): kPairs (dq and dk
-// stored as bf16 pairs after a transpose in registers), kNoStores (timing only: no dq, dk, dv), kGateAhead (WG0 loads
+// Variants (bits of V; measured and dropped, their code at commit e8a6c02: an L2 prefetch of the next chunk's tiles
+// and S (bit 2, 1%), dq and dk stored as pairs after a movmatrix transpose (4, slower: spills), no stores (8, timing
+// only)): kGateAhead (WG0 loads
 // the next chunk's gates and betas during the chunk), kStage (dq, dk, dv staged in the weights' space once both
 // consumers are past the product that read it, WG0 copying them out in 16-byte pieces), kEarly (the next chunk's
 // k and v tiles loaded by the consumers once both are past KG, their last reader), kLdsm (the q and k tiles' values
@@ -93,7 +94,7 @@ constexpr int PC = 65;
 // non-finite tile value form their masked sums by FMAs: NaN exactly where the float64 loop has it).
 constexpr int kAuxRegs = AUX_REGS, kConsRegs = CONS_REGS;  // setmaxnreg split
 static_assert(kAuxRegs * 128 + kConsRegs * 256 <= 65536, "the split fits the register file");
-constexpr int kPairs = 4, kNoStores = 8, kGateAhead = 16, kStage = 32, kEarly = 64, kLdsm = 128, kExact = 256;
+constexpr int kGateAhead = 16, kStage = 32, kEarly = 64, kLdsm = 128, kExact = 256;
 
 // 16 bytes by cp.async; valid false: zeros (no global read: the source size is 0).
 __device__ __forceinline__ void cp16(unsigned char* dst, const void* src, bool valid) {
@@ -220,28 +221,19 @@ __device__ __forceinline__ void weights_product(float (&acc)[32], const unsigned
 }
 
 // A transposed 64 x 64 accumulator X[i][t] (rows i = i0 + 16 wl + g (+8), columns t) to out[t][i] (bf16, row
-// stride ld elements), each element times scale[t] (or 1).
-// PAIRS: each 8 x 8 block transposed in registers (movmatrix), one bf16 pair of rows i a store.
-template <bool PAIRS, bool GUARD>
+// stride ld elements), each element times scale[t] (or 1); GUARD: rows t < tc only (the last chunk).
+template <bool GUARD>
 __device__ __forceinline__ void store_t(bf16* out, int64_t ld, const float (&X)[32], const float* scale, int i0,
                                         int wl, int g, int q, int tc) {
-  bf16* o = out + g * ld + i0 + 16 * wl + 2 * q;  // PAIRS: column 8 n + g, rows 16 wl + 8 h + 2 q (a running pointer)
 #pragma unroll
-  for (int n = 0; n < 8; ++n, o += 8 * ld)
+  for (int n = 0; n < 8; ++n)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int t = 8 * n + 2 * q, i = i0 + 16 * wl + g + 8 * h;
       float x0 = X[4 * n + 2 * h], x1 = X[4 * n + 2 * h + 1];
       if (scale) x0 *= scale[t], x1 *= scale[t + 1];
-      if constexpr (PAIRS) {  // the 8 x 8 block transposed: this thread's pair is column 8 n + g, rows 2 q, 2 q + 1
-        const __nv_bfloat162 v = __floats2bfloat162_rn(x0, x1);
-        uint32_t w = *reinterpret_cast<const uint32_t*>(&v);
-        asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %0;\n" : "+r"(w));
-        if (!GUARD || 8 * n + g < tc) *reinterpret_cast<uint32_t*>(o + 8 * h) = w;
-      } else {
-        if (!GUARD || t < tc) out[t * ld + i] = __float2bfloat16_rn(x0);
-        if (!GUARD || t + 1 < tc) out[(t + 1) * ld + i] = __float2bfloat16_rn(x1);
-      }
+      if (!GUARD || t < tc) out[t * ld + i] = __float2bfloat16_rn(x0);
+      if (!GUARD || t + 1 < tc) out[(t + 1) * ld + i] = __float2bfloat16_rn(x1);
     }
 }
 
@@ -557,9 +549,9 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
       consumers_sync();  // both consumers past dq's product: MQ's space is free
       stage(sm + (c ? kMQL : kMQH), R, nullptr, wl, g, q);
       arrive_all<7>();
-    } else if (!(V & kNoStores)) {
-      if (tc == 64) store_t<(V & kPairs) != 0, false>(p.dq + row0, rs, R, nullptr, i0, wl, g, q, tc);
-      else store_t<(V & kPairs) != 0, true>(p.dq + row0, rs, R, nullptr, i0, wl, g, q, tc);  // the last chunk
+    } else {
+      if (tc == 64) store_t<false>(p.dq + row0, rs, R, nullptr, i0, wl, g, q, tc);
+      else store_t<true>(p.dq + row0, rs, R, nullptr, i0, wl, g, q, tc);  // the last chunk
     }
     // Rk^T = G V^T, G's accumulator as A fragments (hi / lo a k-step); e's part
 #pragma unroll
@@ -586,9 +578,9 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
       consumers_sync();  // both past dkt's product: MD's space is free
       stage(sm + (c ? kMDL : kMDH), Rk, tab + 192, wl, g, q);
       arrive_all<8>();
-    } else if (!(V & kNoStores)) {
-      if (tc == 64) store_t<(V & kPairs) != 0, false>(p.dk + row0, rs, Rk, tab + 192, i0, wl, g, q, tc);
-      else store_t<(V & kPairs) != 0, true>(p.dk + row0, rs, Rk, tab + 192, i0, wl, g, q, tc);
+    } else {
+      if (tc == 64) store_t<false>(p.dk + row0, rs, Rk, tab + 192, i0, wl, g, q, tc);
+      else store_t<true>(p.dk + row0, rs, Rk, tab + 192, i0, wl, g, q, tc);
     }
     // KG (columns j = 64 c ..) = K G, B = G hi / lo (MN-major); then dv = diag(beta w) KG + MP^T dY
 #pragma unroll
@@ -622,7 +614,7 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     for (int n = 0; n < 8; ++n)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        if (V & (kNoStores | kStage)) break;
+        if (V & kStage) break;
         const int s = 16 * wl + g + 8 * hh, j = i0 + 8 * n + 2 * q;
         if (s < tc) *reinterpret_cast<__nv_bfloat162*>(p.dv + row0 + s * rs + j) =
             __floats2bfloat162_rn(R[4 * n + 2 * hh], R[4 * n + 2 * hh + 1]);
@@ -1049,7 +1041,7 @@ def dev_checkpoints(mod, k, v, gate, beta, s0, out=None):
     return out
 
 
-def run(mod, q, k, v, gate, beta, dy, ckpt, dfinal, variant=0, outs=None):
+def run(mod, q, k, v, gate, beta, dy, ckpt, dfinal, variant=16, outs=None):
     """Ours into outs (or new NaN-poisoned contiguous outputs): (dq, dk, dv, dgate, dbeta, dS_0). (Timings before
     the twenty-third session's last runs included these allocations and fills: about 1%.)"""
     if outs is None:
@@ -1060,11 +1052,10 @@ def run(mod, q, k, v, gate, beta, dy, ckpt, dfinal, variant=0, outs=None):
 
 
 NAMES = ["dq", "dk", "dv", "dgate", "dbeta", "dS0"]
-VARIANT_NAMES = {0: "v1", 4: "pair stores (movmatrix)", 16: "gates a chunk ahead", 20: "pairs + gates ahead",
-                 24: "gates ahead, no stores (timing only)", 48: "gates ahead + staged stores",
-                 80: "gates ahead + early k, v", 112: "gates ahead + staged stores + early k, v",
-                 144: "gates ahead + ldmatrix", 240: "gates ahead + staged + early + ldmatrix",
-                 272: "gates ahead, exact", 496: "gates ahead + staged + early + ldmatrix, exact"}
+VARIANT_NAMES = {16: "gates a chunk ahead", 48: "gates ahead + staged stores", 80: "gates ahead + early k, v",
+                 112: "gates ahead + staged stores + early k, v", 144: "gates ahead + ldmatrix",
+                 240: "gates ahead + staged + early + ldmatrix", 272: "gates ahead, exact",
+                 496: "gates ahead + staged + early + ldmatrix, exact"}
 
 
 # One non-finite input value (index into (q, k, v, gate, beta, dy), position, value), as tests/test_backward.py.
