@@ -57,8 +57,9 @@ for step in "$@"; do
         | grep -v "^W1\|warning #177\|Remark" | tee $OUT/bwd_sm90.log | tail -60 | tee -a $OUT/log.txt ;;
     bwd_sm90_sanitize)
       for tool in memcheck racecheck synccheck; do
-        timeout 150 compute-sanitizer --tool $tool python3 dev/chunk_bwd_sm90.py --shapes "" --check-variants 496 2>&1 \
-          | grep "SUMMARY\|rror" | head -4 | tee -a $OUT/log.txt
+        timeout 150 compute-sanitizer --tool $tool --print-limit 12 python3 dev/chunk_bwd_sm90.py --shapes "" \
+          --check-variants ${BWD_SM90_SAN_VARIANT:-464} > $OUT/bwd_sm90_$tool.txt 2>&1
+        grep "SUMMARY\|rror" $OUT/bwd_sm90_$tool.txt | head -4 | tee -a $OUT/log.txt
       done ;;
     bwd_ab) timeout 500 python3 tools/bwd_ab.py ${BWD_AB_ARGS:-} 2>&1 | grep -v Warn | tail -40 | tee -a $OUT/log.txt ;;
     bwd_sanitize)

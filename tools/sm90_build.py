@@ -151,7 +151,8 @@ def summarise_ptxas(log, namespace):
 def build(name, cpp_sources, cuda_sources, functions, namespace, verbose=False):
     """Compiles (or loads from TORCH_EXTENSIONS_DIR) the extension `name` for sm_90a. Returns (module, ptxas
     summary); the log of a fresh build is kept beside the module (ptxas_log.txt) for cached loads."""
-    flags = ["-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "--ptxas-options=-v"]
+    flags = ["-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "--ptxas-options=-v",
+             "-lineinfo"]  # (source lines in compute-sanitizer's and ncu's reports; the code is the same)
     lean = {"no_implicit_headers": True} if "no_implicit_headers" in inspect.signature(load_inline).parameters else {}
     t0 = time.time()
     sys.stdout.flush()
