@@ -70,6 +70,16 @@ everything the launch depends on; plan(B, T, H, D_k, D_v, dtype) prints that rec
                   chunk_bwd_prep,      chunk_bwd with segments > 1  sequence parallelism: each segment's own state and
                   chunk_bwd_scan       (B*H too small for the GPU)  gradient contributions from zero, then chained in
                                                                     segment order, so every segment starts at once.
+    chunk_bwd_sm90 BACKWARD_SM90_SRC   the backward on compute      the chunked backward on Hopper wgmma (training-
+                  unit backward_sm90   capability 9.0 for bfloat16  design.md 7), chunks of 64 backwards: one block of
+                  (first use; sm_90a   with D_k = D_v = 128,        three warpgroups a (b, h) in lockstep; WG0 the gate
+                  code only)           aligned rows and B*H at      tables and dgate, dbeta; two consumers keep the
+                                       least half the SMs (fewer:   state's gradient in their accumulators; fp32
+                                       chunk_bwd's segments)        operands as bf16 hi + lo; a chunk holding inf or
+                                                                    NaN forms its masked sums by FMAs.
+                  chunk_bwd_sm90_ckpt  every chunk_bwd_sm90 call,   the state at every 64-step chunk start into the
+                                       first                        workspace (wgmma state updates, k and v double-
+                                                                    buffered).
     recurrent_bwd BACKWARD_SRC         the rest of the backward     the reverse loop of the state's gradient, element by
                   unit backward        (dq: a forward plan with     element: one block per (b, h) walks the D_v tiles of
                                        (dy, v, k) and S_0^T, any    32 columns in order; the states come back from
@@ -159,9 +169,10 @@ __all__ = ["ModelNew", "gated_recurrence", "gated_recurrence_decode_", "plan", "
 
 # Every kernel a plan can name (tests check it against the __global__ kernels and plan()).
 KERNELS = ("recurrent", "parallel", "chunk_tf32", "chunk_bf16", "chunk_sm90", "segment_scan", "decode",
-           "decode_persistent", "recurrent_bwd", "chunk_bwd", "chunk_bwd_prep", "chunk_bwd_scan")
+           "decode_persistent", "recurrent_bwd", "chunk_bwd", "chunk_bwd_prep", "chunk_bwd_scan", "chunk_bwd_sm90",
+           "chunk_bwd_sm90_ckpt")
 # Build units: core (host code, recurrent, parallel) at import; each chunk family and the reference rounding on first use.
-UNITS = ("core", "chunk_tf32", "chunk_bf16", "reference", "chunk_sm90", "decode", "backward")
+UNITS = ("core", "chunk_tf32", "chunk_bf16", "reference", "chunk_sm90", "decode", "backward", "backward_sm90")
 
 # ---------------------------------------------------------------------------------------------
 # CUDA and C++ sources, one constant per kernel family. A unit is PRELUDE + DEVICE + its families
@@ -186,9 +197,9 @@ enum : int {
 };
 enum class DType : int { f32 = 0, f16 = 1, bf16 = 2 };
 enum class Kernel : int { recurrent = 0, parallel = 1, chunk_tf32 = 2, chunk_bf16 = 3, chunk_sm90 = 4, decode = 5,
-                          decode_persistent = 6, recurrent_bwd = 7, chunk_bwd = 8 };
+                          decode_persistent = 6, recurrent_bwd = 7, chunk_bwd = 8, chunk_bwd_sm90 = 9 };
 enum class Unit : int { core = 0, chunk_tf32 = 1, chunk_bf16 = 2, reference = 3, chunk_sm90 = 4, decode = 5,
-                        backward = 6 };  // a launch's build unit
+                        backward = 6, backward_sm90 = 7 };  // a launch's build unit
 
 struct Strides4 { int64_t b, t, h, d; };
 struct Strides3 { int64_t b, t, h; };
@@ -311,6 +322,8 @@ inline size_t recurrent_bwd_smem(int R, int TC) { return sizeof(float) * (size_t
 // products and the 32 x 33 table, 7 vectors, 16 warp sums; cb:: in BACKWARD_SRC checks it) and its threads.
 enum : int { kBwdChunk = 32, kBwdThreads = 512,
              kChunkBwdSmem = 4 * (2 * 128 * 132 + 4 * 32 * 132 + 4 * 32 * 33 + 7 * 32 + kBwdThreads / 32) };
+// chunk_bwd_sm90's shared memory (bwd90:: in BACKWARD_SM90_SRC lays it out and checks it).
+enum : int { kChunkBwdSm90Smem = 222512 };
 // Rows a thread of recurrent_bwd (D_k <= 32 R): its instantiations.
 #define GR_BWD_ROWS(X) X(1) X(2) X(4) X(8)
 
@@ -2404,12 +2417,14 @@ extern "C" int gr_execute_chunk_bf16(const gr::Plan* pl, const gr::Problem* pr, 
 """
 
 
-def _wgmma(n, rs, tb, zero, kind="bf16"):
+def _wgmma(n, rs, tb, zero, kind="bf16", ta=0):
     """One wgmma with fp32 accumulators d[n / 2], as an inline function for WGMMA_SRC: kind "bf16" (m64n{n}k16,
     named by n: wgmma_rs64...) or "tf32" (m64n{n}k8, an overload on d's size: wgmma_tf32_rs...; TF32 has no
     transpose, so tb is 0; the dev/ probes build the SS forms too, tools/sm90_build.py). SS (A and B
     shared-memory descriptors) or RS (A as four registers); tb: B is MN-major (transposed). zero: d = A B with d
-    output only (the compiler keeps no earlier value of it alive), else d += A B, or d = A B where scale_d is 0."""
+    output only (the compiler keeps no earlier value of it alive), else d += A B, or d = A B where scale_d is 0.
+    ta: A MN-major in shared memory (bf16 SS only; named _a)."""
+    assert not ta or (not rs and kind == "bf16")
     regs = n // 2
     outs = ",".join(f"%{i}" for i in range(regs))
     trans = "" if kind == "tf32" else f", {tb}"
@@ -2419,7 +2434,7 @@ def _wgmma(n, rs, tb, zero, kind="bf16"):
             "const uint32_t (&a)[4], uint64_t db"
     else:
         a, b, sc = f"%{regs}", f"%{regs + 1}", f"%{regs + 2}"
-        ins, tail, sig = '"l"(da), "l"(db), ', f"p, 1, 1{', 0' if trans else ''}{trans}", "uint64_t da, uint64_t db"
+        ins, tail, sig = '"l"(da), "l"(db), ', f"p, 1, 1{f', {ta}' if trans else ''}{trans}", "uint64_t da, uint64_t db"
     ins += '"r"(0)' if zero else '"r"(scale_d)'
     outs_c = ", ".join(f'"{"=" if zero else "+"}f"(d[{i}])' for i in range(regs))
     shape = f"m64n{n}k8.f32.tf32.tf32" if kind == "tf32" else f"m64n{n}k16.f32.bf16.bf16"
@@ -2427,8 +2442,10 @@ def _wgmma(n, rs, tb, zero, kind="bf16"):
             f'wgmma.mma_async.sync.aligned.{shape} {{{outs}}}, {a}, {b}, {tail};\\n}}\\n"'
             f' : {outs_c} : {ins});')
     name = (f"wgmma_tf32_{'rs' if rs else 'ss'}{'_z' if zero else ''}" if kind == "tf32" else
-            f"wgmma_{'rs' if rs else 'ss'}{n}{'_t' if tb else ''}{'_z' if zero else ''}")
-    return (f"__device__ __forceinline__ void {name}(float (&d)[{regs}], {sig}{'' if zero else ', int scale_d'}) {{\n"
+            f"wgmma_{'rs' if rs else 'ss'}{n}{'_a' if ta else ''}{'_t' if tb else ''}{'_z' if zero else ''}")
+    # (a template: a unit that issues only some forms compiles no other and warns of none)
+    return (f"template <int = 0>\n__device__ __forceinline__ void {name}(float (&d)[{regs}], {sig}"
+            f"{'' if zero else ', int scale_d'}) {{\n"
             f"#ifdef GR_WGMMA\n  {body}\n#endif\n}}\n")
 
 
@@ -2495,13 +2512,26 @@ __device__ __forceinline__ void acc_fence(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+template <int = 0>
 __device__ __forceinline__ void wg_barrier(int wg) {  // the 128 threads of one warpgroup
   asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
 }
 """
-WGMMA_SRC = ("\n// ===================================== wgmma: chunk_sm90's instructions, generated ===========\n"
+# Shared-memory operands (the dev/ probes have their own copy).
+SM_DESC_SRC = r"""
+// A no-swizzle shared-memory matrix descriptor: start address, LBO (core matrices adjacent in K), SBO
+// (adjacent in M / N), bytes.
+// The address goes through an opaque move: descriptors are rebuilt where they are used (a few integer
+// operations) instead of being hoisted out of the chunk loop into two registers each.
+__device__ __forceinline__ uint64_t sm_desc(const void* p, uint32_t lbo, uint32_t sbo) {
+  uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+  asm volatile("mov.b32 %0, %0;\n" : "+r"(a));
+  return (uint64_t)((a & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
+}
+"""
+WGMMA_SRC = ("\n// ===================================== wgmma: the sm_90a units' instructions, generated ======\n"
              "#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n#define GR_WGMMA 1\n#endif\nnamespace gr {\nnamespace {\n" +
-             WGMMA_SYNC_SRC + "".join(_wgmma(*f) for f in WGMMA_FORMS) +
+             WGMMA_SYNC_SRC + SM_DESC_SRC + "".join(_wgmma(*f) for f in WGMMA_FORMS) +
              "".join(_wgmma(n, True, 0, z, "tf32") for n in (64, 128) for z in (True, False)) + WGMMA_TF32_SRC +
              "}  // namespace\n}  // namespace gr\n")
 
@@ -2572,15 +2602,6 @@ struct Sm90Maps {
   int hm[3], bm[3];
 };
 
-// A no-swizzle shared-memory matrix descriptor: start address, LBO (core matrices adjacent in K), SBO
-// (adjacent in M / N), bytes.
-// The address goes through an opaque move: descriptors are rebuilt where they are used (a few integer
-// operations) instead of being hoisted out of the chunk loop into two registers each.
-__device__ __forceinline__ uint64_t sm_desc(const void* p, uint32_t lbo, uint32_t sbo) {
-  uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-  asm volatile("mov.b32 %0, %0;\n" : "+r"(a));
-  return (uint64_t)((a & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
-}
 __device__ __forceinline__ uint64_t desc_at(uint64_t d, uint32_t bytes) { return d + (bytes >> 4); }
 
 // Named barriers (0 is __syncthreads, 1 + wg a warpgroup's own) of N threads: one side arrives, the other
@@ -4964,6 +4985,776 @@ extern "C" int gr_execute_backward(const gr::Plan* pl, const gr::Problem* pr, fl
 }
 """
 
+# chunk_bwd_sm90's wgmma forms beyond WGMMA_FORMS (n, RS, B MN-major, zero, kind, A MN-major).
+BWD_SM90_FORMS = ((64, False, 0, False, "bf16", 1), (64, False, 1, False, "bf16", 1), (64, False, 1, True),
+                  (64, False, 1, False), (128, True, 1, False))
+BACKWARD_SM90_SRC = ("namespace gr {\nnamespace {\n" + "".join(_wgmma(*f) for f in BWD_SM90_FORMS) +
+                     "}  // namespace\n}  // namespace gr\n" + r"""
+// ===================================== chunk_bwd_sm90: the chunked backward on Hopper wgmma ==========
+// docs/training-design.md section 7; dev/chunk_bwd_sm90.py is its dev form (variants, its own check, bench).
+// bfloat16 q, k, v (gates and betas bf16 or float32), D_k = D_v = 128, rows 16-byte aligned with unit d-stride,
+// any (b, t, h) strides, any T; one CTA a (b, h) (no segments: the plan keeps small B H on chunk_bwd).
+// Two launches: chunk_bwd_sm90_ckpt (S at every 64-step chunk start into the workspace), then chunk_bwd_sm90, chunks of 64
+// backwards, in lockstep (everyone's barrier 6 at each chunk's start (1) and end (6)):
+// - all threads: the chunk's q, k, v, dy tiles by cp.async into bf16 tiles [d / 8][t][8] (K-major for the sums over
+//   d, MN-major for the sums over t; rows past T zero, their gates 1 and betas 0);
+// - WG0 (setmaxnreg kAuxRegs): the gate tables (L[t][s] = prod_{r=s+1..t} g_r, double products rounded once; A, Ah,
+//   w, beta w; Lx = L shifted down a row, bf16 hi / lo), the gates a chunk ahead, then dgate's terms (a)-(c) from
+//   the consumers' row-dot partials plus term (d)'s, and dbeta (fixed-order sums: deterministic);
+// - WG1, WG2 (kConsRegs), consumer c holding rows i = 64 c .. of G (the state gradient after the chunk) in a wgmma
+//   accumulator across chunks: X = QK (c = 0) or Dd = dY V^T (c = 1), the masked weights MP, MQ, MD (bf16 hi / lo);
+//   consumer 0 then dgate's C^3 term as a product, M = E Lx^T (E = beta QK Dd below the diagonal, recast from its
+//   accumulator, 3 terms), and the column sums of L o M; R^T = S dY^T (S rows from the checkpoint, split hi / lo),
+//   f's part; dq^T = R^T diag(A) + K^T MQ^T; Rk^T = G V^T (G's accumulator recast), e's part; dkt^T = Rk^T diag(w)
+//   + Q^T MD, dbeta's part; KG = K G (G hi / lo from shared memory, the consumer's 64 columns j);
+//   dv = diag(beta w) KG + MP^T dY; G <- A_63 G + (diag(A) Q)^T dY. dq, dk, dv stored from the accumulators.
+// Non-finite inputs: a chunk whose tiles, gates or betas hold inf or NaN (flagged by the consumers' QK and Dd and by
+// WG0's gates, one reducing barrier) forms its four masked sums by FMAs (fma_t, fma_dv, fma_m) instead of products,
+// where a mask's zero would meet the inf: NaN exactly where the float64 loop has it.
+namespace gr {
+namespace {
+namespace bwd90 {
+typedef __nv_bfloat16 bf16;
+struct Params : BwdProblem {
+  float* ckpt;  // (B H, nck, 128, 128): S at each chunk start (the workspace)
+  int nck;      // chunks of 64 steps
+};
+// Step t's gate and beta in its stored dtype (past T: 1 and 0, identities in every table).
+__device__ __forceinline__ float gate_at(const Params& p, int64_t b, int64_t h, int t) {
+  if (t >= p.T) return 1.f;
+  const int64_t o = b * p.sg.b + (int64_t)t * p.sg.t + h * p.sg.h;
+  return p.g32 ? static_cast<const float*>(p.gate)[o] : __bfloat162float(static_cast<const bf16*>(p.gate)[o]);
+}
+__device__ __forceinline__ float beta_at(const Params& p, int64_t b, int64_t h, int t) {
+  if (t >= p.T) return 0.f;
+  const int64_t o = b * p.sb.b + (int64_t)t * p.sb.t + h * p.sb.h;
+  return p.b32 ? static_cast<const float*>(p.beta)[o] : __bfloat162float(static_cast<const bf16*>(p.beta)[o]);
+}
+// dgate or dbeta at element o of its contiguous output, in its input's dtype.
+__device__ __forceinline__ void put_gb(void* out, bool f32, int64_t o, float x) {
+  if (f32) static_cast<float*>(out)[o] = x;
+  else static_cast<bf16*>(out)[o] = __float2bfloat16_rn(x);
+}
+
+// Shared memory (bytes): bf16 tiles q, k, v, dy [d / 8][t][8]; G hi / lo [j / 8][i][8]; the masked weights hi / lo
+// [s / 8][row][8]; Lx hi / lo (Lx[t][s] = L[t-1][s] for s < t, [s / 8][t][8]); L (fp32, pitch 65); the tables;
+// the consumers' row-dot partials.
+constexpr int kQ = 0, kK = 16384, kV = 32768, kY = 49152, kGH = 65536, kGL = 98304;
+constexpr int kMQH = 131072, kMQL = 139264, kMDH = 147456, kMDL = 155648, kMPH = 163840, kMPL = 172032;
+constexpr int kLxH = 180224, kLxL = 188416, kL = 196608, kTab = kL + 64 * 65 * 4, kPart = kTab + 6 * 256;
+constexpr int kSmem = kPart + (3 * 8 * 64 + 8 + 2 * 64 + 4 * 64 + 4) * 4;  // (+ the non-finite flags)
+static_assert(kSmem == kChunkBwdSm90Smem, "the plan's shared memory (PRELUDE)");
+// tables (floats at kTab): A 0, Ah 64, w 128, beta 192, beta w 256, gate 320
+// partials (floats at kPart): f [8][64] at 0, e at 512, dbeta at 1024 (slot c * 4 + warp), c0 [8] at 1536,
+// then the sums f at 1544, e at 1608, then dgate's term (d) [4][64] at 1672 (c = 0's warps)
+constexpr int PC = 65;
+constexpr int kAuxRegs = 56, kConsRegs = 224;  // setmaxnreg split (at 40 / 232 WG0 spilled)
+static_assert(kAuxRegs * 128 + kConsRegs * 256 <= 65536, "the split fits the register file");
+
+__device__ __forceinline__ float ldb(const unsigned char* p) {
+  return __bfloat162float(*reinterpret_cast<const bf16*>(p));
+}
+__device__ __forceinline__ float2 unpack(uint32_t w) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
+}
+// Descriptors of a k16 step of a bf16 tile: K-major, stored [k / 8][row][8] (rows: its M or N extent), and
+// MN-major, stored [mn / 8][k][8] (rows: its K extent).
+__device__ __forceinline__ uint64_t kdesc(const unsigned char* sm, int off, int rows, int kb) {
+  return sm_desc(sm + off + 2 * kb * rows * 16, rows * 16, 128);
+}
+__device__ __forceinline__ uint64_t mdesc(const unsigned char* sm, int off, int rows, int kb) {
+  return sm_desc(sm + off + 2 * kb * 128, 128, rows * 16);
+}
+// Named barriers, non-aligned (barrier.sync, not bar.sync = barrier.sync.aligned): the roles reach the chunk's
+// barriers from different code, which .aligned does not allow (synccheck: "divergent threads in block").
+// 1: the consumers (256); 5: WG0 (128); 6: everyone (384), and 3: consumers arrive, WG0 waits.
+__device__ __forceinline__ void consumers_sync() { asm volatile("barrier.sync 1, 256;\n" ::: "memory"); }
+// The consumers' barrier with the OR of their x.
+__device__ __forceinline__ bool consumers_sync_or(bool x) {
+  uint32_t r;
+  asm volatile("{\n .reg .pred p, o;\n setp.ne.u32 p, %1, 0;\n barrier.red.or.pred o, 1, 256, p;\n"
+               " selp.u32 %0, 1, 0, o;\n}\n" : "=r"(r) : "r"((uint32_t)x) : "memory");
+  return r != 0;
+}
+__device__ __forceinline__ void wg0_sync() { asm volatile("barrier.sync 5, 128;\n" ::: "memory"); }
+template <int ID>
+__device__ __forceinline__ void arrive_all() { asm volatile("barrier.arrive %0, 384;\n" ::"n"(ID) : "memory"); }
+template <int ID>
+__device__ __forceinline__ void sync_all() { asm volatile("barrier.sync %0, 384;\n" ::"n"(ID) : "memory"); }
+
+// The chunk's weights from the consumer's 64 x 64 accumulator X (rows r = 16 wl + g (+8), columns s = 8 n + 2 q
+// (+1)): L[r][s] (beta_s) X[r][s] for s <= r, else 0; split, stored hi / lo at [s / 8][r][8].
+template <bool BETA>
+__device__ __forceinline__ void put_weights(unsigned char* sm, const float (&X)[32], int off_h, int off_l, int wl,
+                                            int g, int q) {
+  const float* L = reinterpret_cast<const float*>(sm + kL);
+  const float* bt = reinterpret_cast<const float*>(sm + kTab) + 192;
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = 16 * wl + g + 8 * h, s = 8 * n + 2 * q;
+      const float b0 = BETA ? bt[s] : 1.f, b1 = BETA ? bt[s + 1] : 1.f;  // (inside the selects: a NaN beta stays
+      const float x0 = s <= r ? X[4 * n + 2 * h] * L[r * PC + s] * b0 : 0.f;  // out of the masked slots)
+      const float x1 = s + 1 <= r ? X[4 * n + 2 * h + 1] * L[r * PC + s + 1] * b1 : 0.f;
+      uint32_t hi, lo;
+      split_bf16x2<false>(x0, x1, hi, lo);
+      const int off = (s >> 3) * 1024 + r * 16 + (s & 7) * 2;
+      *reinterpret_cast<uint32_t*>(sm + off_h + off) = hi;
+      *reinterpret_cast<uint32_t*>(sm + off_l + off) = lo;
+    }
+}
+
+// Column u of a 64 x 64 accumulator (rows i = i0 + 16 wl + g (+8)) against row u of a bf16 tile, over this warp's
+// 16 rows i: one partial a warp and column, at part[slot][u].
+__device__ __forceinline__ void col_dots(unsigned char* sm, const float (&X)[32], int tile, int i0, float* part,
+                                         int wl, int g, int q) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {  // columns u of blocks n = 2 m, 2 m + 1
+    uint32_t r[4];  // block j: rows i of half j & 1, columns of block n = 2 m + (j >> 1)
+    const int j = lane >> 3;
+    ldm4<true>(r, sm + tile + ((i0 + 16 * wl + 8 * (j & 1)) >> 3) * 1024 + (16 * m + 8 * (j >> 1) + (lane & 7)) * 16);
+#pragma unroll
+    for (int nn = 0; nn < 2; ++nn)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int n = 2 * m + nn, u = 8 * n + 2 * q + e;
+        const float2 v0 = unpack(r[2 * nn]), v1 = unpack(r[2 * nn + 1]);
+        float x = X[4 * n + e] * (e ? v0.y : v0.x) + X[4 * n + 2 + e] * (e ? v1.y : v1.x);
+        x += __shfl_xor_sync(0xffffffffu, x, 4);
+        x += __shfl_xor_sync(0xffffffffu, x, 8);
+        x += __shfl_xor_sync(0xffffffffu, x, 16);
+        if (g == 0) part[u] = x;
+      }
+  }
+}
+
+// acc += A W over the chunk's 64 steps: A MN-major from a staged tile, W the weights hi / lo (K-major B, or
+// MN-major with BMN).
+template <bool BMN>
+__device__ __forceinline__ void weights_product(float (&acc)[32], const unsigned char* sm, int a_off, int wh, int wl_) {
+#pragma unroll
+  for (int kb = 0; kb < 4; ++kb) {
+    wg_fence();
+    const uint64_t da = mdesc(sm, a_off, 64, kb);
+    if constexpr (BMN) {
+      wgmma_ss64_a_t(acc, da, mdesc(sm, wh, 64, kb), 1);
+      wgmma_ss64_a_t(acc, da, mdesc(sm, wl_, 64, kb), 1);
+    } else {
+      wgmma_ss64_a(acc, da, kdesc(sm, wh, 64, kb), 1);
+      wgmma_ss64_a(acc, da, kdesc(sm, wl_, 64, kb), 1);
+    }
+  }
+  wg_commit();
+  wg_wait<0>();
+  acc_fence(acc);
+}
+
+// A transposed 64 x 64 accumulator X[i][t] (rows i = i0 + 16 wl + g (+8), columns t) to out[t][i] (bf16, row
+// stride ld elements), each element times scale[t] (or 1); GUARD: rows t < tc only (the last chunk).
+template <bool GUARD>
+__device__ __forceinline__ void store_t(bf16* out, int64_t ld, const float (&X)[32], const float* scale, int i0,
+                                        int wl, int g, int q, int tc) {
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int t = 8 * n + 2 * q, i = i0 + 16 * wl + g + 8 * h;
+      float x0 = X[4 * n + 2 * h], x1 = X[4 * n + 2 * h + 1];
+      if (scale) x0 *= scale[t], x1 *= scale[t + 1];
+      if (!GUARD || t < tc) out[t * ld + i] = __float2bfloat16_rn(x0);
+      if (!GUARD || t + 1 < tc) out[(t + 1) * ld + i] = __float2bfloat16_rn(x1);
+    }
+}
+
+// Every thread: its share of chunk ch's 4 tiles (64 rows x 16 pieces of 16 bytes each) by cp.async, then (after
+// its role's own work) the wait and the async-proxy fence before the chunk's barrier (1).
+// kExact: a chunk whose q, k, v or dy tile, gates or betas hold a non-finite value forms its masked sums by FMAs,
+// so that a masked zero never meets the inf or NaN inside a product (the float64 loop never forms those terms).
+// The weights are the same bf16 hi / lo pairs the products read; the tiles are exact.
+__device__ __forceinline__ float wsum(const unsigned char* sm, int hi, int lo, int off) {
+  return ldb(sm + hi + off) + ldb(sm + lo + off);
+}
+// The transposed accumulators' masked sums, over steps r, for this thread's elements (i = ir (+8), x = 8 n + 2 q + e):
+// DK false: dq^T[i][x = t] += sum_{r <= t} K[r][i] MQ[t][r]; DK true: dkt^T[i][x = s] += sum_{r >= s} Q[r][i] MD[r][s]
+// (both weights stored [column / 8][row][8]).
+template <bool DK>
+__device__ __noinline__ void fma_t(float (&R)[32], const unsigned char* sm, int ir, int q) {
+  constexpr int tile = DK ? kQ : kK, wh = DK ? kMDH : kMQH, wlo = DK ? kMDL : kMQL;
+  for (int r = 0; r < 64; ++r) {
+    const float a0 = ldb(sm + tile + (ir >> 3) * 1024 + r * 16 + (ir & 7) * 2);
+    const float a1 = ldb(sm + tile + ((ir + 8) >> 3) * 1024 + r * 16 + ((ir + 8) & 7) * 2);
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int x = 8 * n + 2 * q + e;
+        if (DK ? r < x : r > x) continue;
+        const int off = DK ? (x >> 3) * 1024 + r * 16 + (x & 7) * 2 : (r >> 3) * 1024 + x * 16 + (r & 7) * 2;
+        const float w = wsum(sm, wh, wlo, off);
+        R[4 * n + e] = fmaf(a0, w, R[4 * n + e]);
+        R[4 * n + 2 + e] = fmaf(a1, w, R[4 * n + 2 + e]);
+      }
+  }
+}
+// dv[s][j] += sum_{u >= s} MP[u][s] dY[u][j] (s = sr (+8), j = j0 + 8 n + 2 q + e).
+__device__ __noinline__ void fma_dv(float (&R)[32], const unsigned char* sm, int sr, int j0, int q) {
+  for (int u = 0; u < 64; ++u) {
+    const float w0 = u >= sr ? wsum(sm, kMPH, kMPL, (sr >> 3) * 1024 + u * 16 + (sr & 7) * 2) : 0.f;
+    const float w1 = u >= sr + 8 ? wsum(sm, kMPH, kMPL, ((sr + 8) >> 3) * 1024 + u * 16 + ((sr + 8) & 7) * 2) : 0.f;
+    if (u < sr) continue;  // (both weights zero: the term is not formed)
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int j = j0 + 8 * n + 2 * q + e;
+        const float y = ldb(sm + kY + (j >> 3) * 1024 + u * 16 + (j & 7) * 2);
+        R[4 * n + e] = fmaf(w0, y, R[4 * n + e]);
+        if (u >= sr + 8) R[4 * n + 2 + e] = fmaf(w1, y, R[4 * n + 2 + e]);
+      }
+  }
+}
+// M[u][t] = sum_{s < t} E[u][s] L[t-1][s] (u = 16 wl + g (+8), t = 8 n + 2 q + e), E in the quad's registers
+// (E[u][s] is lane (g, (s % 8) / 2)'s X[4 (s / 8) + 2 h + s % 2]).
+__device__ __forceinline__ void fma_m(float (&M)[32], const float (&E)[32], const float* L, int q, int lane) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) M[i] = 0.f;
+#pragma unroll
+  for (int s = 0; s < 63; ++s) {
+    const int src = (lane & ~3) | ((s & 7) >> 1), r = 4 * (s >> 3) + (s & 1);
+    const float e0 = __shfl_sync(0xffffffffu, E[r], src), e1 = __shfl_sync(0xffffffffu, E[r + 2], src);
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int t = 8 * n + 2 * q + e;
+        if (s >= t) continue;
+        const float lx = L[(t - 1) * PC + s];
+        M[4 * n + e] = fmaf(e0, lx, M[4 * n + e]);
+        M[4 * n + 2 + e] = fmaf(e1, lx, M[4 * n + 2 + e]);
+      }
+  }
+}
+// An accumulator through a called FMA fallback by way of a copy: passed itself, its address would escape and keep it
+// in local memory on the fast path too (a review found 256 B of stack there).
+template <typename F>
+__device__ __forceinline__ void exact(float (&acc)[32], F&& f) {
+  float t[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) t[i] = acc[i];
+  f(t);
+#pragma unroll
+  for (int i = 0; i < 32; ++i) acc[i] = t[i];
+}
+// MASK: bit x loads tile x (q, k, v, dy), by NT threads from thread index `first`.
+template <int MASK, int NT>
+__device__ __forceinline__ void load_tiles(const Params& p, unsigned char* sm, int64_t bh, int ch, int first = 0) {
+  const int64_t b = bh / p.H, h = bh - b * p.H;
+  const int t0 = ch * 64;
+  for (int e = (int)threadIdx.x - first; e < 4096; e += NT) {
+    const int tile = e >> 10, r = (e >> 4) & 63, c8 = e & 15;
+    if (!((MASK >> tile) & 1)) continue;
+    const bf16* src = static_cast<const bf16*>(tile == 0 ? p.q : tile == 1 ? p.k : tile == 2 ? p.v : p.dy);
+    const Strides4& st = tile == 0 ? p.sq : tile == 1 ? p.sk : tile == 2 ? p.sv : p.sdy;  // (d stride 1: the plan)
+    const int64_t sb = st.b, stt = st.t, sh = st.h;
+    const bool valid = t0 + r < p.T;  // rows past T: zeros
+    cp_async<16>(sm + tile * 16384 + c8 * 1024 + r * 16, valid ? src + b * sb + (int64_t)(t0 + r) * stt + h * sh + 8 * c8 : src,
+         valid);
+  }
+  cp_async_commit();
+}
+// This thread's cp.async copies landed and visible to wgmma (the async proxy); the barrier after makes them
+// everyone's.
+__device__ __forceinline__ void tiles_landed() {
+  cp_async_wait<0>();
+  fence_async_smem();
+}
+
+__device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, int nck) {
+  const int lt = threadIdx.x & 127, wl = lt >> 5, lane = lt & 31, g = lane >> 2, q = lane & 3;
+  const float* tab = reinterpret_cast<const float*>(sm + kTab);
+  float* part = reinterpret_cast<float*>(sm + kPart);
+  const float* L = reinterpret_cast<const float*>(sm + kL);
+  const int i0 = 64 * c, ir = i0 + 16 * wl + g;  // this thread's state rows ir, ir + 8
+  const int64_t b = bh / p.H, h = bh - b * p.H, rs = (int64_t)p.H * 128;  // rs: a step's row stride
+  bf16 *dq = static_cast<bf16*>(p.y), *dk = static_cast<bf16*>(p.dk), *dv = static_cast<bf16*>(p.dv);  // contiguous
+  float G[64];
+#pragma unroll
+  for (int n = 0; n < 16; ++n)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        G[4 * n + 2 * hh + e] = p.dfinal ? p.dfinal[b * p.sdf.b + h * p.sdf.h + (ir + 8 * hh) * p.sdf.i +
+                                                    (8 * n + 2 * q + e) * p.sdf.j]
+                                         : 0.f;
+  auto put_g = [&]() {  // G's hi / lo ([j / 8][i][8], MN-major for KG's B)
+#pragma unroll
+    for (int n = 0; n < 16; ++n)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int i = ir + 8 * hh, j = 8 * n + 2 * q;
+        uint32_t hi, lo;
+        split_bf16x2<false>(G[4 * n + 2 * hh], G[4 * n + 2 * hh + 1], hi, lo);
+        const int off = (j >> 3) * 2048 + i * 16 + (j & 7) * 2;
+        *reinterpret_cast<uint32_t*>(sm + kGH + off) = hi;
+        *reinterpret_cast<uint32_t*>(sm + kGL + off) = lo;
+      }
+    fence_async_smem();
+  };
+  put_g();
+  for (int ch = nck - 1; ch >= 0; --ch) {
+    const int64_t t0 = (int64_t)ch * 64, row0 = (b * p.T + t0) * rs + h * 128;  // element (t0, h, 0) of an output
+    const int tc = min(64, p.T - (int)t0);  // the chunk's steps (rows past T are not stored)
+    float X[32], R[32], Rk[32];
+    if (ch == nck - 1) load_tiles<15, 384>(p, sm, bh, ch);
+    else load_tiles<9, 384>(p, sm, bh, ch);  // q and dy (k and v came during the chunk before)
+    tiles_landed();
+    sync_all<6>();  // (1) the chunk's tiles and tables
+    const float* S = p.ckpt + (bh * nck + ch) * 16384;
+    // X = QK (c = 0) or Dd (c = 1)
+#pragma unroll
+    for (int kb = 0; kb < 8; ++kb) {
+      wg_fence();
+      const uint64_t da = kdesc(sm, c ? kY : kQ, 64, kb), db = kdesc(sm, c ? kV : kK, 64, kb);
+      if (kb == 0) wgmma_ss64_z(X, da, db);
+      else wgmma_ss64(X, da, db, 1);
+    }
+    wg_commit();
+    wg_wait<0>();
+    acc_fence(X);
+    if (c == 0) {
+      put_weights<true>(sm, X, kMPH, kMPL, wl, g, q);  // MP[u][s] = L[u][s] beta_s QK[u][s]
+    } else {
+      put_weights<true>(sm, X, kMQH, kMQL, wl, g, q);   // MQ[t][s] = L[t][s] beta_s Dd[t][s]
+      put_weights<false>(sm, X, kMDH, kMDL, wl, g, q);  // MD[u][s] = L[u][s] Dd[u][s]
+    }
+    fence_async_smem();
+    // bad: a non-finite value in the chunk's tiles, gates or betas. QK (Dd) has a non-finite element iff the q or k
+    // (dy or v) tile has one (inf 0 is NaN), or a product overflows (harmless: the exact path).
+    bool nf = false;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) nf |= !(fabsf(X[i]) <= 3.402823466e38f);
+    const int* wg0_flag = reinterpret_cast<const int*>(part) + 1928;  // the gates' and betas' (WG0, before (1))
+    const bool bad = consumers_sync_or(nf) || wg0_flag[0] || wg0_flag[1];  // (2) the weights, and the flag
+    if (c == 0) {  // dgate's term (d): sum_{u >= t} L[u][t] M[u][t], M = E Lx^T, E[u][s] = beta_s QK Dd (s < u)
+      float Dd[32];  // Dd = dY V^T again (consumer 1 has its own), then M
+#pragma unroll
+      for (int kb = 0; kb < 8; ++kb) {
+        wg_fence();
+        if (kb == 0) wgmma_ss64_z(Dd, kdesc(sm, kY, 64, kb), kdesc(sm, kV, 64, kb));
+        else wgmma_ss64(Dd, kdesc(sm, kY, 64, kb), kdesc(sm, kV, 64, kb), 1);
+      }
+      wg_commit();
+      wg_wait<0>();
+      acc_fence(Dd);
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int u = 16 * wl + g + 8 * hh, s = 8 * n + 2 * q + e, x = 4 * n + 2 * hh + e;
+            X[x] = s < u ? tab[192 + s] * X[x] * Dd[x] : 0.f;
+          }
+      if (bad) {
+        fma_m(Dd, X, L, q, lane);
+      } else {
+#pragma unroll
+        for (int kb = 0; kb < 4; ++kb) {  // E's accumulator as A fragments, hi / lo; 3 terms
+          uint32_t ah[4], al[4];
+#pragma unroll
+          for (int r = 0; r < 4; ++r) split_bf16x2<false>(X[8 * kb + 2 * r], X[8 * kb + 2 * r + 1], ah[r], al[r]);
+          wg_fence();
+          if (kb == 0) wgmma_rs64_z(Dd, ah, kdesc(sm, kLxH, 64, kb));
+          else wgmma_rs64(Dd, ah, kdesc(sm, kLxH, 64, kb), 1);
+          wgmma_rs64(Dd, ah, kdesc(sm, kLxL, 64, kb), 1);
+          wgmma_rs64(Dd, al, kdesc(sm, kLxH, 64, kb), 1);
+        }
+        wg_commit();
+        wg_wait<0>();
+        acc_fence(Dd);
+      }
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {  // column t's sum over this warp's rows u >= t
+          const int t = 8 * n + 2 * q + e, u = 16 * wl + g;
+          float x = (u >= t ? L[u * PC + t] * Dd[4 * n + e] : 0.f) +
+                    (u + 8 >= t ? L[(u + 8) * PC + t] * Dd[4 * n + 2 + e] : 0.f);
+          x += __shfl_xor_sync(0xffffffffu, x, 4);
+          x += __shfl_xor_sync(0xffffffffu, x, 8);
+          x += __shfl_xor_sync(0xffffffffu, x, 16);
+          if (g == 0) part[1672 + wl * 64 + t] = x;
+        }
+    }
+    // R^T = S dY^T: S rows ir, ir + 8 from the checkpoint, a k-step at a time, split; c0's part
+    float c0 = 0.f;
+#pragma unroll
+    for (int kb = 0; kb < 8; ++kb) {
+      float sv[8];
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float2 v = __ldg(reinterpret_cast<const float2*>(S + (ir + 8 * hh) * 128 + 16 * kb + 2 * q + 8 * e));
+          sv[4 * e + 2 * hh] = v.x;
+          sv[4 * e + 2 * hh + 1] = v.y;
+        }
+      uint32_t ah[4], al[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) split_bf16x2<false>(sv[2 * r], sv[2 * r + 1], ah[r], al[r]);
+#pragma unroll
+      for (int r = 0; r < 8; ++r) c0 = fmaf(sv[r], G[8 * kb + r], c0);
+      wg_fence();
+      const uint64_t db = kdesc(sm, kY, 64, kb);
+      if (kb == 0) wgmma_rs64_z(R, ah, db);
+      else wgmma_rs64(R, ah, db, 1);
+      wgmma_rs64(R, al, db, 1);
+    }
+    wg_commit();
+    wg_wait<0>();
+    acc_fence(R);
+    col_dots(sm, R, kQ, i0, part + (c * 4 + wl) * 64, wl, g, q);  // f_u's part
+#pragma unroll
+    for (int i = 0; i < 32; ++i) R[i] *= tab[8 * ((i >> 2) & 7) + 2 * q + (i & 1)];  // diag(A) on columns t
+    if (bad) exact(R, [&](float (&t)[32]) { fma_t<false>(t, sm, ir, q); });
+    else weights_product<false>(R, sm, kK + 8192 * c, kMQH, kMQL);  // dq^T += K^T MQ^T
+    if (tc == 64) store_t<false>(dq + row0, rs, R, nullptr, i0, wl, g, q, tc);
+    else store_t<true>(dq + row0, rs, R, nullptr, i0, wl, g, q, tc);  // the last chunk
+    // Rk^T = G V^T, G's accumulator as A fragments (hi / lo a k-step); e's part
+#pragma unroll
+    for (int kb = 0; kb < 8; ++kb) {
+      uint32_t ah[4], al[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) split_bf16x2<false>(G[8 * kb + 2 * r], G[8 * kb + 2 * r + 1], ah[r], al[r]);
+      wg_fence();
+      const uint64_t db = kdesc(sm, kV, 64, kb);
+      if (kb == 0) wgmma_rs64_z(Rk, ah, db);
+      else wgmma_rs64(Rk, ah, db, 1);
+      wgmma_rs64(Rk, al, db, 1);
+    }
+    wg_commit();
+    wg_wait<0>();
+    acc_fence(Rk);
+    col_dots(sm, Rk, kK, i0, part + 512 + (c * 4 + wl) * 64, wl, g, q);  // e_s's part
+#pragma unroll
+    for (int i = 0; i < 32; ++i) Rk[i] *= tab[128 + 8 * ((i >> 2) & 7) + 2 * q + (i & 1)];  // diag(w) on columns s
+    if (bad) exact(Rk, [&](float (&t)[32]) { fma_t<true>(t, sm, ir, q); });
+    else weights_product<true>(Rk, sm, kQ + 8192 * c, kMDH, kMDL);  // dkt^T += Q^T MD
+    col_dots(sm, Rk, kK, i0, part + 1024 + (c * 4 + wl) * 64, wl, g, q);  // dbeta_s's part
+    if (tc == 64) store_t<false>(dk + row0, rs, Rk, tab + 192, i0, wl, g, q, tc);  // dk = beta dkt
+    else store_t<true>(dk + row0, rs, Rk, tab + 192, i0, wl, g, q, tc);
+    // KG (columns j = 64 c ..) = K G, B = G hi / lo (MN-major); then dv = diag(beta w) KG + MP^T dY
+#pragma unroll
+    for (int kb = 0; kb < 8; ++kb) {
+      wg_fence();
+      const uint64_t da = kdesc(sm, kK, 64, kb);
+      if (kb == 0) wgmma_ss64_t_z(R, da, mdesc(sm, kGH + 16384 * c, 128, kb));
+      else wgmma_ss64_t(R, da, mdesc(sm, kGH + 16384 * c, 128, kb), 1);
+      wgmma_ss64_t(R, da, mdesc(sm, kGL + 16384 * c, 128, kb), 1);
+    }
+    wg_commit();
+    wg_wait<0>();
+    acc_fence(R);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) R[i] *= tab[256 + 16 * wl + g + 8 * ((i >> 1) & 1)];  // diag(beta w) on rows s
+    if (bad) {
+      exact(R, [&](float (&t)[32]) { fma_dv(t, sm, 16 * wl + g, i0, q); });
+    } else {
+#pragma unroll
+      for (int kb = 0; kb < 4; ++kb) {
+        wg_fence();
+        const uint64_t bd = mdesc(sm, kY + 8192 * c, 64, kb);
+        wgmma_ss64_a_t(R, mdesc(sm, kMPH, 64, kb), bd, 1);
+        wgmma_ss64_a_t(R, mdesc(sm, kMPL, 64, kb), bd, 1);
+      }
+      wg_commit();
+      wg_wait<0>();
+      acc_fence(R);
+    }
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int s = 16 * wl + g + 8 * hh, j = i0 + 8 * n + 2 * q;
+        if (s < tc) *reinterpret_cast<__nv_bfloat162*>(dv + row0 + s * rs + j) =
+            __floats2bfloat162_rn(R[4 * n + 2 * hh], R[4 * n + 2 * hh + 1]);
+      }
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) c0 += __shfl_xor_sync(0xffffffffu, c0, o);
+    if (lane == 0) part[1536 + c * 4 + wl] = c0;
+    arrive_all<3>();   // (3) the partials for WG0
+    consumers_sync();  // (5) both consumers' KG have read G's hi / lo
+    if (ch > 0) load_tiles<6, 256>(p, sm, bh, ch - 1, 128);  // k and v: KG was their last reader
+    // G <- A_63 G + (diag(A) Q)^T dY: A = Q^T fragments scaled and split
+    const float a63 = tab[63];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) G[i] *= a63;
+    acc_fence(G);
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) {
+      uint32_t ah[4], al[4], qf[4];
+      const int j = lane >> 3;  // block j: rows i of half j & 1, steps of half j >> 1
+      ldm4<true>(qf, sm + kQ + ((i0 + 16 * wl + 8 * (j & 1)) >> 3) * 1024 + (16 * kb + 8 * (j >> 1) + (lane & 7)) * 16);
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {  // a_r: row ir + 8 (r & 1), steps t = 16 kb + 2 q + 8 (r >> 1) (+1)
+        const int t = 16 * kb + 2 * q + 8 * (r >> 1);
+        const float2 v = unpack(qf[r]);
+        split_bf16x2<false>(v.x * tab[t], v.y * tab[t + 1], ah[r], al[r]);
+      }
+      wg_fence();
+      const uint64_t db = mdesc(sm, kY, 64, kb);
+      wgmma_rs128_t(G, ah, db, 1);
+      wgmma_rs128_t(G, al, db, 1);
+    }
+    wg_commit();
+    wg_wait<0>();
+    acc_fence(G);
+    put_g();
+    sync_all<6>();  // (6) the chunk is done
+  }
+  if (p.ds0 == nullptr) return;  // (no initial state)
+#pragma unroll
+  for (int n = 0; n < 16; ++n)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+      *reinterpret_cast<float2*>(p.ds0 + bh * 16384 + (ir + 8 * hh) * 128 + 8 * n + 2 * q) =
+          make_float2(G[4 * n + 2 * hh], G[4 * n + 2 * hh + 1]);
+}
+
+// WG0: the tables before each chunk, dgate and dbeta during and after it.
+__device__ void aux(const Params& p, unsigned char* sm, int64_t bh, int nck) {
+  const int tid = threadIdx.x;
+  float* tab = reinterpret_cast<float*>(sm + kTab);
+  float* L = reinterpret_cast<float*>(sm + kL);
+  float* part = reinterpret_cast<float*>(sm + kPart);
+  const int64_t b = bh / p.H, h = bh - b * p.H;
+  float g_next = 0.f, b_next = 0.f;  // step tid's gate and beta of the chunk after this one (loaded a chunk ahead)
+  if (tid < 64) g_next = gate_at(p, b, h, (nck - 1) * 64 + tid), b_next = beta_at(p, b, h, (nck - 1) * 64 + tid);
+  for (int ch = nck - 1; ch >= 0; --ch) {
+    const int t0 = ch * 64, tc = min(64, p.T - t0);
+    const int64_t go = (b * p.T + t0) * p.H + h;  // (b, t0, h) in dgate / dbeta (contiguous)
+    if (ch == nck - 1) load_tiles<15, 384>(p, sm, bh, ch);
+    else load_tiles<9, 384>(p, sm, bh, ch);
+    if (tid < 64) {
+      tab[320 + tid] = g_next;
+      tab[192 + tid] = b_next;
+      // a non-finite gate or beta meets the masks' zeros in M: the exact path (warps 0, 1 flag their halves)
+      const unsigned m = __ballot_sync(0xffffffffu, !(isfinite(g_next) && isfinite(b_next)));
+      if ((tid & 31) == 0) reinterpret_cast<int*>(part)[1928 + (tid >> 5)] = m != 0u;
+    }
+    wg0_sync();
+    if (tid < 64) {  // row t of L: L[t][s] = prod_{r=s+1..t} g_r (s <= t), 0 above; A[t] = prod_{r<=t} g_r
+      const int t = tid;
+      for (int s = t + 1; s < 64; ++s) L[t * PC + s] = 0.f;
+      double run = 1.0;
+      L[t * PC + t] = 1.f;
+      for (int s = t; s >= 1; --s) {
+        run *= (double)tab[320 + s];
+        L[t * PC + s - 1] = (float)run;
+      }
+      tab[t] = (float)(run * (double)tab[320]);
+    }
+    wg0_sync();
+    if (tid < 64) {
+      const int t = tid;
+      tab[64 + t] = t ? tab[t - 1] : 1.f;  // Ah
+      tab[128 + t] = L[63 * PC + t];       // w
+      tab[256 + t] = tab[192 + t] * L[63 * PC + t];
+      for (int s = 0; s < 64; s += 2) {  // Lx row t: L[t-1][s] (s < t), hi / lo at [s / 8][t][8]
+        uint32_t hi, lo;
+        split_bf16x2<false>(s < t ? L[(t - 1) * PC + s] : 0.f, s + 1 < t ? L[(t - 1) * PC + s + 1] : 0.f, hi, lo);
+        const int off = (s >> 3) * 1024 + t * 16 + (s & 7) * 2;
+        *reinterpret_cast<uint32_t*>(sm + kLxH + off) = hi;
+        *reinterpret_cast<uint32_t*>(sm + kLxL + off) = lo;
+      }
+    }
+    tiles_landed();
+    sync_all<6>();  // (1)
+    if (tid < 64 && ch > 0) g_next = gate_at(p, b, h, t0 - 64 + tid), b_next = beta_at(p, b, h, t0 - 64 + tid);
+    sync_all<3>();    // (3) the partials
+    const int t = tid >> 1, x = tid & 1;  // two threads a step
+    float td = 0.f;
+    {  // fixed-order sums of the 8 parts: f (threads 0..63) and e (64..127)
+      const int u = tid & 63, base = tid < 64 ? 0 : 512;
+      float acc = 0.f;
+#pragma unroll
+      for (int w = 0; w < 8; ++w) acc += part[base + w * 64 + u];
+      part[1544 + (tid >> 6) * 64 + u] = acc;
+    }
+    wg0_sync();
+    if (x == 0) {  // (a) + (b) + (d)
+#pragma unroll
+      for (int w = 0; w < 4; ++w) td += part[1672 + w * 64 + t];
+      float c0 = 0.f;
+#pragma unroll
+      for (int w = 0; w < 8; ++w) c0 += part[1536 + w];
+      float sb = 0.f;
+      for (int s = 0; s < t; ++s) sb = fmaf(L[(t - 1) * PC + s] * tab[192 + s], part[1608 + s], sb);
+      td += tab[128 + t] * (tab[64 + t] * c0 + sb);
+      float db = 0.f;
+#pragma unroll
+      for (int w = 0; w < 8; ++w) db += part[1024 + w * 64 + t];
+      if (t < tc) put_gb(p.dbeta, p.b32, go + t * p.H, db);
+    } else {  // (c)
+      float sc = 0.f;
+      for (int u = t; u < 64; ++u) sc = fmaf(L[u * PC + t], part[1544 + u], sc);
+      td = tab[64 + t] * sc;
+    }
+    td += __shfl_xor_sync(0xffffffffu, td, 1);  // x = 0's (a) + (b) + (d), x = 1's (c)
+    if (x == 0 && t < tc) put_gb(p.dgate, p.g32, go + t * p.H, td);
+    sync_all<6>();  // (6)
+  }
+}
+
+__global__ void __launch_bounds__(384, 1) chunk_bwd_sm90_kernel(const Params p) {
+#if defined(__CUDA_ARCH__) && !defined(GR_WGMMA)
+  __trap();
+#endif
+  extern __shared__ __align__(1024) unsigned char sm[];
+  const int64_t bh = blockIdx.x;
+  const int nck = p.nck;
+  const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0);
+  if (wg == 0) maxnreg_dec<kAuxRegs>();
+  else maxnreg_inc<kConsRegs>();
+  if (wg == 0) aux(p, sm, bh, nck);
+  else consumer(p, sm, wg - 1, bh, nck);
+}
+
+// The checkpoint pass: S at every chunk start into p.ckpt ((B H, chunks, 128, 128) fp32, [dk][dv]), from S_0 (or
+// zero). One CTA of 384 threads a (b, h), one barrier a chunk: the k and v tiles double-buffered (cp.async, zeros
+// past T; chunk ch + 1's issued after chunk ch's barrier, landing during its product); WG0 (threads < 64) the gates
+// and betas a chunk ahead in registers, then beta_s w_s (w_s = prod_{r>s} g_r, double) and A_63 into a
+// double-buffered table; consumer c holds S^T rows dv = 64 c .. as one m64n128 accumulator, stores it, then
+// S^T <- A_63 S^T + (V^T diag(beta w)) K: A from the v tile by ldmatrix.trans, scaled and split hi / lo in
+// registers (2 terms), B the k tile as loaded (MN-major, exact).
+constexpr int cBuf = 32768, cTab = 2 * cBuf, cSmem = cTab + 2 * 256 * 4;  // tiles k 0, v 16384 a buffer
+__global__ void __launch_bounds__(384, 1) chunk_bwd_sm90_ckpt_kernel(const Params p) {
+#if defined(__CUDA_ARCH__) && !defined(GR_WGMMA)
+  __trap();
+#endif
+  extern __shared__ __align__(1024) unsigned char sm[];
+  const int tid = threadIdx.x, lane = tid & 31, wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
+  const int64_t bh = blockIdx.x, b = bh / p.H, h = bh - b * p.H;
+  const int nck = p.nck;
+  const int lt = tid & 127, wl = lt >> 5, g = lane >> 2, q = lane & 3, c = wg - 1;
+  auto load = [&](int ch) {  // chunk ch's k and v tiles into buffer ch & 1
+    const int t0 = ch * 64;
+    for (int e = tid; e < 2048; e += 384) {
+      const int tile = e >> 10, r = (e >> 4) & 63, c8 = e & 15;
+      const bf16* src = static_cast<const bf16*>(tile ? p.v : p.k);
+      const Strides4& st = tile ? p.sv : p.sk;
+      const int64_t sb = st.b, stt = st.t, sh = st.h;
+      const bool valid = t0 + r < p.T;
+      const bf16* row = src + b * sb + (int64_t)(t0 + r) * stt + h * sh + 8 * c8;
+      cp_async<16>(sm + (ch & 1) * cBuf + tile * 16384 + c8 * 1024 + r * 16, valid ? row : src, valid);
+    }
+    cp_async_commit();
+  };
+  float gn = 1.f, bn = 0.f;  // WG0 threads < 64: step tid's gate and beta of the next chunk (past T: 1 and 0)
+  auto gates = [&](int ch) {
+    const int t = ch * 64 + tid;
+    if (wg == 0 && tid < 64) gn = gate_at(p, b, h, t), bn = beta_at(p, b, h, t);
+  };
+  // consumers: S^T[64 c + 16 wl + g (+8)][8 n + 2 q (+1)] = S[4 n + 2 hh + e] (n = 0..15)
+  float S[64];
+  if (wg > 0)
+#pragma unroll
+    for (int x = 0; x < 64; ++x) {
+      const int dv = 64 * c + 16 * wl + g + 8 * ((x >> 1) & 1), dk = 8 * (x >> 2) + 2 * q + (x & 1);
+      S[x] = p.s_in ? p.s_in[b * p.ssi.b + h * p.ssi.h + dk * p.ssi.i + dv * p.ssi.j] : 0.f;
+    }
+  load(0);
+  gates(0);
+  for (int ch = 0; ch < nck; ++ch) {
+    float* tab = reinterpret_cast<float*>(sm + cTab) + (ch & 1) * 256;  // gate 0, beta 64, beta w 128, A_63 192
+    if (wg == 0) {
+      if (tid < 64) tab[tid] = gn, tab[64 + tid] = bn;
+      gates(ch + 1);  // (in flight during this chunk)
+      wg0_sync();
+      if (tid < 64) {  // beta_s w_s and A_63 (double products, rounded once)
+        double w = 1.0;
+        for (int r = 63; r > tid; --r) w *= (double)tab[r];
+        tab[128 + tid] = (float)(w * (double)tab[64 + tid]);
+        if (tid == 0) tab[192] = (float)(w * (double)tab[0]);
+      }
+    } else {  // the checkpoint: S at the chunk's start
+      float* d = p.ckpt + (bh * nck + ch) * 16384;
+#pragma unroll
+      for (int x = 0; x < 64; ++x) {
+        const int dv = 64 * c + 16 * wl + g + 8 * ((x >> 1) & 1), dk = 8 * (x >> 2) + 2 * q + (x & 1);
+        d[dk * 128 + dv] = S[x];
+      }
+    }
+    tiles_landed();
+    sync_all<6>();  // chunk ch's tiles and table; every reader of buffer (ch + 1) & 1 (chunk ch - 1's) is done
+    if (ch == nck - 1) break;  // (the last chunk's end state is not a checkpoint)
+    load(ch + 1);  // (ch + 1 < nck here)
+    if (wg > 0) {
+      const float a63 = tab[192];
+      const unsigned char* buf = sm + (ch & 1) * cBuf;
+#pragma unroll
+      for (int x = 0; x < 64; ++x) S[x] *= a63;
+      acc_fence(S);
+#pragma unroll
+      for (int kb = 0; kb < 4; ++kb) {
+        uint32_t vf[4], ah[4], al[4];  // block j: rows dv of half j & 1, steps of half j >> 1
+        const int j = lane >> 3;
+        ldm4<true>(vf, buf + 16384 + ((64 * c + 16 * wl + 8 * (j & 1)) >> 3) * 1024 +
+                        (16 * kb + 8 * (j >> 1) + (lane & 7)) * 16);
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {  // a_r: row 64 c + 16 wl + g + 8 (r & 1), steps t = 16 kb + 2 q + 8 (r >> 1) (+1)
+          const int t = 16 * kb + 2 * q + 8 * (r >> 1);
+          const float2 v = unpack(vf[r]);
+          split_bf16x2<false>(v.x * tab[128 + t], v.y * tab[128 + t + 1], ah[r], al[r]);
+        }
+        wg_fence();
+        const uint64_t db = mdesc(sm, (ch & 1) * cBuf, 64, kb);  // B[t][dk]: the k tile
+        wgmma_rs128_t(S, ah, db, 1);
+        wgmma_rs128_t(S, al, db, 1);
+      }
+      wg_commit();
+      wg_wait<0>();
+      acc_fence(S);
+    }
+  }
+}
+
+
+}  // namespace bwd90
+
+// The checkpoints (pl.work_floats floats of the workspace), then the backward.
+cudaError_t launch_chunk_bwd_sm90(const Plan& pl, const BwdProblem& pr, float* work, cudaStream_t s,
+                                  const char** failed) {
+  bwd90::Params p;
+  static_cast<BwdProblem&>(p) = pr;
+  p.ckpt = work;
+  p.nck = (pr.T + 63) / 64;
+  static bool done_ckpt[64] = {}, done_bwd[64] = {};
+  *failed = "chunk_bwd_sm90_ckpt";
+  cudaError_t err = allow_smem(bwd90::chunk_bwd_sm90_ckpt_kernel, done_ckpt);
+  if (err == cudaSuccess)
+    err = launch_threads(bwd90::chunk_bwd_sm90_ckpt_kernel, dim3((unsigned)pl.blocks), 384, bwd90::cSmem, s, false, p);
+  if (err != cudaSuccess) return err;
+  *failed = "chunk_bwd_sm90";
+  err = allow_smem(bwd90::chunk_bwd_sm90_kernel, done_bwd);
+  return err != cudaSuccess ? err : launch_threads(bwd90::chunk_bwd_sm90_kernel, dim3((unsigned)pl.blocks), 384, pl.smem, s, false, p);
+}
+
+}  // namespace
+}  // namespace gr
+
+// The backward_sm90 unit's entry point (its Problem is a BwdProblem; bfloat16 only, as planned).
+extern "C" int gr_execute_backward_sm90(const gr::Plan* pl, const gr::Problem* pr, float* work, cudaStream_t s,
+                                        const char** failed) {
+  *failed = "chunk_bwd_sm90";
+  if (pl->kernel != gr::Kernel::chunk_bwd_sm90 || pl->dtype != gr::DType::bf16) return (int)cudaErrorInvalidValue;
+  return (int)gr::launch_chunk_bwd_sm90(*pl, static_cast<const gr::BwdProblem&>(*pr), work, s, failed);
+}
+""")
+
 HOST_SRC = r"""
 // ===================================== host: argument checks, the plan, the launch ==========
 // Only the headers it needs (torch/extension.h would triple the host compile time).
@@ -4991,14 +5782,15 @@ constexpr int kMaxDim = 256;
 constexpr size_t kRecurrentSmem = 48 * 1024;  // the recurrent kernel stays under the static limit
 constexpr int64_t kChunkedMinT = 256;         // use_chunked(): from the crossover sweep (BENCHMARKS.md)
 const char* const kKernelNames[] = {"recurrent", "parallel", "chunk_tf32", "chunk_bf16", "chunk_sm90", "decode",
-                                    "decode_persistent", "recurrent_bwd", "chunk_bwd"};
+                                    "decode_persistent", "recurrent_bwd", "chunk_bwd", "chunk_bwd_sm90"};
 const char* const kSourceNames[] = {"RECURRENT_SRC", "PARALLEL_SRC", "CHUNK_TF32_SRC", "CHUNK_BF16_SRC", "CHUNK_SM90_SRC",
-                                    "DECODE_SRC", "DECODE_SRC", "BACKWARD_SRC", "BACKWARD_SRC"};
-const char* const kUnitNames[] = {"core", "chunk_tf32", "chunk_bf16", "reference", "chunk_sm90", "decode", "backward"};
+                                    "DECODE_SRC", "DECODE_SRC", "BACKWARD_SRC", "BACKWARD_SRC", "BACKWARD_SM90_SRC"};
+const char* const kUnitNames[] = {"core", "chunk_tf32", "chunk_bf16", "reference", "chunk_sm90", "decode", "backward",
+                                  "backward_sm90"};
 constexpr Unit kUnitOf[] = {Unit::core,       Unit::core,   Unit::chunk_tf32, Unit::chunk_bf16,
                             Unit::chunk_sm90, Unit::decode, Unit::decode,     Unit::backward,
-                            Unit::backward};
-constexpr int kUnits = 7;
+                            Unit::backward,   Unit::backward_sm90};
+constexpr int kUnits = 8;
 // The unit that runs a plan: its kernel's, except the recurrent kernel's rounding mode (its own unit).
 inline int unit_of(const Plan& pl) { return pl.round_ref ? (int)Unit::reference : (int)kUnitOf[(int)pl.kernel]; }
 constexpr int64_t kParallelMaxT = 256;  // warp 0's lanes hold at most 8 gates each (PARALLEL_SRC)
@@ -5590,6 +6382,9 @@ std::string describe(const Plan& pl) {
              " segments=", pl.nseg, " of ", pl.seg_chunks, " chunks", pl.nseg > 1 ? " + chunk_bwd_prep + chunk_bwd_scan" : "",
              ", S and its gradient in shared memory, the state at every chunk start in the workspace=",
              pl.work_floats * 4, "B");
+  else if (pl.kernel == Kernel::chunk_bwd_sm90)
+    s += cat("C=64 products=bf16 wgmma (fp32 operands as hi + lo), one block a (b, h), a checkpoint launch first:"
+             " the state at every chunk start in the workspace=", pl.work_floats * 4, "B");
   else if (pl.kernel == Kernel::recurrent_bwd)
     s += cat("rows_a_thread=", pl.R, " column_tiles=", pl.vtiles, " (in order, one block a (b, h)) checkpoints=",
              (int)kBwdCheckpoint, " steps, recomputed runs of ", pl.TC, " workspace=", pl.work_floats * 4, "B");
@@ -5604,7 +6399,8 @@ std::string describe(const Plan& pl) {
              pl.work_floats > 0 ? cat(" workspace=", pl.work_floats * 4, "B") : "");
   if (pl.varlen)
     s += pl.kernel == Kernel::recurrent ? " varlen" : " varlen (segments: a capacity; a sequence takes what it needs)";
-  return s + cat(" grid=", pl.blocks, "x", pl.kernel == Kernel::chunk_sm90 ? (int)kSm90Threads
+  return s + cat(" grid=", pl.blocks, "x", pl.kernel == Kernel::chunk_sm90 || pl.kernel == Kernel::chunk_bwd_sm90
+                                              ? (int)kSm90Threads
                                           : pl.kernel == Kernel::chunk_bwd ? (int)kBwdThreads : (int)kMaxThreads,
                  " smem=", (int64_t)pl.smem);
 }
@@ -5736,14 +6532,17 @@ bool run_ex(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
 // (S^T runs S^T_t = g_t S^T_{t-1} + beta_t v_t k_t^T), so `dq` is the forward plan of that problem (any
 // kernel, the fastest that fits); `bwd`, recurrent_bwd, computes the rest (BACKWARD_SRC).
 // chunk_bwd computes dq itself (dq_pass false) where it fits: D_k, D_v <= 128 and its shared memory (Hopper's
-// and newer opt-in); recurrent_bwd elsewhere. kernel: "" (planned), "chunk_bwd" or "recurrent_bwd" (tests).
-bool make_plan_backward(const Shape& s, DType dt, const Layout& lay_dq, const DeviceLimits& lim, const std::string& kernel,
-                        int64_t segments, Plan& dq, Plan& bwd, bool& dq_pass) {
+// and newer opt-in); recurrent_bwd elsewhere. chunk_bwd_sm90 (dq itself too) on compute capability 9.0 for
+// bfloat16 with D_k = D_v = 128 and q, k, v, dy rows aligned (q_rows: q's; lay_dq has dy's, v's and k's), where
+// B H is at least half the SMs (it has no segments: smaller B H keep chunk_bwd's). kernel: "" (planned),
+// "chunk_bwd", "chunk_bwd_sm90" or "recurrent_bwd" (tests).
+bool make_plan_backward(const Shape& s, DType dt, const Layout& lay_dq, bool q_rows, const DeviceLimits& lim,
+                        const std::string& kernel, int64_t segments, Plan& dq, Plan& bwd, bool& dq_pass) {
   GR_REQUIRE("ValueError", segments >= 0, "segments must be 0 (planned) or a count, got ", segments);
   GR_REQUIRE("ValueError", segments == 0 || kernel == "chunk_bwd", "segments apply to kernel chunk_bwd, got kernel '",
              kernel, "'");
-  GR_REQUIRE("ValueError", kernel.empty() || kernel == "chunk_bwd" || kernel == "recurrent_bwd",
-             "the backward's kernel must be chunk_bwd, recurrent_bwd or planned, got '", kernel, "'");
+  GR_REQUIRE("ValueError", kernel.empty() || kernel == "chunk_bwd" || kernel == "chunk_bwd_sm90" || kernel == "recurrent_bwd",
+             "the backward's kernel must be chunk_bwd, chunk_bwd_sm90, recurrent_bwd or planned, got '", kernel, "'");
   const bool fits = s.Dk <= 128 && s.Dv <= 128 && (size_t)kChunkBwdSmem <= lim.smem;
   GR_REQUIRE("ValueError", kernel != "chunk_bwd" || fits, "chunk_bwd needs D_k, D_v <= 128 and ", kChunkBwdSmem,
              " bytes of shared memory a block, got D_k = ", s.Dk, ", D_v = ", s.Dv, " and ", lim.smem);
@@ -5751,6 +6550,20 @@ bool make_plan_backward(const Shape& s, DType dt, const Layout& lay_dq, const De
   bwd.dtype = dt;
   bwd.blocks = s.B * s.H;
   GR_REQUIRE("ValueError", bwd.blocks <= INT32_MAX, "B * H must be below 2^31 for the backward, got ", bwd.blocks);
+  const bool sm90 = lim.arch == 90 && dt == DType::bf16 && s.Dk == 128 && s.Dv == 128 && q_rows && lay_dq.q &&
+                    lay_dq.k && lay_dq.v && (size_t)kChunkBwdSm90Smem <= lim.smem;
+  GR_REQUIRE("ValueError", kernel != "chunk_bwd_sm90" || sm90, "chunk_bwd_sm90 needs compute capability 9.0, "
+             "bfloat16, D_k = D_v = 128 and the rows of q, k, v and dy 16-byte aligned with unit column stride; got ",
+             "compute capability ", lim.arch / 10, ".", lim.arch % 10, ", D_k = ", s.Dk, ", D_v = ", s.Dv);
+  if (kernel == "chunk_bwd_sm90" || (kernel.empty() && sm90 && 2 * bwd.blocks >= lim.sms)) {
+    dq_pass = false;
+    bwd.kernel = Kernel::chunk_bwd_sm90;
+    bwd.smem = kChunkBwdSm90Smem;
+    bwd.nseg = 1;
+    bwd.seg_chunks = (int)ceil_div(s.T, 64);
+    bwd.work_floats = bwd.blocks * ceil_div(s.T, 64) * s.Dk * s.Dv;  // the checkpoints
+    return true;
+  }
   if (fits && kernel != "recurrent_bwd") {
     dq_pass = false;
     bwd.kernel = Kernel::chunk_bwd;
@@ -5822,7 +6635,7 @@ bool plan_backward_call(const at::Tensor& dy, const at::Tensor* dfinal, const at
     GR_REQUIRE("ValueError", m.first == nullptr || m.first->device() == q.device(), m.second, " is on ",
                device_str(*m.first), " but q is on ", device_str(q));
   const c10::cuda::CUDAGuard guard(q.device());
-  return make_plan_backward(shape_of(q, v), dtype_of(q), layout_of(dy, v, k, gate, beta), device_limits(), kernel,
+  return make_plan_backward(shape_of(q, v), dtype_of(q), layout_of(dy, v, k, gate, beta), rows_aligned(q), device_limits(), kernel,
                             segments, pdq, pbw, dq_pass) &&
          (!dq_pass || unit_ready(pdq)) && unit_ready(pbw);
 }
@@ -6031,8 +6844,8 @@ std::string plan_backward_text(int64_t B, int64_t T, int64_t H, int64_t Dk, int6
   const Layout lay{Dv % V == 0, Dv % V == 0, Dk % V == 0, Dk % V == 0, false, true};
   Plan dq, bwd;
   bool dq_pass = true;
-  if (!make_plan_backward(s, dt, lay, device_limits(), kernel, segments, dq, bwd, dq_pass)) return std::string();
-  return describe(bwd) + "\ndq: " + (dq_pass ? describe(dq) : std::string("in chunk_bwd"));
+  if (!make_plan_backward(s, dt, lay, Dk % V == 0, device_limits(), kernel, segments, dq, bwd, dq_pass)) return std::string();
+  return describe(bwd) + "\ndq: " + (dq_pass ? describe(dq) : cat("in ", kKernelNames[(int)bwd.kernel]));
 }
 
 // plan() for Python: the planned record for contiguous inputs of this shape and dtype, as text.
@@ -6261,7 +7074,8 @@ SOURCES = {"prelude": PRELUDE_SRC, "device": DEVICE_SRC, "recurrent": RECURRENT_
            "parallel": PARALLEL_SRC,
            "chunk": CHUNK_SRC,
            "segment_scan": SEGMENT_SCAN_SRC, "tf32_mma": TF32_MMA_SRC, "chunk_tf32": CHUNK_TF32_SRC, "chunk_bf16": CHUNK_BF16_SRC,
-           "wgmma": WGMMA_SRC, "sm90": SM90_SRC, "chunk_sm90_tf32": CHUNK_SM90_TF32_SRC, "chunk_sm90": CHUNK_SM90_SRC, "decode": DECODE_SRC, "backward": BACKWARD_SRC, "host": HOST_SRC, "host_run": HOST_RUN_SRC}
+           "wgmma": WGMMA_SRC, "sm90": SM90_SRC, "chunk_sm90_tf32": CHUNK_SM90_TF32_SRC, "chunk_sm90": CHUNK_SM90_SRC, "decode": DECODE_SRC, "backward": BACKWARD_SRC,
+           "backward_sm90": BACKWARD_SM90_SRC, "host": HOST_SRC, "host_run": HOST_RUN_SRC}
 
 # Each unit's CUDA sources (PRELUDE and DEVICE first) and C entry point; core adds the host file.
 _UNIT_CUDA = {
@@ -6272,9 +7086,11 @@ _UNIT_CUDA = {
     "chunk_sm90": [CHUNK_SRC, SEGMENT_SCAN_SRC, WGMMA_SRC, SM90_SRC, CHUNK_SM90_TF32_SRC, CHUNK_SM90_SRC],
     "decode": [DECODE_SRC],
     "backward": [TF32_MMA_SRC, BACKWARD_SRC],
+    "backward_sm90": [WGMMA_SRC, BACKWARD_SM90_SRC],
 }
 # Units built for one target whatever the device or TORCH_CUDA_ARCH_LIST (wgmma is sm_90a-only code).
-_UNIT_GENCODE = {"chunk_sm90": ["-gencode=arch=compute_90a,code=sm_90a"]}
+_UNIT_GENCODE = {"chunk_sm90": ["-gencode=arch=compute_90a,code=sm_90a"],
+                 "backward_sm90": ["-gencode=arch=compute_90a,code=sm_90a"]}
 CUDA_FLAGS = ["-O3"]
 
 
@@ -6378,10 +7194,10 @@ _ops = getattr(torch.ops, _OPS_NS)
 
 
 def _default_units():
-    """What build() compiles without arguments: every unit, but chunk_sm90 (sm_90a code) only where it can
-    run (a compute capability 9.0 device) or where no device says (a build or CI machine)."""
+    """What build() compiles without arguments: every unit, but the sm_90a units (chunk_sm90, backward_sm90)
+    only where they can run (a compute capability 9.0 device) or where no device says (a build or CI machine)."""
     hopper = not torch.cuda.is_available() or torch.cuda.get_device_capability() == (9, 0)
-    return tuple(u for u in UNITS if u != "chunk_sm90" or hopper)
+    return tuple(u for u in UNITS if u not in _UNIT_GENCODE or hopper)
 
 
 def build(*units):
@@ -6540,14 +7356,18 @@ def _forward_ex_fake(q, k, v, gate, beta, initial_state, want_final, kernel, con
 # ---------------------------------------------------------------------------------------------
 def _prepare_backward(dy, k):
     """The units a backward needs, built before its operator runs (eagerly, or at trace time in the fake):
-    backward, and where dq is a forward plan (dy, v, k) that plan's unit."""
+    backward, backward_sm90 where contiguous inputs of this shape plan it, and where dq is a forward plan
+    (dy, v, k) that plan's unit."""
     if dy.device.type != "cuda":
         return
     if "backward" not in _units:
         build("backward")
     dims = tuple(dy.shape[:3]) + (k.shape[-1], dy.shape[-1]) if dy.dim() == 4 and k.dim() == 4 else None
-    if dims is None or not all(isinstance(d, int) for d in dims) or str(dy.dtype)[6:] not in _DTYPE_CODES or \
-            "dq: in chunk_bwd" not in (plan_backward(*dims, dy.dtype) if 1 <= min(dims[3:]) and max(dims[3:]) <= 256 else ""):
+    text = "" if dims is None or not all(isinstance(d, int) for d in dims) or str(dy.dtype)[6:] not in _DTYPE_CODES \
+        or not 1 <= min(dims[3:]) <= max(dims[3:]) <= 256 else plan_backward(*dims, dy.dtype)
+    if "unit backward_sm90" in text and "backward_sm90" not in _units:
+        build("backward_sm90")
+    if "dq: in chunk_bwd" not in text:
         _prepare_units(dy, k, False)
 
 

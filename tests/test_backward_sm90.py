@@ -1,0 +1,171 @@
+"""chunk_bwd_sm90, the Hopper backward (bfloat16, D_k = D_v = 128, wgmma): GPU (compute capability 9.0), forced
+through the _backward_with hook against float64 (T = 1, 63, 64, 100, 300; gate classes; with and without both
+states; (B, H, T, D)-transposed and padded rows; float32 gates and betas; strided states; NaN and inf in each input;
+bitwise determinism) and planned through autograd; CPU or Hopper: what the plan sends to it and away from it, and
+its refusal naming the argument."""
+import pytest
+import torch
+
+import naive
+from conftest import HAS_CUDA
+from helpers import poison_allocator, shape_id, strided_state, with_layout
+from test_backward import FP32_TOL, NAMES, check_grads, kernel_grads, mask_diff, problem, reference_grads
+
+HOPPER = HAS_CUDA and torch.cuda.get_device_capability() == (9, 0)
+sm90 = pytest.mark.skipif(not HOPPER, reason="needs compute capability 9.0 (wgmma)")
+plan_only = pytest.mark.skipif(HAS_CUDA and not HOPPER, reason="a GPU other than compute capability 9.0")
+KERNEL = "chunk_bwd_sm90"
+BF16 = torch.bfloat16
+
+
+def forced(sol, xs, s0, w, ws):
+    """The six gradients by chunk_bwd_sm90 through the hook, on NaN-poisoned memory."""
+    poison_allocator()
+    return list(sol._backward_with(w, ws, *xs, s0, kernel=KERNEL))
+
+
+# ---- correctness against float64
+# (B, T, H): one step, less than a chunk, one whole chunk, ragged chunks, several chunks
+SHAPES = [(1, 1, 1), (2, 63, 1), (1, 64, 2), (1, 100, 3), (1, 300, 2)]
+
+
+@sm90
+@pytest.mark.parametrize("states", ["both", "none"])
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+def test_gradients_match_float64(sol, shape, states):
+    xs, s0, w, ws = problem(shape + (128, 128), BF16, seed=sum(shape), initial=states == "both",
+                            final=states == "both")
+    check_grads(forced(sol, xs, s0, w, ws), reference_grads(xs, s0, w, ws), list(xs) + [s0])
+
+
+GATES = {"zero": 0.0, "negative": (-1.0, 0.0), "above1": (1.0, 1.05), "near1": (1 - 1e-3, 1 + 1e-3),
+         "mixed-sign": (-1.2, 1.2)}
+
+
+@sm90
+@pytest.mark.parametrize("gate", list(GATES))
+def test_gate_classes(sol, gate):
+    """Gates 0, negative, above 1, near 1, both signs: the tables are direct products (no quotient, no log)."""
+    xs, s0, w, ws = problem((1, 130, 2, 128, 128), BF16, seed=7, gate=GATES[gate])
+    check_grads(forced(sol, xs, s0, w, ws), reference_grads(xs, s0, w, ws), list(xs) + [s0])
+
+
+@sm90
+@pytest.mark.parametrize("layout", ["bhtd", "padded"])
+def test_strided_inputs(sol, layout):
+    """q, k, v in (B, H, T, D) memory or with padded rows, dy transposed too, a strided S_0 and dS_T."""
+    xs, _, w, _ = problem((2, 100, 2, 128, 128), BF16, seed=9)
+    xs = with_layout(xs, layout)
+    w = w.transpose(1, 2).contiguous().transpose(1, 2)
+    s0, ws = strided_state(2, 2, 128, 128), strided_state(2, 2, 128, 128)
+    check_grads(forced(sol, xs, s0, w, ws), reference_grads(xs, s0, w, ws), list(xs) + [s0])
+
+
+@sm90
+def test_float32_gates_and_betas(sol):
+    """Gates and betas kept in float32 beside bfloat16 q, k, v: read and differentiated in float32."""
+    xs, s0, w, ws = problem((1, 100, 2, 128, 128), BF16, seed=13)
+    gen = torch.Generator().manual_seed(13)
+    xs[3] = torch.rand(1, 100, 2, generator=gen).cuda()
+    xs[4] = torch.rand(1, 100, 2, generator=gen).cuda()
+    got = forced(sol, xs, s0, w, ws)
+    assert got[3].dtype == torch.float32 and got[4].dtype == torch.float32
+    check_grads(got, reference_grads(xs, s0, w, ws), list(xs) + [s0])
+
+
+@sm90
+def test_deterministic(sol):
+    xs, s0, w, ws = problem((1, 200, 2, 128, 128), BF16, seed=3)
+    first, second = forced(sol, xs, s0, w, ws), forced(sol, xs, s0, w, ws)
+    for name, a, b in zip(NAMES, first, second):
+        assert torch.equal(a, b), name
+
+
+# One NaN or inf at one step of each input and of dy (index 5).
+NONFINITE = {"q-nan": (0, (0, 33, 1, 2), float("nan")), "q-inf": (0, (1, 20, 0, 5), float("inf")),
+             "k-inf": (1, (1, 40, 0, 3), float("inf")), "v-nan": (2, (0, 41, 1, 3), float("nan")),
+             "gate-nan": (3, (0, 50, 1), float("nan")), "beta-nan": (4, (1, 70, 0), float("nan")),
+             "dy-nan": (5, (0, 90, 1, 7), float("nan"))}
+
+
+@sm90
+@pytest.mark.parametrize("case", list(NONFINITE))
+def test_nonfinite_input(sol, case):
+    """Each gradient is NaN (a NaN input) or non-finite (an inf input) exactly where float64 autograd through the
+    loop is: the flagged chunk forms its masked sums by FMAs, where a product would meet the masks' zeros."""
+    which, at, value = NONFINITE[case]
+    xs, s0, w, ws = problem((2, 100, 2, 128, 128), BF16, seed=5)
+    (xs + [w])[which][at] = value
+    got = forced(sol, xs, s0, w, ws)
+    leaves = [x.detach().cpu().double().requires_grad_() for x in xs + [s0]]
+    y, sT = naive.recurrent_naive(*leaves[:5], initial_state=leaves[5])
+    want = torch.autograd.grad([y, sT], leaves, [w.cpu().double(), ws.cpu().double()])
+    for name, g, exact in zip(NAMES, got, want):
+        g = g.cpu()
+        if case.endswith("nan"):
+            assert torch.equal(torch.isnan(g), torch.isnan(exact)), \
+                f"{name} NaN mask: {mask_diff(torch.isnan(g), torch.isnan(exact))}"
+        assert torch.equal(torch.isfinite(g), torch.isfinite(exact)), \
+            f"{name} finite mask: {mask_diff(torch.isfinite(g), torch.isfinite(exact))}"
+
+
+@sm90
+def test_planned_through_autograd(sol):
+    """B H = 66 (half an H200's SMs): the plan takes it; autograd's gradients at the bf16 floor."""
+    shape = (2, 70, 33, 128, 128)
+    assert sol.plan_backward(*shape, dtype="bfloat16").startswith(KERNEL + " ")
+    xs, s0, w, ws = problem(shape, BF16, seed=17)
+    check_grads(kernel_grads(sol, xs, s0, w, ws), reference_grads(xs, s0, w, ws), list(xs) + [s0])
+    assert "backward_sm90" in sol.built_units()
+
+
+# ---- the plan
+@plan_only
+@pytest.mark.parametrize("shape", [(8, 2048, 16, 128, 128), (16, 4096, 32, 128, 128), (2, 64, 33, 128, 128)],
+                         ids=shape_id)
+def test_plan_takes_it_for_bfloat16_d128_from_half_the_sms(sol, shape):
+    text = sol.plan_backward(*shape, dtype="bfloat16")
+    assert text.startswith(KERNEL + " (BACKWARD_SM90_SRC, unit backward_sm90)"), text
+    assert f"dq: in {KERNEL}" in text and "workspace=" in text, text
+    B, T, H = shape[:3]
+    assert f"workspace={B * H * -(-T // 64) * 128 * 128 * 4}B" in text, text
+
+
+@plan_only
+@pytest.mark.parametrize("shape,dtype", [((2, 2048, 4, 128, 128), "bfloat16"), ((8, 2048, 16, 128, 128), "float32"),
+                                         ((8, 2048, 16, 128, 128), "float16"), ((8, 2048, 16, 64, 128), "bfloat16")],
+                         ids=["few-heads", "fp32", "fp16", "dk64"])
+def test_plan_keeps_chunk_bwd_elsewhere(sol, shape, dtype):
+    """Small B H (no segments yet), other dtypes and head sizes: chunk_bwd."""
+    assert sol.plan_backward(*shape, dtype=dtype).startswith("chunk_bwd "), shape
+
+
+@plan_only
+def test_forced_on_few_heads(sol):
+    assert sol.plan_backward(1, 100, 1, 128, 128, dtype="bfloat16", kernel=KERNEL).startswith(KERNEL + " ")
+
+
+@pytest.mark.parametrize("shape,dtype", [((1, 100, 1, 128, 128), "float32"), ((1, 100, 1, 64, 128), "bfloat16")],
+                         ids=["fp32", "dk64"])
+def test_forced_refusal_names_the_kernel(sol, shape, dtype):
+    with pytest.raises(ValueError, match=KERNEL + " needs compute capability 9.0, bfloat16, D_k = D_v = 128"):
+        sol.plan_backward(*shape, dtype=dtype, kernel=KERNEL)
+
+
+def test_unit_and_kernel_are_named(sol):
+    assert "backward_sm90" in sol.UNITS and KERNEL in sol.KERNELS
+
+
+@sm90
+def test_forced_refusal_of_misaligned_rows(sol):
+    xs, s0, w, ws = problem((1, 64, 1, 128, 128), BF16, seed=1)
+    flat = torch.cat([xs[0].new_zeros(1), xs[0].flatten()])
+    xs[0] = flat[1:].view(xs[0].shape)  # rows 2 bytes off a 16-byte boundary
+    with pytest.raises(ValueError, match="rows of q, k, v and dy 16-byte aligned"):
+        sol._backward_with(w, ws, *xs, s0, kernel=KERNEL)
+
+
+@sm90
+def test_fp32_tolerance_is_not_claimed(sol):
+    """(A reminder in code: bfloat16 only; float32 inputs keep chunk_bwd's fp32-level gradients, FP32_TOL.)"""
+    assert FP32_TOL == 1e-5
