@@ -103,37 +103,23 @@ __device__ __forceinline__ void cp16(unsigned char* dst, const void* src, bool v
 __device__ __forceinline__ float ldb(const unsigned char* p) {
   return __bfloat162float(*reinterpret_cast<const bf16*>(p));
 }
-// Named barriers (bar.sync is barrier.sync.aligned: every lane of a warp must reach it together). Each helper
-// first reconverges the warp (__syncwarp): an inline-asm barrier after a lane-divergent branch (a lane-0 store,
-// loops with per-lane trip counts) is not reconverged by the compiler, which synccheck reported as divergent
-// threads in v1 (twenty-third session, run 9; this form not yet run under it).
-__device__ __forceinline__ void consumers_sync() {
-  __syncwarp();
-  asm volatile("bar.sync 1, 256;\n" ::: "memory");
-}
+// Named barriers, non-aligned (barrier.sync, not bar.sync = barrier.sync.aligned): the roles reach the chunk's
+// barriers from different code, which .aligned does not allow (synccheck reported "divergent threads in block" at
+// WG0's barrier (1) with the aligned form, __syncwarp or not: twenty-fourth session, run 3).
+__device__ __forceinline__ void consumers_sync() { asm volatile("barrier.sync 1, 256;\n" ::: "memory"); }
 // (2) with the OR of every consumer thread's x (one barrier).
 __device__ __forceinline__ bool consumers_sync_or(bool x) {
-  __syncwarp();
   uint32_t r;
-  asm volatile("{\n .reg .pred p, o;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred o, 1, 256, p;\n"
+  asm volatile("{\n .reg .pred p, o;\n setp.ne.u32 p, %1, 0;\n barrier.red.or.pred o, 1, 256, p;\n"
                " selp.u32 %0, 1, 0, o;\n}\n" : "=r"(r) : "r"((uint32_t)x) : "memory");
   return r != 0;
 }
-__device__ __forceinline__ void wg0_sync() {
-  __syncwarp();
-  asm volatile("bar.sync 5, 128;\n" ::: "memory");
-}
+__device__ __forceinline__ void wg0_sync() { asm volatile("barrier.sync 5, 128;\n" ::: "memory"); }
 // Whole-CTA barriers by id and count (arrive: consumers; sync: WG0, or everyone for the chunk's barriers).
 template <int ID>
-__device__ __forceinline__ void arrive_all() {
-  __syncwarp();
-  asm volatile("bar.arrive %0, 384;\n" ::"n"(ID) : "memory");
-}
+__device__ __forceinline__ void arrive_all() { asm volatile("barrier.arrive %0, 384;\n" ::"n"(ID) : "memory"); }
 template <int ID>
-__device__ __forceinline__ void sync_all() {
-  __syncwarp();
-  asm volatile("bar.sync %0, 384;\n" ::"n"(ID) : "memory");
-}
+__device__ __forceinline__ void sync_all() { asm volatile("barrier.sync %0, 384;\n" ::"n"(ID) : "memory"); }
 
 // The chunk's weights from the consumer's 64 x 64 accumulator X (rows r = 16 wl + g (+8), columns s = 8 n + 2 q
 // (+1)): L[r][s] (beta_s) X[r][s] for s <= r, else 0; split, stored hi / lo at [s / 8][r][8].

@@ -58,7 +58,8 @@ def varlen_smoke():
 
 
 def backward_smoke():
-    """The backward (chunk_bwd with and without segments; recurrent_bwd, and dq by a forward plan): every dtype, rows a thread 1, 2, 4, 8, one and
+    """The backward (chunk_bwd with and without segments; recurrent_bwd, and dq by a forward plan; chunk_bwd_sm90 on
+    Hopper): every dtype, rows a thread 1, 2, 4, 8, one and
     several column tiles, T past one checkpoint span with a ragged run, states in and out, a NaN in v,
     strided q and float32 gates beside bfloat16."""
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
@@ -75,6 +76,15 @@ def backward_smoke():
     v[0, 50, 1, 3] = float("nan")
     qt = q.transpose(1, 2).contiguous().transpose(1, 2)
     solution._backward_with(torch.randn_like(v), None, qt, k, v, g.float(), b.float())
+    if torch.cuda.get_device_capability() == (9, 0):  # chunk_bwd_sm90: T ragged, 1, several chunks; states; NaN; f32 gates
+        for B, T, H in [(1, 100, 2), (2, 1, 1), (1, 200, 1)]:
+            q, k, v, g, b = reference.make_inputs(B, T, H, 128, 128, dtype=torch.bfloat16, device="cuda")
+            dy = torch.randn_like(v)
+            solution._backward_with(dy, torch.randn(B, H, 128, 128, device="cuda"), q, k, v, g, b,
+                                    torch.randn(B, H, 128, 128, device="cuda"), kernel="chunk_bwd_sm90")
+            k[0, T // 2, 0, 3] = float("nan")
+            solution._backward_with(dy, None, q.transpose(1, 2).contiguous().transpose(1, 2), k, v, g.float(), b.float(),
+                                    kernel="chunk_bwd_sm90")
 
 
 if "--backward-only" in sys.argv:
