@@ -5639,6 +5639,7 @@ __global__ void __launch_bounds__(384, 1) chunk_bwd_sm90_ckpt_kernel(const Param
   const int tid = threadIdx.x, lane = tid & 31, wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
   const int64_t bh = blockIdx.x, b = bh / p.H, h = bh - b * p.H;
   const int nck = p.nck;
+  if (nck == 0) return;  // (T = 0: never launched)
   const int lt = tid & 127, wl = lt >> 5, g = lane >> 2, q = lane & 3, c = wg - 1;
   auto load = [&](int ch) {  // chunk ch's k and v tiles into buffer ch & 1
     const int t0 = ch * 64;
@@ -7496,7 +7497,7 @@ for _name, _bwd, _setup in (("forward", _forward_backward, _setup_forward),
 
 def _backward_with(dy, dfinal, q, k, v, gate, beta, initial_state=None, kernel=None, segments=None):
     """Test and benchmark hook: the backward alone, eagerly: (dq, dk, dv, dgate, dbeta, dS_0 or None) of
-    <y, dy> + <S_T, dfinal> (dfinal None: the final state unused); kernel "chunk_bwd" or "recurrent_bwd"
+    <y, dy> + <S_T, dfinal> (dfinal None: the final state unused); kernel "chunk_bwd", "chunk_bwd_sm90" or "recurrent_bwd"
     (None: planned); segments: chunk_bwd's segments a (b, h) sequence (None: planned)."""
     out = _call(_core.backward, dy, dfinal, q, k, v, gate, beta, initial_state, kernel or "", int(segments or 0))
     return tuple(out[:5]) + (out[5] if initial_state is not None else None,)

@@ -3,7 +3,7 @@
 #   bash tools/device_run.sh buildtimes tests eval kernelbench sanitize bench sweep variants ncu wmma mma wgmma configs
 #                            decode_dev decode_sanitize varlen_sanitize serving varlen_bench
 #                            decode_bench tf32 sm90_sanitize bench_all bwd_sanitize train bwd_ab bwd_probe
-#                            bwd_sm90 bwd_sm90_sanitize
+#                            bwd_sm90 bwd_sm90_sanitize bwd_sm90_san
 # (kernelbench needs KernelBench's src/ in .kb/src, carried: tools/kernelbench_compare.py; bwd_ab reads
 #  BWD_AB_ARGS, e.g. --baseline old=scratch/old.py with that copy made by git show and scratch carried)
 set -u
@@ -62,6 +62,12 @@ for step in "$@"; do
         grep "SUMMARY\|rror" $OUT/bwd_sm90_$tool.txt | head -4 | tee -a $OUT/log.txt
       done ;;
     bwd_ab) timeout 500 python3 tools/bwd_ab.py ${BWD_AB_ARGS:-} 2>&1 | grep -v Warn | tail -40 | tee -a $OUT/log.txt ;;
+    bwd_sm90_san)
+      for tool in memcheck racecheck synccheck; do
+        timeout 150 compute-sanitizer --tool $tool --print-limit 12 python3 tools/sanitize_smoke.py --backward-sm90-only \
+          > $OUT/bwd_sm90_san_$tool.txt 2>&1
+        grep "SUMMARY\|rror\|done" $OUT/bwd_sm90_san_$tool.txt | head -4 | tee -a $OUT/log.txt
+      done ;;
     bwd_sanitize)
       for tool in memcheck racecheck synccheck; do
         timeout 150 compute-sanitizer --tool $tool python3 tools/sanitize_smoke.py --backward-only 2>&1 | tail -1 | tee -a $OUT/log.txt

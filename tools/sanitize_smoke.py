@@ -1,7 +1,8 @@
 """Small calls for compute-sanitizer (memcheck / racecheck / synccheck): every kernel and dtype, padded rows and
 columns, several chunks and segments, initial and final states, strided and aligned layouts.
 
-    compute-sanitizer --tool memcheck python tools/sanitize_smoke.py [--sm90-only | --decode-only | --varlen-only | --backward-only]
+    compute-sanitizer --tool memcheck python tools/sanitize_smoke.py [--sm90-only | --decode-only | --varlen-only | --backward-only
+                                                               | --backward-sm90-only]
 """
 import os
 import sys
@@ -76,7 +77,13 @@ def backward_smoke():
     v[0, 50, 1, 3] = float("nan")
     qt = q.transpose(1, 2).contiguous().transpose(1, 2)
     solution._backward_with(torch.randn_like(v), None, qt, k, v, g.float(), b.float())
-    if torch.cuda.get_device_capability() == (9, 0):  # chunk_bwd_sm90: T ragged, 1, several chunks; states; NaN; f32 gates
+    backward_sm90_smoke()
+
+
+def backward_sm90_smoke():
+    """chunk_bwd_sm90 on Hopper: T ragged, 1 and several chunks; both states; NaN in k; float32 gates; a transposed
+    q."""
+    if torch.cuda.get_device_capability() == (9, 0):
         for B, T, H in [(1, 100, 2), (2, 1, 1), (1, 200, 1)]:
             q, k, v, g, b = reference.make_inputs(B, T, H, 128, 128, dtype=torch.bfloat16, device="cuda")
             dy = torch.randn_like(v)
@@ -86,6 +93,12 @@ def backward_smoke():
             solution._backward_with(dy, None, q.transpose(1, 2).contiguous().transpose(1, 2), k, v, g.float(), b.float(),
                                     kernel="chunk_bwd_sm90")
 
+
+if "--backward-sm90-only" in sys.argv:
+    backward_sm90_smoke()
+    torch.cuda.synchronize()
+    print("sanitize smoke (chunk_bwd_sm90 only): done")
+    sys.exit(0)
 
 if "--backward-only" in sys.argv:
     backward_smoke()
