@@ -4991,7 +4991,7 @@ BWD_SM90_FORMS = ((64, False, 0, False, "bf16", 1), (64, False, 1, False, "bf16"
 BACKWARD_SM90_SRC = ("namespace gr {\nnamespace {\n" + "".join(_wgmma(*f) for f in BWD_SM90_FORMS) +
                      "}  // namespace\n}  // namespace gr\n" + r"""
 // ===================================== chunk_bwd_sm90: the chunked backward on Hopper wgmma ==========
-// docs/training-design.md section 7; dev/chunk_bwd_sm90.py is its dev form (variants, its own check, bench).
+// docs/training-design.md section 7; its dev form (variants, its own check, bench) is dev/chunk_bwd_sm90.py at ae07d82.
 // bfloat16 q, k, v (gates and betas bf16 or float32), D_k = D_v = 128, rows 16-byte aligned with unit d-stride,
 // any (b, t, h) strides, any T; one CTA a (b, h) (no segments: the plan keeps small B H on chunk_bwd).
 // Two launches: chunk_bwd_sm90_ckpt (S at every 64-step chunk start into the workspace), then chunk_bwd_sm90, chunks of 64

@@ -2,14 +2,14 @@
 run from the repository root.
 
 B6, the go / no-go timing of a 64-step chunk's wgmma sequence on dummy data, is retired (twenty-third session):
-dev/chunk_bwd_sm90.py is that sequence on real data, checked and timed. Its code and results are at commit
+dev/chunk_bwd_sm90.py (at ae07d82; now solution.py's chunk_bwd_sm90) was that sequence on real data, checked and timed. Its code and results are at commit
 2a0ab49 (`git show 2a0ab49:dev/bwd_sm90_probe.py`; `docs/bwd-sm90-probe-s22.json`; perf-notes, twenty-second and
 twenty-third sessions). What stays:
 - the ceiling of 3 warpgroups a CTA (SS m64n64k16 back to back, one CTA on every SM);
 - B1 (after the ceiling): each operand form the design uses against float64 on one warpgroup: SS with A MN-major
   (new here: chunk_sm90 uses MN-major B only), A and B MN-major, B MN-major at K = 128, the accumulator recast to
   RS A fragments in two bf16 terms, and RS m64n128 with B MN-major; the MN-major ones also with LBO and SBO
-  exchanged, which must come out wrong. FORMS and wgmma_bf16 serve dev/chunk_bwd_sm90.py too.
+  exchanged, which must come out wrong. FORMS and wgmma_bf16 served dev/chunk_bwd_sm90.py too (at ae07d82).
 
     python3 dev/bwd_sm90_probe.py [--trials N]   (writes $OUT/bwd_sm90_probe.json)
     python3 dev/bwd_sm90_probe.py --build-only   (compiles only, no GPU; CUDA_HOME=/usr/local/cuda)

@@ -9,7 +9,7 @@ import torch
 import naive
 from conftest import HAS_CUDA
 from helpers import poison_allocator, shape_id, strided_state, with_layout
-from test_backward import FP32_TOL, NAMES, check_grads, kernel_grads, mask_diff, problem, reference_grads
+from test_backward import NAMES, check_grads, check_masks, kernel_grads, problem, reference_grads
 
 HOPPER = HAS_CUDA and torch.cuda.get_device_capability() == (9, 0)
 sm90 = pytest.mark.skipif(not HOPPER, reason="needs compute capability 9.0 (wgmma)")
@@ -101,12 +101,7 @@ def test_nonfinite_input(sol, case):
     y, sT = naive.recurrent_naive(*leaves[:5], initial_state=leaves[5])
     want = torch.autograd.grad([y, sT], leaves, [w.cpu().double(), ws.cpu().double()])
     for name, g, exact in zip(NAMES, got, want):
-        g = g.cpu()
-        if case.endswith("nan"):
-            assert torch.equal(torch.isnan(g), torch.isnan(exact)), \
-                f"{name} NaN mask: {mask_diff(torch.isnan(g), torch.isnan(exact))}"
-        assert torch.equal(torch.isfinite(g), torch.isfinite(exact)), \
-            f"{name} finite mask: {mask_diff(torch.isfinite(g), torch.isfinite(exact))}"
+        check_masks(name, g.cpu(), exact, case.endswith("nan"))
 
 
 @sm90
@@ -163,9 +158,3 @@ def test_forced_refusal_of_misaligned_rows(sol):
     xs[0] = flat[1:].view(xs[0].shape)  # rows 2 bytes off a 16-byte boundary
     with pytest.raises(ValueError, match="rows of q, k, v and dy 16-byte aligned"):
         sol._backward_with(w, ws, *xs, s0, kernel=KERNEL)
-
-
-@sm90
-def test_fp32_tolerance_is_not_claimed(sol):
-    """(A reminder in code: bfloat16 only; float32 inputs keep chunk_bwd's fp32-level gradients, FP32_TOL.)"""
-    assert FP32_TOL == 1e-5

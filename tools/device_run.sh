@@ -3,7 +3,7 @@
 #   bash tools/device_run.sh buildtimes tests eval kernelbench sanitize bench sweep variants ncu wmma mma wgmma configs
 #                            decode_dev decode_sanitize varlen_sanitize serving varlen_bench
 #                            decode_bench tf32 sm90_sanitize bench_all bwd_sanitize train bwd_ab bwd_probe
-#                            bwd_sm90 bwd_sm90_sanitize bwd_sm90_san
+#                            bwd_sm90_san
 # (kernelbench needs KernelBench's src/ in .kb/src, carried: tools/kernelbench_compare.py; bwd_ab reads
 #  BWD_AB_ARGS, e.g. --baseline old=scratch/old.py with that copy made by git show and scratch carried)
 set -u
@@ -52,16 +52,6 @@ for step in "$@"; do
     # fla's chunk backward autotunes on first use: about 130 s a shape, so the shapes alone, 5 trials
     train) timeout 560 python3 bench.py --shapes "" --train --train-shapes ${TRAIN_SHAPES:-S2-bf16,S2,S4-bf16,S3-bf16} --fla-640-guard-off --trials 5 --out $OUT 2>&1 | tee $OUT/bench_train.log | grep -v "^{" | tail -20 | tee -a $OUT/log.txt ;;
     bwd_probe) timeout 200 python3 dev/bwd_sm90_probe.py --trials 10 2>&1 | grep -v "WARNING\|^W1" | tail -28 | tee -a $OUT/log.txt ;;
-    # the Hopper backward's dev kernel: its check (every variant), non-finite cases and bench, then the sanitizers
-    bwd_sm90) timeout 400 python3 dev/chunk_bwd_sm90.py --trials 10 --shapes ${BWD_SM90_SHAPES:-S2-bf16,S4-bf16} 2>&1 \
-        | grep -v "^W1\|warning #177\|Remark" | tee $OUT/bwd_sm90.log | tail -60 | tee -a $OUT/log.txt ;;
-    bwd_sm90_sanitize)
-      for tool in memcheck racecheck synccheck; do
-        timeout 150 compute-sanitizer --tool $tool --print-limit 12 python3 dev/chunk_bwd_sm90.py --shapes "" \
-          --check-variants ${BWD_SM90_SAN_VARIANT:-464} > $OUT/bwd_sm90_$tool.txt 2>&1
-        grep "SUMMARY\|rror" $OUT/bwd_sm90_$tool.txt | head -4 | tee -a $OUT/log.txt
-      done ;;
-    bwd_ab) timeout 500 python3 tools/bwd_ab.py ${BWD_AB_ARGS:-} 2>&1 | grep -v Warn | tail -40 | tee -a $OUT/log.txt ;;
     bwd_sm90_san)
       for tool in memcheck racecheck synccheck; do
         timeout 150 compute-sanitizer --tool $tool --print-limit 12 python3 tools/sanitize_smoke.py --backward-sm90-only \
