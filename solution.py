@@ -6555,7 +6555,8 @@ bool make_plan_backward(const Shape& s, DType dt, const Layout& lay_dq, bool q_r
                     lay_dq.k && lay_dq.v && (size_t)kChunkBwdSm90Smem <= lim.smem;
   GR_REQUIRE("ValueError", kernel != "chunk_bwd_sm90" || sm90, "chunk_bwd_sm90 needs compute capability 9.0, "
              "bfloat16, D_k = D_v = 128 and the rows of q, k, v and dy 16-byte aligned with unit column stride; got ",
-             "compute capability ", lim.arch / 10, ".", lim.arch % 10, ", D_k = ", s.Dk, ", D_v = ", s.Dv);
+             "compute capability ", lim.arch / 10, ".", lim.arch % 10, ", ", dtype_str(dt), ", D_k = ", s.Dk, ", D_v = ", s.Dv,
+             q_rows && lay_dq.q && lay_dq.k && lay_dq.v ? ", aligned rows" : ", a row not 16-byte aligned");
   if (kernel == "chunk_bwd_sm90" || (kernel.empty() && sm90 && 2 * bwd.blocks >= lim.sms)) {
     dq_pass = false;
     bwd.kernel = Kernel::chunk_bwd_sm90;
