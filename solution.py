@@ -5130,6 +5130,28 @@ __device__ __forceinline__ void col_dots(unsigned char* sm, const float (&X)[32]
   }
 }
 
+// acc = A B^T over 128 columns of d: A (64 x 128, fp32, the fragment order of an accumulator row pair) from
+// a_values(kb, sv), eight values a k-step, split hi / lo in registers (2 terms); B a staged tile, K-major.
+template <typename F>
+__device__ __forceinline__ void rs_split_product(float (&acc)[32], const unsigned char* sm, int tile, F&& a_values) {
+#pragma unroll
+  for (int kb = 0; kb < 8; ++kb) {
+    float sv[8];
+    a_values(kb, sv);
+    uint32_t ah[4], al[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) split_bf16x2<false>(sv[2 * r], sv[2 * r + 1], ah[r], al[r]);
+    wg_fence();
+    const uint64_t db = kdesc(sm, tile, 64, kb);
+    if (kb == 0) wgmma_rs64_z(acc, ah, db);
+    else wgmma_rs64(acc, ah, db, 1);
+    wgmma_rs64(acc, al, db, 1);
+  }
+  wg_commit();
+  wg_wait<0>();
+  acc_fence(acc);
+}
+
 // acc += A W over the chunk's 64 steps: A MN-major from a staged tile, W the weights hi / lo (K-major B, or
 // MN-major with BMN).
 template <bool BMN>
@@ -5389,11 +5411,9 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
           if (g == 0) part[1672 + wl * 64 + t] = x;
         }
     }
-    // R^T = S dY^T: S rows ir, ir + 8 from the checkpoint, a k-step at a time, split; c0's part
+    // R^T = S dY^T: S rows ir, ir + 8 from the checkpoint, a k-step at a time; c0's part
     float c0 = 0.f;
-#pragma unroll
-    for (int kb = 0; kb < 8; ++kb) {
-      float sv[8];
+    rs_split_product(R, sm, kY, [&](int kb, float (&sv)[8]) {
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
@@ -5402,20 +5422,9 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
           sv[4 * e + 2 * hh] = v.x;
           sv[4 * e + 2 * hh + 1] = v.y;
         }
-      uint32_t ah[4], al[4];
-#pragma unroll
-      for (int r = 0; r < 4; ++r) split_bf16x2<false>(sv[2 * r], sv[2 * r + 1], ah[r], al[r]);
 #pragma unroll
       for (int r = 0; r < 8; ++r) c0 = fmaf(sv[r], G[8 * kb + r], c0);
-      wg_fence();
-      const uint64_t db = kdesc(sm, kY, 64, kb);
-      if (kb == 0) wgmma_rs64_z(R, ah, db);
-      else wgmma_rs64(R, ah, db, 1);
-      wgmma_rs64(R, al, db, 1);
-    }
-    wg_commit();
-    wg_wait<0>();
-    acc_fence(R);
+    });
     col_dots(sm, R, kQ, i0, part + (c * 4 + wl) * 64, wl, g, q);  // f_u's part
 #pragma unroll
     for (int i = 0; i < 32; ++i) R[i] *= tab[8 * ((i >> 2) & 7) + 2 * q + (i & 1)];  // diag(A) on columns t
@@ -5423,21 +5432,11 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     else weights_product<false>(R, sm, kK + 8192 * c, kMQH, kMQL);  // dq^T += K^T MQ^T
     if (tc == 64) store_t<false>(dq + row0, rs, R, nullptr, i0, wl, g, q, tc);
     else store_t<true>(dq + row0, rs, R, nullptr, i0, wl, g, q, tc);  // the last chunk
-    // Rk^T = G V^T, G's accumulator as A fragments (hi / lo a k-step); e's part
+    // Rk^T = G V^T, G's accumulator recast as A fragments; e's part
+    rs_split_product(Rk, sm, kV, [&](int kb, float (&sv)[8]) {
 #pragma unroll
-    for (int kb = 0; kb < 8; ++kb) {
-      uint32_t ah[4], al[4];
-#pragma unroll
-      for (int r = 0; r < 4; ++r) split_bf16x2<false>(G[8 * kb + 2 * r], G[8 * kb + 2 * r + 1], ah[r], al[r]);
-      wg_fence();
-      const uint64_t db = kdesc(sm, kV, 64, kb);
-      if (kb == 0) wgmma_rs64_z(Rk, ah, db);
-      else wgmma_rs64(Rk, ah, db, 1);
-      wgmma_rs64(Rk, al, db, 1);
-    }
-    wg_commit();
-    wg_wait<0>();
-    acc_fence(Rk);
+      for (int r = 0; r < 8; ++r) sv[r] = G[8 * kb + r];
+    });
     col_dots(sm, Rk, kK, i0, part + 512 + (c * 4 + wl) * 64, wl, g, q);  // e_s's part
 #pragma unroll
     for (int i = 0; i < 32; ++i) Rk[i] *= tab[128 + 8 * ((i >> 2) & 7) + 2 * q + (i & 1)];  // diag(w) on columns s
