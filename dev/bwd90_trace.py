@@ -25,19 +25,23 @@ CONS = [
     ("          if (g == 0) part[1672 + wl * 64 + t] = x;\n        }\n    }", "dgate M (c0 only)"),
     ("      for (int r = 0; r < 8; ++r) c0 = fmaf(sv[r], G[8 * kb + r], c0);\n    });", "R^T"),
     ("    else store_t<true>(dq + row0, rs, R, nullptr, i0, wl, g, q, tc);  // the last chunk", "f + dq prod + dq store"),
-    ("      for (int r = 0; r < 8; ++r) sv[r] = G[8 * kb + r];\n    });", "Rk^T"),
+    ("    }, [](int, const float (&)[8]) {});", "Rk^T"),
     ("    else store_t<true>(dk + row0, rs, Rk, tab + 192, i0, wl, g, q, tc);", "e + dkt prod + dbeta + dk store"),
     ("      wgmma_ss64_t(R, da, mdesc(sm, kGL + 16384 * c, 128, kb), 1);\n    }\n    wg_commit();\n    wg_wait<0>();",
      "KG"),
     ("            __floats2bfloat162_rn(R[4 * n + 2 * hh], R[4 * n + 2 * hh + 1]);\n      }", "dv prod + dv store"),
     ("    consumers_sync();  // (5) both consumers' KG have read G's hi / lo", "(3) + (5)"),
-    ("      wgmma_rs128_t(G, al, db, 1);\n    }\n    wg_commit();\n    wg_wait<0>();", "k,v loads + G update"),
+    ("      wgmma_rs128_t(G, al, db, 1);\n    }\n    wg_commit();\n    if (ch > 0) load_tiles<6, 256>(p, sm, b, h, ch - 1, lt + 128 * c);"
+     "  // k and v (KG was their last reader), during the update\n    wg_wait<0>();", "G update + k,v loads"),
     ("    put_g();\n    sync_all<6>();  // (6) the chunk is done", "put_g + (6)"),
 ]
 AUX = [
     ("  for (int ch = nck - 1; ch >= 0; --ch) {\n    const int t0 = ch * 64, tc = min(64, p.T - t0);", "top"),
-    ("      tab[t] = (float)(run * (double)tab[320]);\n    }\n    wg0_sync();", "loads issued + L rows"),
-    ("    tiles_landed();\n    sync_all<6>();  // (1)\n    if (tid < 64 && ch > 0)", "Lx + wait (1)"),
+    ("      if ((tid & 31) == 0) reinterpret_cast<int*>(part)[1928 + (tid >> 5)] = m != 0u;\n    }\n    wg0_sync();",
+     "gates + sync"),
+    ("            if (t < 63) tab[65 + t] = run;  // Ah[t + 1] = A[t]\n          }\n        }\n      }\n    }", "tables"),
+    ("    tiles_landed();\n    sync_all<6>();  // (1)\n    if (tid < 64 && ch > 0) g_next = gate_at(p, b, h, t0 - 64 + tid), "
+     "b_next = beta_at(p, b, h, t0 - 64 + tid);", "wait (1)"),
     ("    sync_all<3>();    // (3) the partials", "wait (3)"),
     ("    if (x == 0 && t < tc) put_gb(p.dgate, p.g32, go + t * p.H, td);\n    sync_all<6>();  // (6)", "dgate + (6)"),
 ]
@@ -53,10 +57,11 @@ def traced_source(src):
             if n != 1:
                 raise SystemExit(f"marker {i} of {role} found {n} times: {m[:60]!r}")
             out = out.replace(m, m + f"\n    TRACE_{role.upper()}({i});")
-    decl = ("  long long tr_last = clock64(), tr_acc[%d] = {};\n"
+    decl = ("  long long tr_last = clock64(), tr_acc[%d] = {}, tr_abs[%d] = {};\n"
             "  const bool tr_on = (blockIdx.x == %s) && (threadIdx.x & 127) == 0;\n")
     cta = " || blockIdx.x == ".join(str(c) for c in TRACE_CTAS)
-    macro = ("#define TRACE_C(i) do { long long n_ = clock64(); tr_acc[i] += n_ - tr_last; tr_last = n_; } while (0)\n"
+    macro = ("#define TRACE_C(i) do { long long n_ = clock64(); tr_acc[i] += n_ - tr_last; tr_last = n_; "
+             "if (ch == nck / 2) tr_abs[i] = n_; } while (0)\n"
              "#define TRACE_A(i) TRACE_C(i)\n")
     out = out.replace("namespace bwd90 {\n", "namespace bwd90 {\n" + macro, 1)
     out = out.replace('BACKWARD_SM90_SRC = ("', 'BACKWARD_SM90_SRC = ("#include <cstdio>\\n', 1)
@@ -65,16 +70,21 @@ def traced_source(src):
                          ("__device__ void aux(const Params& p, unsigned char* sm, int64_t bh, int nck) {\n",
                           len(AUX), "a")):
         assert out.count(head) == 1, head
-        out = out.replace(head, head + decl % (n, cta))
+        out = out.replace(head, head + decl % (n, n, cta))
         # print at the function's end: every return path (the consumer returns early without S_0)
     pr_c = ("  if (tr_on) printf(\"TRACE cta %d wg %d" + " %lld" * len(CONS) + "\\n\", (int)blockIdx.x, (int)(threadIdx.x >> 7)"
-            + "".join(f", tr_acc[{i}]" for i in range(len(CONS))) + ");\n")
+            + "".join(f", tr_acc[{i}]" for i in range(len(CONS))) + ");\n"
+            "  if (tr_on) printf(\"ABS cta %d wg %d" + " %lld" * len(CONS) + "\\n\", (int)blockIdx.x, (int)(threadIdx.x >> 7)"
+            + "".join(f", tr_abs[{i}]" for i in range(len(CONS))) + ");\n")
     pr_a = ("  if (tr_on) printf(\"TRACE cta %d wg 0" + " %lld" * len(AUX) + "\\n\", (int)blockIdx.x"
-            + "".join(f", tr_acc[{i}]" for i in range(len(AUX))) + ");\n")
+            + "".join(f", tr_acc[{i}]" for i in range(len(AUX))) + ");\n"
+            "  if (tr_on) printf(\"ABS cta %d wg 0" + " %lld" * len(AUX) + "\\n\", (int)blockIdx.x"
+            + "".join(f", tr_abs[{i}]" for i in range(len(AUX))) + ");\n")
     m = "  if (p.ds0 == nullptr) return;  // (no initial state)"
     assert out.count(m) == 1
     out = out.replace(m, pr_c + m)
-    m = "    if (x == 0 && t < tc) put_gb(p.dgate, p.g32, go + t * p.H, td);\n    sync_all<6>();  // (6)\n    TRACE_A(4);\n  }\n"
+    m = ("    if (x == 0 && t < tc) put_gb(p.dgate, p.g32, go + t * p.H, td);\n    sync_all<6>();  // (6)\n"
+         f"    TRACE_A({len(AUX) - 1});\n  }}\n")
     assert out.count(m) == 1, "aux end"
     out = out.replace(m, m + pr_a)
     return out
@@ -140,6 +150,22 @@ def main():
             print(f"{name} cta {mm.group(1)} wg {wg}: cycles a chunk (total {sum(vals):.0f})")
             for n, x in zip(names, vals):
                 print(f"    {x:8.0f}  {n}")
+        absr = {}
+        for line in out.splitlines():
+            mm = re.match(r"ABS cta (\d+) wg (\d+) (.*)", line)
+            if mm:
+                absr[(int(mm.group(1)), int(mm.group(2)))] = [int(x) for x in mm.group(3).split()]
+        for cta in TRACE_CTAS:
+            if (cta, 0) not in absr:
+                continue
+            t0 = min(min(v) for (c, w), v in absr.items() if c == cta)
+            print(f"{name} cta {cta}: chunk nck/2 on one axis (cycles from its first stamp)")
+            for w in (0, 1, 2):
+                names = [n for _, n in (AUX if w == 0 else CONS)]
+                print(f"  wg {w}: " + ", ".join(f"{n} {x - t0}" for n, x in zip(names, absr[(cta, w)])))
+            rows[f"cta {cta} abs"] = {str(w): absr[(cta, w)] for w in (0, 1, 2)}
+        if not rows:
+            print(out[-3000:])
         res[f"{name} trace"] = rows
     save("bwd90_trace.json", res)
 
