@@ -5280,7 +5280,7 @@ __device__ __forceinline__ void exact(float (&acc)[32], F&& f) {
 // bh / H a 64-bit division, every call: a sixth of the chunk on the roles that issued them).
 template <int MASK, int NT>
 __device__ __forceinline__ void load_tiles(const Params& p, unsigned char* sm, int64_t b, int64_t h, int ch, int th) {
-  static_assert(NT % 16 == 0, "whole rows a pass");
+  static_assert(NT % 16 == 0, "whole rows a round");
   const int r0 = th >> 4, c8 = th & 15, t0 = ch * 64 + r0;  // piece c8 of rows r0 + i NT / 16
   unsigned char* dst = sm + c8 * 1024 + r0 * 16;
 #pragma unroll
