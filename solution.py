@@ -4996,10 +4996,11 @@ BACKWARD_SM90_SRC = ("namespace gr {\nnamespace {\n" + "".join(_wgmma(*f) for f 
 // any (b, t, h) strides, any T; one CTA a (b, h) (no segments: the plan keeps small B H on chunk_bwd).
 // Two launches: chunk_bwd_sm90_ckpt (S at every 64-step chunk start into the workspace), then chunk_bwd_sm90, chunks of 64
 // backwards, in lockstep (everyone's barrier 6 at each chunk's start (1) and end (6)):
-// - all threads: the chunk's q, k, v, dy tiles by cp.async into bf16 tiles [d / 8][t][8] (K-major for the sums over
-//   d, MN-major for the sums over t; rows past T zero, their gates 1 and betas 0);
-// - WG0 (setmaxnreg kAuxRegs): the gate tables (L[t][s] = prod_{r=s+1..t} g_r, double products rounded once; A, Ah,
-//   w, beta w; Lx = L shifted down a row, bf16 hi / lo), the gates a chunk ahead, then dgate's terms (a)-(c) from
+// - the consumers: the chunk's q, k, v, dy tiles by cp.async into bf16 tiles [d / 8][t][8] (K-major for the sums
+//   over d, MN-major for the sums over t; rows past T zero, their gates 1 and betas 0), k and v during the chunk
+//   before, and the next chunk's rows and checkpoint prefetched into L2;
+// - WG0 (setmaxnreg kAuxRegs): the gate tables (L[t][s] = prod_{r=s+1..t} g_r by columns in fp32; A, Ah, w, beta w;
+//   Lx = L shifted down a row, bf16 hi / lo), the gates a chunk ahead, then dgate's terms (a)-(c) from
 //   the consumers' row-dot partials plus term (d)'s, and dbeta (fixed-order sums: deterministic);
 // - WG1, WG2 (kConsRegs), consumer c holding rows i = 64 c .. of G (the state gradient after the chunk) in a wgmma
 //   accumulator across chunks: X = QK (c = 0) or Dd = dY V^T (c = 1), the masked weights MP, MQ, MD (bf16 hi / lo);
@@ -5196,8 +5197,8 @@ __device__ __forceinline__ void store_t(bf16* out, int64_t ld, const float (&X)[
     }
 }
 
-// Every thread: its share of chunk ch's 4 tiles (64 rows x 16 pieces of 16 bytes each) by cp.async, then (after
-// its role's own work) the wait and the async-proxy fence before the chunk's barrier (1).
+// The consumers: their share of chunk ch's tiles (64 rows x 16 pieces of 16 bytes each) by cp.async, then (after
+// their own work) the wait and the async-proxy fence before the chunk's barrier (1).
 // kExact: a chunk whose q, k, v or dy tile, gates or betas hold a non-finite value forms its masked sums by FMAs,
 // so that a masked zero never meets the inf or NaN inside a product (the float64 loop never forms those terms).
 // The weights are the same bf16 hi / lo pairs the products read; the tiles are exact.
@@ -5671,7 +5672,7 @@ __global__ void __launch_bounds__(384, 1) chunk_bwd_sm90_kernel(const Params p) 
 // The checkpoint pass: S at every chunk start into p.ckpt ((B H, chunks, 128, 128) fp32, [dk][dv]), from S_0 (or
 // zero). One CTA of 384 threads a (b, h), one barrier a chunk: the k and v tiles double-buffered (cp.async, zeros
 // past T; chunk ch + 1's issued after chunk ch's barrier, landing during its product); WG0 (threads < 64) the gates
-// and betas a chunk ahead in registers, then beta_s w_s (w_s = prod_{r>s} g_r, double) and A_63 into a
+// and betas a chunk ahead in registers, then beta_s w_s (w_s = prod_{r>s} g_r, fp32) and A_63 into a
 // double-buffered table; consumer c holds S^T rows dv = 64 c .. as one m64n128 accumulator, stores it, then
 // S^T <- A_63 S^T + (V^T diag(beta w)) K: A from the v tile by ldmatrix.trans, scaled and split hi / lo in
 // registers (2 terms), B the k tile as loaded (MN-major, exact).
@@ -5720,11 +5721,16 @@ __global__ void __launch_bounds__(384, 1) chunk_bwd_sm90_ckpt_kernel(const Param
       if (tid < 64) tab[tid] = gn, tab[64 + tid] = bn;
       gates(ch + 1);  // (in flight during this chunk)
       wg0_sync();
-      if (tid < 64) {  // beta_s w_s and A_63 (double products, rounded once)
-        double w = 1.0;
-        for (int r = 63; r > tid; --r) w *= (double)tab[r];
-        tab[128 + tid] = (float)(w * (double)tab[64 + tid]);
-        if (tid == 0) tab[192] = (float)(w * (double)tab[0]);
+      if (tid < 64) {  // beta_s w_s (w_s = prod_{r>s} g_r) and A_63: fp32 products in a uniform loop, as aux's tables
+        const float ga = tab[lane], gb = tab[32 + lane];  // g_r = (r < 32 ? ga : gb) of lane r % 32
+        float w = 1.f;
+#pragma unroll 8
+        for (int r = 63; r > 0; --r) {
+          const float g = __shfl_sync(0xffffffffu, r < 32 ? ga : gb, r & 31);
+          w = r > tid ? w * g : w;
+        }
+        tab[128 + tid] = w * tab[64 + tid];
+        if (tid == 0) tab[192] = w * tab[0];
       }
     } else {  // the checkpoint: S at the chunk's start
       float* d = p.ckpt + (bh * nck + ch) * 16384;
