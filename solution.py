@@ -5133,26 +5133,26 @@ __device__ __forceinline__ void col_dots(unsigned char* sm, const float (&X)[32]
 
 // acc = A B^T over 128 columns of d: A (64 x 128, fp32, the fragment order of an accumulator row pair) from
 // a_values(kb, sv), eight values a k-step, split hi / lo in registers (2 terms); B a staged tile, K-major.
-// a_values runs two k-steps ahead (its loads in flight during the products: the wgmma asm orders memory, so the
-// compiler cannot hoist them itself); used(kb, sv) sees each k-step's values after its products are issued.
+// a_values runs a k-step ahead (its loads in flight during the products: the fences' memory clobbers keep the
+// compiler from hoisting them itself; two ahead spilled); used(kb, sv) sees each k-step's values after its products
+// are issued.
 template <typename F, typename U>
 __device__ __forceinline__ void rs_split_product(float (&acc)[32], const unsigned char* sm, int tile, F&& a_values,
                                                  U&& used) {
-  float sv[3][8];
+  float sv[2][8];
   a_values(0, sv[0]);
-  a_values(1, sv[1]);
 #pragma unroll
   for (int kb = 0; kb < 8; ++kb) {
-    if (kb + 2 < 8) a_values(kb + 2, sv[(kb + 2) % 3]);
     uint32_t ah[4], al[4];
 #pragma unroll
-    for (int r = 0; r < 4; ++r) split_bf16x2<false>(sv[kb % 3][2 * r], sv[kb % 3][2 * r + 1], ah[r], al[r]);
+    for (int r = 0; r < 4; ++r) split_bf16x2<false>(sv[kb & 1][2 * r], sv[kb & 1][2 * r + 1], ah[r], al[r]);
+    if (kb + 1 < 8) a_values(kb + 1, sv[(kb + 1) & 1]);
     wg_fence();
     const uint64_t db = kdesc(sm, tile, 64, kb);
     if (kb == 0) wgmma_rs64_z(acc, ah, db);
     else wgmma_rs64(acc, ah, db, 1);
     wgmma_rs64(acc, al, db, 1);
-    used(kb, sv[kb % 3]);
+    used(kb, sv[kb & 1]);
   }
   wg_commit();
   wg_wait<0>();
@@ -5281,7 +5281,7 @@ __device__ __forceinline__ void exact(float (&acc)[32], F&& f) {
 // bh / H a 64-bit division, every call: a sixth of the chunk on the roles that issued them).
 template <int MASK, int NT>
 __device__ __forceinline__ void load_tiles(const Params& p, unsigned char* sm, int64_t b, int64_t h, int ch, int th) {
-  static_assert(NT % 16 == 0, "whole rows a round");
+  static_assert(NT % 16 == 0 && 1024 % NT == 0, "whole rows a round, every row");
   const int r0 = th >> 4, c8 = th & 15, t0 = ch * 64 + r0;  // piece c8 of rows r0 + i NT / 16
   unsigned char* dst = sm + c8 * 1024 + r0 * 16;
 #pragma unroll
@@ -5726,8 +5726,8 @@ __global__ void __launch_bounds__(384, 1) chunk_bwd_sm90_ckpt_kernel(const Param
         float w = 1.f;
 #pragma unroll 8
         for (int r = 63; r > 0; --r) {
-          const float g = __shfl_sync(0xffffffffu, r < 32 ? ga : gb, r & 31);
-          w = r > tid ? w * g : w;
+          const float gr = __shfl_sync(0xffffffffu, r < 32 ? ga : gb, r & 31);
+          w = r > tid ? w * gr : w;
         }
         tab[128 + tid] = w * tab[64 + tid];
         if (tid == 0) tab[192] = w * tab[0];
