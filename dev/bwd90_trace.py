@@ -25,21 +25,22 @@ CONS = [
     ("          if (g == 0) part[1672 + wl * 64 + t] = x;\n        }\n    }", "dgate M (c0 only)"),
     ("      for (int r = 0; r < 8; ++r) c0 = fmaf(sv[r], G[8 * kb + r], c0);\n    });", "R^T"),
     ("    else store_t<true>(dq + row0, rs, R, nullptr, i0, wl, g, q, tc);  // the last chunk", "f + dq prod + dq store"),
-    ("    }, [](int, const float (&)[8]) {});", "Rk^T"),
+    (("    }, [](int, const float (&)[8]) {});", "      for (int r = 0; r < 8; ++r) sv[r] = G[8 * kb + r];\n    });"), "Rk^T"),
     ("    else store_t<true>(dk + row0, rs, Rk, tab + 192, i0, wl, g, q, tc);", "e + dkt prod + dbeta + dk store"),
     ("      wgmma_ss64_t(R, da, mdesc(sm, kGL + 16384 * c, 128, kb), 1);\n    }\n    wg_commit();\n    wg_wait<0>();",
      "KG"),
     ("            __floats2bfloat162_rn(R[4 * n + 2 * hh], R[4 * n + 2 * hh + 1]);\n      }", "dv prod + dv store"),
     ("    consumers_sync();  // (5) both consumers' KG have read G's hi / lo", "(3) + (5)"),
-    ("      wgmma_rs128_t(G, al, db, 1);\n    }\n    wg_commit();\n    if (ch > 0) load_tiles<6, 256>(p, sm, b, h, ch - 1, lt + 128 * c);"
-     "  // k and v (KG was their last reader), during the update\n    wg_wait<0>();", "G update + k,v loads"),
+    (("      wgmma_rs128_t(G, al, db, 1);\n    }\n    wg_commit();\n    if (ch > 0) load_tiles<6, 256>(p, sm, b, h, ch - 1, lt + 128 * c);"
+      "  // k and v (KG was their last reader), during the update\n    wg_wait<0>();",
+      "      wgmma_rs128_t(G, al, db, 1);\n    }\n    wg_commit();\n    wg_wait<0>();"), "G update + k,v loads"),
     ("    put_g();\n    sync_all<6>();  // (6) the chunk is done", "put_g + (6)"),
 ]
 AUX = [
     ("  for (int ch = nck - 1; ch >= 0; --ch) {\n    const int t0 = ch * 64, tc = min(64, p.T - t0);", "top"),
     ("      if ((tid & 31) == 0) reinterpret_cast<int*>(part)[1928 + (tid >> 5)] = m != 0u;\n    }\n    wg0_sync();",
      "gates + sync"),
-    ("            if (t < 63) tab[65 + t] = run;  // Ah[t + 1] = A[t]\n          }\n        }\n      }\n    }", "tables"),
+    ("BEFORE    tiles_landed();\n    sync_all<6>();  // (1)\n    if (tid < 64 && ch > 0)", "tables"),
     ("    tiles_landed();\n    sync_all<6>();  // (1)\n    if (tid < 64 && ch > 0) g_next = gate_at(p, b, h, t0 - 64 + tid), "
      "b_next = beta_at(p, b, h, t0 - 64 + tid);", "wait (1)"),
     ("    sync_all<3>();    // (3) the partials", "wait (3)"),
@@ -52,11 +53,17 @@ def traced_source(src):
     """BACKWARD_SM90_SRC with the stamps."""
     out = src
     for role, marks in (("c", CONS), ("a", AUX)):
-        for i, (m, _) in enumerate(marks):
-            n = out.count(m)
-            if n != 1:
-                raise SystemExit(f"marker {i} of {role} found {n} times: {m[:60]!r}")
-            out = out.replace(m, m + f"\n    TRACE_{role.upper()}({i});")
+        for i, (alts, _) in enumerate(marks):  # a marker, or its forms in the kernel's versions (main, the s25 patch)
+            alts = (alts,) if isinstance(alts, str) else alts
+            found = [m for m in alts if out.count(m.removeprefix("BEFORE")) == 1]
+            if len(found) != 1:
+                raise SystemExit(f"marker {i} of {role}: no single match among {[m[:60] for m in alts]}")
+            m = found[0]
+            stamp = f"    TRACE_{role.upper()}({i});"
+            if m.startswith("BEFORE"):  # the stamp before the marker's text
+                out = out.replace(m[6:], stamp + "\n" + m[6:])
+            else:
+                out = out.replace(m, m + "\n" + stamp)
     decl = ("  long long tr_last = clock64(), tr_acc[%d] = {}, tr_abs[%d] = {};\n"
             "  const bool tr_on = (blockIdx.x == %s) && (threadIdx.x & 127) == 0;\n")
     cta = " || blockIdx.x == ".join(str(c) for c in TRACE_CTAS)
