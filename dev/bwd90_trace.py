@@ -15,7 +15,8 @@ import sys
 
 sys.path.insert(0, os.getcwd())
 
-# (marker in BACKWARD_SM90_SRC, role, phase name); the stamp goes after the marker's line.
+# (marker in BACKWARD_SM90_SRC, or a tuple of its forms in main's kernel and in dev/chunk_bwd_sm90_s25.patch's; phase
+# name). The stamp ends the phase: it goes after the marker's text, or before it with the prefix BEFORE.
 CONS = [
     ("    const int tc = min(64, p.T - (int)t0);  // the chunk's steps (rows past T are not stored)", "top"),
     ("    sync_all<6>();  // (1) the chunk's tiles and tables", "wait tiles+tables (1)"),
@@ -72,13 +73,12 @@ def traced_source(src):
              "#define TRACE_A(i) TRACE_C(i)\n")
     out = out.replace("namespace bwd90 {\n", "namespace bwd90 {\n" + macro, 1)
     out = out.replace('BACKWARD_SM90_SRC = ("', 'BACKWARD_SM90_SRC = ("#include <cstdio>\\n', 1)
-    for head, n, who in (("__device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, int nck) {\n",
-                          len(CONS), "c"),
-                         ("__device__ void aux(const Params& p, unsigned char* sm, int64_t bh, int nck) {\n",
-                          len(AUX), "a")):
+    for head, n in (("__device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, int nck) {\n",
+                     len(CONS)),
+                    ("__device__ void aux(const Params& p, unsigned char* sm, int64_t bh, int nck) {\n", len(AUX))):
         assert out.count(head) == 1, head
         out = out.replace(head, head + decl % (n, n, cta))
-        # print at the function's end: every return path (the consumer returns early without S_0)
+    # the prints: the consumer's before its early return (no S_0), aux's after its loop
     pr_c = ("  if (tr_on) printf(\"TRACE cta %d wg %d" + " %lld" * len(CONS) + "\\n\", (int)blockIdx.x, (int)(threadIdx.x >> 7)"
             + "".join(f", tr_acc[{i}]" for i in range(len(CONS))) + ");\n"
             "  if (tr_on) printf(\"ABS cta %d wg %d" + " %lld" * len(CONS) + "\\n\", (int)blockIdx.x, (int)(threadIdx.x >> 7)"
