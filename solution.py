@@ -4996,10 +4996,11 @@ BACKWARD_SM90_SRC = ("namespace gr {\nnamespace {\n" + "".join(_wgmma(*f) for f 
 // any (b, t, h) strides, any T; one CTA a (b, h) (no segments: the plan keeps small B H on chunk_bwd).
 // Two launches: chunk_bwd_sm90_ckpt (S at every 64-step chunk start into the workspace), then chunk_bwd_sm90, chunks of 64
 // backwards, in lockstep (everyone's barrier 6 at each chunk's start (1) and end (6)):
-// - all threads: the chunk's q, k, v, dy tiles by cp.async into bf16 tiles [d / 8][t][8] (K-major for the sums over
-//   d, MN-major for the sums over t; rows past T zero, their gates 1 and betas 0);
-// - WG0 (setmaxnreg kAuxRegs): the gate tables (L[t][s] = prod_{r=s+1..t} g_r, double products rounded once; A, Ah,
-//   w, beta w; Lx = L shifted down a row, bf16 hi / lo), the gates a chunk ahead, then dgate's terms (a)-(c) from
+// - the consumers: the chunk's q, k, v, dy tiles by cp.async into bf16 tiles [d / 8][t][8] (K-major for the sums
+//   over d, MN-major for the sums over t; rows past T zero, their gates 1 and betas 0), k and v during the chunk
+//   before, and the next chunk's rows and checkpoint prefetched into L2;
+// - WG0 (setmaxnreg kAuxRegs): the gate tables (L[t][s] = prod_{r=s+1..t} g_r by columns in fp32; A, Ah, w, beta w;
+//   Lx = L shifted down a row, bf16 hi / lo), the gates a chunk ahead, then dgate's terms (a)-(c) from
 //   the consumers' row-dot partials plus term (d)'s, and dbeta (fixed-order sums: deterministic);
 // - WG1, WG2 (kConsRegs), consumer c holding rows i = 64 c .. of G (the state gradient after the chunk) in a wgmma
 //   accumulator across chunks: X = QK (c = 0) or Dd = dY V^T (c = 1), the masked weights MP, MQ, MD (bf16 hi / lo);
@@ -5132,20 +5133,26 @@ __device__ __forceinline__ void col_dots(unsigned char* sm, const float (&X)[32]
 
 // acc = A B^T over 128 columns of d: A (64 x 128, fp32, the fragment order of an accumulator row pair) from
 // a_values(kb, sv), eight values a k-step, split hi / lo in registers (2 terms); B a staged tile, K-major.
-template <typename F>
-__device__ __forceinline__ void rs_split_product(float (&acc)[32], const unsigned char* sm, int tile, F&& a_values) {
+// a_values runs a k-step ahead (its loads in flight during the products: the fences' memory clobbers keep the
+// compiler from hoisting them itself; two ahead spilled); used(kb, sv) sees each k-step's values after its products
+// are issued.
+template <typename F, typename U>
+__device__ __forceinline__ void rs_split_product(float (&acc)[32], const unsigned char* sm, int tile, F&& a_values,
+                                                 U&& used) {
+  float sv[2][8];
+  a_values(0, sv[0]);
 #pragma unroll
   for (int kb = 0; kb < 8; ++kb) {
-    float sv[8];
-    a_values(kb, sv);
     uint32_t ah[4], al[4];
 #pragma unroll
-    for (int r = 0; r < 4; ++r) split_bf16x2<false>(sv[2 * r], sv[2 * r + 1], ah[r], al[r]);
+    for (int r = 0; r < 4; ++r) split_bf16x2<false>(sv[kb & 1][2 * r], sv[kb & 1][2 * r + 1], ah[r], al[r]);
+    if (kb + 1 < 8) a_values(kb + 1, sv[(kb + 1) & 1]);
     wg_fence();
     const uint64_t db = kdesc(sm, tile, 64, kb);
     if (kb == 0) wgmma_rs64_z(acc, ah, db);
     else wgmma_rs64(acc, ah, db, 1);
     wgmma_rs64(acc, al, db, 1);
+    used(kb, sv[kb & 1]);
   }
   wg_commit();
   wg_wait<0>();
@@ -5190,8 +5197,8 @@ __device__ __forceinline__ void store_t(bf16* out, int64_t ld, const float (&X)[
     }
 }
 
-// Every thread: its share of chunk ch's 4 tiles (64 rows x 16 pieces of 16 bytes each) by cp.async, then (after
-// its role's own work) the wait and the async-proxy fence before the chunk's barrier (1).
+// The consumers: their share of chunk ch's tiles (64 rows x 16 pieces of 16 bytes each) by cp.async, then (after
+// their own work) the wait and the async-proxy fence before the chunk's barrier (1).
 // kExact: a chunk whose q, k, v or dy tile, gates or betas hold a non-finite value forms its masked sums by FMAs,
 // so that a masked zero never meets the inf or NaN inside a product (the float64 loop never forms those terms).
 // The weights are the same bf16 hi / lo pairs the products read; the tiles are exact.
@@ -5269,20 +5276,25 @@ __device__ __forceinline__ void exact(float (&acc)[32], F&& f) {
 #pragma unroll
   for (int i = 0; i < 32; ++i) acc[i] = t[i];
 }
-// MASK: bit x loads tile x (q, k, v, dy), by NT threads from thread index `first`.
+// MASK: bit x loads tile x (q, k, v, dy) of (b, h) by the NT consumer threads (th: 0..NT-1); each tile's base and
+// strides fixed at compile time (a selection by the element's tile at run time cost indexed constant loads, and
+// bh / H a 64-bit division, every call: a sixth of the chunk on the roles that issued them).
 template <int MASK, int NT>
-__device__ __forceinline__ void load_tiles(const Params& p, unsigned char* sm, int64_t bh, int ch, int first = 0) {
-  const int64_t b = bh / p.H, h = bh - b * p.H;
-  const int t0 = ch * 64;
-  for (int e = (int)threadIdx.x - first; e < 4096; e += NT) {
-    const int tile = e >> 10, r = (e >> 4) & 63, c8 = e & 15;
+__device__ __forceinline__ void load_tiles(const Params& p, unsigned char* sm, int64_t b, int64_t h, int ch, int th) {
+  static_assert(NT % 16 == 0 && 1024 % NT == 0, "whole rows a round, every row");
+  const int r0 = th >> 4, c8 = th & 15, t0 = ch * 64 + r0;  // piece c8 of rows r0 + i NT / 16
+  unsigned char* dst = sm + c8 * 1024 + r0 * 16;
+#pragma unroll
+  for (int tile = 0; tile < 4; ++tile) {
     if (!((MASK >> tile) & 1)) continue;
     const bf16* src = static_cast<const bf16*>(tile == 0 ? p.q : tile == 1 ? p.k : tile == 2 ? p.v : p.dy);
     const Strides4& st = tile == 0 ? p.sq : tile == 1 ? p.sk : tile == 2 ? p.sv : p.sdy;  // (d stride 1: the plan)
-    const int64_t sb = st.b, stt = st.t, sh = st.h;
-    const bool valid = t0 + r < p.T;  // rows past T: zeros
-    cp_async<16>(sm + tile * 16384 + c8 * 1024 + r * 16, valid ? src + b * sb + (int64_t)(t0 + r) * stt + h * sh + 8 * c8 : src,
-         valid);
+    const bf16* row = src + b * st.b + (int64_t)t0 * st.t + h * st.h + 8 * c8;
+#pragma unroll
+    for (int i = 0; i < 1024 / NT; ++i) {
+      const bool valid = t0 + i * (NT / 16) < p.T;  // rows past T: zeros
+      cp_async<16>(dst + tile * 16384 + i * NT, valid ? row + (int64_t)i * (NT / 16) * st.t : src, valid);
+    }
   }
   cp_async_commit();
 }
@@ -5291,6 +5303,21 @@ __device__ __forceinline__ void load_tiles(const Params& p, unsigned char* sm, i
 __device__ __forceinline__ void tiles_landed() {
   cp_async_wait<0>();
   fence_async_smem();
+}
+
+// Chunk ch's checkpoint (64 KB) and its q, k, v, dy rows (256 B each) into L2 a chunk ahead of their use, by the
+// 256 consumer threads (th: 0..255), two lines each of both.
+__device__ __forceinline__ void prefetch_chunk(const Params& p, int64_t bh, int64_t b, int64_t h, int ch, int th) {
+  const float* S = p.ckpt + (bh * p.nck + ch) * 16384 + th * 64;
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(S));
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(S + 32));
+  const int tile = th >> 6, t = ch * 64 + (th & 63);
+  if (t >= p.T) return;
+  const bf16* src = static_cast<const bf16*>(tile == 0 ? p.q : tile == 1 ? p.k : tile == 2 ? p.v : p.dy);
+  const Strides4& st = tile == 0 ? p.sq : tile == 1 ? p.sk : tile == 2 ? p.sv : p.sdy;
+  const bf16* row = src + b * st.b + (int64_t)t * st.t + h * st.h;
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row));
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + 64));
 }
 
 __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, int nck) {
@@ -5326,12 +5353,13 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     fence_async_smem();
   };
   put_g();
+  prefetch_chunk(p, bh, b, h, nck - 1, lt + 128 * c);
   for (int ch = nck - 1; ch >= 0; --ch) {
     const int64_t t0 = (int64_t)ch * 64, row0 = (b * p.T + t0) * rs + h * 128;  // element (t0, h, 0) of an output
     const int tc = min(64, p.T - (int)t0);  // the chunk's steps (rows past T are not stored)
     float X[32], R[32], Rk[32];
-    if (ch == nck - 1) load_tiles<15, 384>(p, sm, bh, ch);
-    else load_tiles<9, 384>(p, sm, bh, ch);  // q and dy (k and v came during the chunk before)
+    if (ch == nck - 1) load_tiles<15, 256>(p, sm, b, h, ch, lt + 128 * c);
+    else load_tiles<9, 256>(p, sm, b, h, ch, lt + 128 * c);  // q and dy (k and v came during the chunk before)
     tiles_landed();
     sync_all<6>();  // (1) the chunk's tiles and tables
     const float* S = p.ckpt + (bh * nck + ch) * 16384;
@@ -5360,6 +5388,7 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     for (int i = 0; i < 32; ++i) nf |= !(fabsf(X[i]) <= 3.402823466e38f);
     const int* wg0_flag = reinterpret_cast<const int*>(part) + 1928;  // the gates' and betas' (WG0, before (1))
     const bool bad = consumers_sync_or(nf) || wg0_flag[0] || wg0_flag[1];  // (2) the weights, and the flag
+    if (ch > 0) prefetch_chunk(p, bh, b, h, ch - 1, lt + 128 * c);  // the next chunk's tiles and checkpoint
     if (c == 0) {  // dgate's term (d): sum_{u >= t} L[u][t] M[u][t], M = E Lx^T, E[u][s] = beta_s QK Dd (s < u)
       float Dd[32];  // Dd = dY V^T again (consumer 1 has its own), then M
 #pragma unroll
@@ -5422,6 +5451,7 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
           sv[4 * e + 2 * hh] = v.x;
           sv[4 * e + 2 * hh + 1] = v.y;
         }
+    }, [&](int kb, const float (&sv)[8]) {
 #pragma unroll
       for (int r = 0; r < 8; ++r) c0 = fmaf(sv[r], G[8 * kb + r], c0);
     });
@@ -5436,7 +5466,7 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     rs_split_product(Rk, sm, kV, [&](int kb, float (&sv)[8]) {
 #pragma unroll
       for (int r = 0; r < 8; ++r) sv[r] = G[8 * kb + r];
-    });
+    }, [](int, const float (&)[8]) {});
     col_dots(sm, Rk, kK, i0, part + 512 + (c * 4 + wl) * 64, wl, g, q);  // e_s's part
 #pragma unroll
     for (int i = 0; i < 32; ++i) Rk[i] *= tab[128 + 8 * ((i >> 2) & 7) + 2 * q + (i & 1)];  // diag(w) on columns s
@@ -5486,7 +5516,6 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     if (lane == 0) part[1536 + c * 4 + wl] = c0;
     arrive_all<3>();   // (3) the partials for WG0
     consumers_sync();  // (5) both consumers' KG have read G's hi / lo
-    if (ch > 0) load_tiles<6, 256>(p, sm, bh, ch - 1, 128);  // k and v: KG was their last reader
     // G <- A_63 G + (diag(A) Q)^T dY: A = Q^T fragments scaled and split
     const float a63 = tab[63];
 #pragma unroll
@@ -5509,6 +5538,7 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
       wgmma_rs128_t(G, al, db, 1);
     }
     wg_commit();
+    if (ch > 0) load_tiles<6, 256>(p, sm, b, h, ch - 1, lt + 128 * c);  // k and v (KG was their last reader), during the update
     wg_wait<0>();
     acc_fence(G);
     put_g();
@@ -5535,9 +5565,7 @@ __device__ void aux(const Params& p, unsigned char* sm, int64_t bh, int nck) {
   for (int ch = nck - 1; ch >= 0; --ch) {
     const int t0 = ch * 64, tc = min(64, p.T - t0);
     const int64_t go = (b * p.T + t0) * p.H + h;  // (b, t0, h) in dgate / dbeta (contiguous)
-    if (ch == nck - 1) load_tiles<15, 384>(p, sm, bh, ch);
-    else load_tiles<9, 384>(p, sm, bh, ch);
-    if (tid < 64) {
+    if (tid < 64) {  // (the consumers load the tiles)
       tab[320 + tid] = g_next;
       tab[192 + tid] = b_next;
       // a non-finite gate or beta meets the masks' zeros in M: the exact path (warps 0, 1 flag their halves)
@@ -5545,31 +5573,53 @@ __device__ void aux(const Params& p, unsigned char* sm, int64_t bh, int nck) {
       if ((tid & 31) == 0) reinterpret_cast<int*>(part)[1928 + (tid >> 5)] = m != 0u;
     }
     wg0_sync();
-    if (tid < 64) {  // row t of L: L[t][s] = prod_{r=s+1..t} g_r (s <= t), 0 above; A[t] = prod_{r<=t} g_r
-      const int t = tid;
-      for (int s = t + 1; s < 64; ++s) L[t * PC + s] = 0.f;
-      double run = 1.0;
-      L[t * PC + t] = 1.f;
-      for (int s = t; s >= 1; --s) {
-        run *= (double)tab[320 + s];
-        L[t * PC + s - 1] = (float)run;
-      }
-      tab[t] = (float)(run * (double)tab[320]);
-    }
-    wg0_sync();
+    // The tables by columns, one uniform loop over t (a row a thread in double took a third of the chunk: divergent
+    // trip counts and the conversions' latency in line): lane l of warp 0 runs columns s = 2 l, 2 l + 1 of L,
+    // L[t][s] = prod_{r=s+1..t} g_r (t > s; 1 at t = s, 0 above), with Lx[t][s] = L[t-1][s] (s < t) beside them;
+    // warp 1 runs A[t] = prod_{r<=t} g_r and Ah. fp32 products: 63 roundings, about 2^-18 at most, below the
+    // weights' hi / lo split (this unit is bf16 only).
     if (tid < 64) {
-      const int t = tid;
-      tab[64 + t] = t ? tab[t - 1] : 1.f;  // Ah
-      tab[128 + t] = L[63 * PC + t];       // w
-      tab[256 + t] = tab[192 + t] * L[63 * PC + t];
-      for (int s = 0; s < 64; s += 2) {  // Lx row t: L[t-1][s] (s < t), hi / lo at [s / 8][t][8]
-        uint32_t hi, lo;
-        split_bf16x2<false>(s < t ? L[(t - 1) * PC + s] : 0.f, s + 1 < t ? L[(t - 1) * PC + s + 1] : 0.f, hi, lo);
-        const int off = (s >> 3) * 1024 + t * 16 + (s & 7) * 2;
-        *reinterpret_cast<uint32_t*>(sm + kLxH + off) = hi;
-        *reinterpret_cast<uint32_t*>(sm + kLxL + off) = lo;
+      const int lane = tid & 31;
+      const float ga = tab[320 + lane], gb = tab[352 + lane];  // g_t = (t < 32 ? ga : gb) of lane t % 32
+      if (tid < 32) {
+        const int s = 2 * lane;
+        float r0 = 1.f, r1 = 1.f, p0 = 0.f, p1 = 0.f;  // running products; L[t-1][s], L[t-1][s + 1]
+#pragma unroll 8
+        for (int t = 0; t < 64; ++t) {
+          const float gt = __shfl_sync(0xffffffffu, t < 32 ? ga : gb, t & 31);
+          r0 = t > s ? r0 * gt : r0;
+          r1 = t > s + 1 ? r1 * gt : r1;
+          const float l0 = t >= s ? r0 : 0.f, l1 = t >= s + 1 ? r1 : 0.f;
+          L[t * PC + s] = l0;
+          L[t * PC + s + 1] = l1;
+          uint32_t hi, lo;  // Lx row t, the pair (s, s + 1), hi / lo at [s / 8][t][8]
+          split_bf16x2<false>(t > s ? p0 : 0.f, t > s + 1 ? p1 : 0.f, hi, lo);
+          const int off = (s >> 3) * 1024 + t * 16 + (s & 7) * 2;
+          *reinterpret_cast<uint32_t*>(sm + kLxH + off) = hi;
+          *reinterpret_cast<uint32_t*>(sm + kLxL + off) = lo;
+          p0 = l0;
+          p1 = l1;
+        }
+        tab[128 + s] = p0;  // w_s = L[63][s]
+        tab[129 + s] = p1;
+        tab[256 + s] = tab[192 + s] * p0;  // beta_s w_s
+        tab[257 + s] = tab[193 + s] * p1;
+      } else {
+        float run = 1.f;
+        if (lane == 0) tab[64] = 1.f;
+#pragma unroll 8
+        for (int t = 0; t < 64; ++t) {
+          run *= __shfl_sync(0xffffffffu, t < 32 ? ga : gb, t & 31);
+          if (lane == 0) {
+            tab[t] = run;                   // A
+            if (t < 63) tab[65 + t] = run;  // Ah[t + 1] = A[t]
+          }
+        }
       }
     }
+    // (WG0's own barrier between its table stores and (1): without it racecheck reports the stores of L against
+    // put_weights' loads after (1))
+    wg0_sync();
     tiles_landed();
     sync_all<6>();  // (1)
     if (tid < 64 && ch > 0) g_next = gate_at(p, b, h, t0 - 64 + tid), b_next = beta_at(p, b, h, t0 - 64 + tid);
@@ -5625,7 +5675,7 @@ __global__ void __launch_bounds__(384, 1) chunk_bwd_sm90_kernel(const Params p) 
 // The checkpoint pass: S at every chunk start into p.ckpt ((B H, chunks, 128, 128) fp32, [dk][dv]), from S_0 (or
 // zero). One CTA of 384 threads a (b, h), one barrier a chunk: the k and v tiles double-buffered (cp.async, zeros
 // past T; chunk ch + 1's issued after chunk ch's barrier, landing during its product); WG0 (threads < 64) the gates
-// and betas a chunk ahead in registers, then beta_s w_s (w_s = prod_{r>s} g_r, double) and A_63 into a
+// and betas a chunk ahead in registers, then beta_s w_s (w_s = prod_{r>s} g_r, fp32) and A_63 into a
 // double-buffered table; consumer c holds S^T rows dv = 64 c .. as one m64n128 accumulator, stores it, then
 // S^T <- A_63 S^T + (V^T diag(beta w)) K: A from the v tile by ldmatrix.trans, scaled and split hi / lo in
 // registers (2 terms), B the k tile as loaded (MN-major, exact).
@@ -5674,11 +5724,16 @@ __global__ void __launch_bounds__(384, 1) chunk_bwd_sm90_ckpt_kernel(const Param
       if (tid < 64) tab[tid] = gn, tab[64 + tid] = bn;
       gates(ch + 1);  // (in flight during this chunk)
       wg0_sync();
-      if (tid < 64) {  // beta_s w_s and A_63 (double products, rounded once)
-        double w = 1.0;
-        for (int r = 63; r > tid; --r) w *= (double)tab[r];
-        tab[128 + tid] = (float)(w * (double)tab[64 + tid]);
-        if (tid == 0) tab[192] = (float)(w * (double)tab[0]);
+      if (tid < 64) {  // beta_s w_s (w_s = prod_{r>s} g_r) and A_63: fp32 products in a uniform loop, as aux's tables
+        const float ga = tab[lane], gb = tab[32 + lane];  // g_r = (r < 32 ? ga : gb) of lane r % 32
+        float w = 1.f;
+#pragma unroll 8
+        for (int r = 63; r > 0; --r) {
+          const float gr = __shfl_sync(0xffffffffu, r < 32 ? ga : gb, r & 31);
+          w = r > tid ? w * gr : w;
+        }
+        tab[128 + tid] = w * tab[64 + tid];
+        if (tid == 0) tab[192] = w * tab[0];
       }
     } else {  // the checkpoint: S at the chunk's start
       float* d = p.ckpt + (bh * nck + ch) * 16384;

@@ -15,8 +15,8 @@ import sys
 
 sys.path.insert(0, os.getcwd())
 
-# (marker in BACKWARD_SM90_SRC, or a tuple of its forms in main's kernel and in dev/chunk_bwd_sm90_s25.patch's; phase
-# name). The stamp ends the phase: it goes after the marker's text, or before it with the prefix BEFORE.
+# (marker in BACKWARD_SM90_SRC, or a tuple of its forms in the kernel's versions; phase name). The stamp ends the
+# phase: it goes after the marker's text, or before it with the prefix BEFORE.
 CONS = [
     ("    const int tc = min(64, p.T - (int)t0);  // the chunk's steps (rows past T are not stored)", "top"),
     ("    sync_all<6>();  // (1) the chunk's tiles and tables", "wait tiles+tables (1)"),
@@ -26,15 +26,14 @@ CONS = [
     ("          if (g == 0) part[1672 + wl * 64 + t] = x;\n        }\n    }", "dgate M (c0 only)"),
     ("      for (int r = 0; r < 8; ++r) c0 = fmaf(sv[r], G[8 * kb + r], c0);\n    });", "R^T"),
     ("    else store_t<true>(dq + row0, rs, R, nullptr, i0, wl, g, q, tc);  // the last chunk", "f + dq prod + dq store"),
-    (("    }, [](int, const float (&)[8]) {});", "      for (int r = 0; r < 8; ++r) sv[r] = G[8 * kb + r];\n    });"), "Rk^T"),
+    ("    }, [](int, const float (&)[8]) {});", "Rk^T"),
     ("    else store_t<true>(dk + row0, rs, Rk, tab + 192, i0, wl, g, q, tc);", "e + dkt prod + dbeta + dk store"),
     ("      wgmma_ss64_t(R, da, mdesc(sm, kGL + 16384 * c, 128, kb), 1);\n    }\n    wg_commit();\n    wg_wait<0>();",
      "KG"),
     ("            __floats2bfloat162_rn(R[4 * n + 2 * hh], R[4 * n + 2 * hh + 1]);\n      }", "dv prod + dv store"),
     ("    consumers_sync();  // (5) both consumers' KG have read G's hi / lo", "(3) + (5)"),
-    (("      wgmma_rs128_t(G, al, db, 1);\n    }\n    wg_commit();\n    if (ch > 0) load_tiles<6, 256>(p, sm, b, h, ch - 1, lt + 128 * c);"
-      "  // k and v (KG was their last reader), during the update\n    wg_wait<0>();",
-      "      wgmma_rs128_t(G, al, db, 1);\n    }\n    wg_commit();\n    wg_wait<0>();"), "G update + k,v loads"),
+    ("      wgmma_rs128_t(G, al, db, 1);\n    }\n    wg_commit();\n    if (ch > 0) load_tiles<6, 256>(p, sm, b, h, ch - 1, lt + 128 * c);"
+     "  // k and v (KG was their last reader), during the update\n    wg_wait<0>();", "G update + k,v loads"),
     ("    put_g();\n    sync_all<6>();  // (6) the chunk is done", "put_g + (6)"),
 ]
 AUX = [
@@ -54,7 +53,7 @@ def traced_source(src):
     """BACKWARD_SM90_SRC with the stamps."""
     out = src
     for role, marks in (("c", CONS), ("a", AUX)):
-        for i, (alts, _) in enumerate(marks):  # a marker, or its forms in the kernel's versions (main, the s25 patch)
+        for i, (alts, _) in enumerate(marks):  # a marker, or its forms in the kernel's versions
             alts = (alts,) if isinstance(alts, str) else alts
             found = [m for m in alts if out.count(m.removeprefix("BEFORE")) == 1]
             if len(found) != 1:
