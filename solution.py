@@ -323,7 +323,7 @@ inline size_t recurrent_bwd_smem(int R, int TC) { return sizeof(float) * (size_t
 enum : int { kBwdChunk = 32, kBwdThreads = 512,
              kChunkBwdSmem = 4 * (2 * 128 * 132 + 4 * 32 * 132 + 4 * 32 * 33 + 7 * 32 + kBwdThreads / 32) };
 // chunk_bwd_sm90's shared memory (bwd90:: in BACKWARD_SM90_SRC lays it out and checks it).
-enum : int { kChunkBwdSm90Smem = 222512 };
+enum : int { kChunkBwdSm90Smem = 224048 };
 // Rows a thread of recurrent_bwd (D_k <= 32 R): its instantiations.
 #define GR_BWD_ROWS(X) X(1) X(2) X(4) X(8)
 
@@ -4999,9 +4999,10 @@ BACKWARD_SM90_SRC = ("namespace gr {\nnamespace {\n" + "".join(_wgmma(*f) for f 
 // - the consumers: the chunk's q, k, v, dy tiles by cp.async into bf16 tiles [d / 8][t][8] (K-major for the sums
 //   over d, MN-major for the sums over t; rows past T zero, their gates 1 and betas 0), k and v during the chunk
 //   before, and the next chunk's rows and checkpoint prefetched into L2;
-// - WG0 (setmaxnreg kAuxRegs): the gate tables (L[t][s] = prod_{r=s+1..t} g_r by columns in fp32; A, Ah, w, beta w;
-//   Lx = L shifted down a row, bf16 hi / lo), the gates a chunk ahead, then dgate's terms (a)-(c) from
-//   the consumers' row-dot partials plus term (d)'s, and dbeta (fixed-order sums: deterministic);
+// - WG0 (setmaxnreg kAuxRegs): the gate tables a chunk ahead, during the chunk before, into the other of two
+//   buffers (L[t][s] = prod_{r=s+1..t} g_r by columns in fp32, packed lower triangle; A, Ah, w, beta w; Lx = L shifted
+//   down a row, bf16 hi / lo, one buffer: written once consumer 0 has read it, barrier 4), then dgate's terms (a)-(c)
+//   from the consumers' row-dot partials plus term (d)'s, and dbeta (fixed-order sums: deterministic);
 // - WG1, WG2 (kConsRegs), consumer c holding rows i = 64 c .. of G (the state gradient after the chunk) in a wgmma
 //   accumulator across chunks: X = QK (c = 0) or Dd = dY V^T (c = 1), the masked weights MP, MQ, MD (bf16 hi / lo);
 //   consumer 0 then dgate's C^3 term as a product, M = E Lx^T (E = beta QK Dd below the diagonal, recast from its
@@ -5038,17 +5039,27 @@ __device__ __forceinline__ void put_gb(void* out, bool f32, int64_t o, float x) 
 }
 
 // Shared memory (bytes): bf16 tiles q, k, v, dy [d / 8][t][8]; G hi / lo [j / 8][i][8]; the masked weights hi / lo
-// [s / 8][row][8]; Lx hi / lo (Lx[t][s] = L[t-1][s] for s < t, [s / 8][t][8]); L (fp32, pitch 65); the tables;
-// the consumers' row-dot partials.
+// [s / 8][row][8]; Lx hi / lo (Lx[t][s] = L[t-1][s] for s < t, [s / 8][t][8]); two L (fp32, packed lower
+// triangle: lp) and two tables (WG0 builds chunk ch - 1's in buffer (ch - 1) & 1 during chunk ch); the consumers'
+// row-dot partials.
 constexpr int kQ = 0, kK = 16384, kV = 32768, kY = 49152, kGH = 65536, kGL = 98304;
 constexpr int kMQH = 131072, kMQL = 139264, kMDH = 147456, kMDL = 155648, kMPH = 163840, kMPL = 172032;
-constexpr int kLxH = 180224, kLxL = 188416, kL = 196608, kTab = kL + 64 * 65 * 4, kPart = kTab + 6 * 256;
+constexpr int kLxH = 180224, kLxL = 188416, kL = 196608, kLBuf = 64 * 65 / 2 * 4, kTab = kL + 2 * kLBuf;
+constexpr int kTabBuf = 6 * 256, kPart = kTab + 2 * kTabBuf;
 constexpr int kSmem = kPart + (3 * 8 * 64 + 8 + 2 * 64 + 4 * 64 + 4) * 4;  // (+ the non-finite flags)
 static_assert(kSmem == kChunkBwdSm90Smem, "the plan's shared memory (PRELUDE)");
-// tables (floats at kTab): A 0, Ah 64, w 128, beta 192, beta w 256, gate 320
+// tables (floats at kTab + buf kTabBuf): A 0, Ah 64, w 128, beta 192, beta w 256, gate 320
 // partials (floats at kPart): f [8][64] at 0, e at 512, dbeta at 1024 (slot c * 4 + warp), c0 [8] at 1536,
-// then the sums f at 1544, e at 1608, then dgate's term (d) [4][64] at 1672 (c = 0's warps)
-constexpr int PC = 65;
+// then the sums f at 1544, e at 1608, then dgate's term (d) [4][64] at 1672 (c = 0's warps), then the
+// non-finite flags (ints) [buf][warp] at 1928
+// L[t][s] (s <= t) at lp(t, s) of its buffer; every (t, s < 64) is inside it (a select may load the slot it discards).
+__device__ __forceinline__ int lp(int t, int s) { return (t * (t + 1) >> 1) + s; }
+__device__ __forceinline__ const float* tables(const unsigned char* sm, int ch) {
+  return reinterpret_cast<const float*>(sm + kTab + (ch & 1) * kTabBuf);
+}
+__device__ __forceinline__ const float* ltab(const unsigned char* sm, int ch) {
+  return reinterpret_cast<const float*>(sm + kL + (ch & 1) * kLBuf);
+}
 constexpr int kAuxRegs = 56, kConsRegs = 224;  // setmaxnreg split (at 40 / 232 WG0 spilled)
 static_assert(kAuxRegs * 128 + kConsRegs * 256 <= 65536, "the split fits the register file");
 
@@ -5068,7 +5079,7 @@ __device__ __forceinline__ uint64_t mdesc(const unsigned char* sm, int off, int 
 }
 // Named barriers, non-aligned (barrier.sync, not bar.sync = barrier.sync.aligned): the roles reach the chunk's
 // barriers from different code, which .aligned does not allow (synccheck: "divergent threads in block").
-// 1: the consumers (256); 5: WG0 (128); 6: everyone (384), and 3: consumers arrive, WG0 waits.
+// 1: the consumers (256); 5: WG0 (128); 6: everyone (384), and 3: consumers arrive, WG0 waits;
 __device__ __forceinline__ void consumers_sync() { asm volatile("barrier.sync 1, 256;\n" ::: "memory"); }
 // The consumers' barrier with the OR of their x.
 __device__ __forceinline__ bool consumers_sync_or(bool x) {
@@ -5078,6 +5089,9 @@ __device__ __forceinline__ bool consumers_sync_or(bool x) {
   return r != 0;
 }
 __device__ __forceinline__ void wg0_sync() { asm volatile("barrier.sync 5, 128;\n" ::: "memory"); }
+// 4: consumer 0 arrives after its last read of Lx in a chunk, WG0 waits before writing the next chunk's
+__device__ __forceinline__ void lx_free_arrive() { asm volatile("barrier.arrive 4, 256;\n" ::: "memory"); }
+__device__ __forceinline__ void lx_free_wait() { asm volatile("barrier.sync 4, 256;\n" ::: "memory"); }
 template <int ID>
 __device__ __forceinline__ void arrive_all() { asm volatile("barrier.arrive %0, 384;\n" ::"n"(ID) : "memory"); }
 template <int ID>
@@ -5086,18 +5100,17 @@ __device__ __forceinline__ void sync_all() { asm volatile("barrier.sync %0, 384;
 // The chunk's weights from the consumer's 64 x 64 accumulator X (rows r = 16 wl + g (+8), columns s = 8 n + 2 q
 // (+1)): L[r][s] (beta_s) X[r][s] for s <= r, else 0; split, stored hi / lo at [s / 8][r][8].
 template <bool BETA>
-__device__ __forceinline__ void put_weights(unsigned char* sm, const float (&X)[32], int off_h, int off_l, int wl,
-                                            int g, int q) {
-  const float* L = reinterpret_cast<const float*>(sm + kL);
-  const float* bt = reinterpret_cast<const float*>(sm + kTab) + 192;
+__device__ __forceinline__ void put_weights(unsigned char* sm, const float (&X)[32], const float* L, const float* tab,
+                                            int off_h, int off_l, int wl, int g, int q) {
+  const float* bt = tab + 192;
 #pragma unroll
   for (int n = 0; n < 8; ++n)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = 16 * wl + g + 8 * h, s = 8 * n + 2 * q;
       const float b0 = BETA ? bt[s] : 1.f, b1 = BETA ? bt[s + 1] : 1.f;  // (inside the selects: a NaN beta stays
-      const float x0 = s <= r ? X[4 * n + 2 * h] * L[r * PC + s] * b0 : 0.f;  // out of the masked slots)
-      const float x1 = s + 1 <= r ? X[4 * n + 2 * h + 1] * L[r * PC + s + 1] * b1 : 0.f;
+      const float x0 = s <= r ? X[4 * n + 2 * h] * L[lp(r, s)] * b0 : 0.f;  // out of the masked slots)
+      const float x1 = s + 1 <= r ? X[4 * n + 2 * h + 1] * L[lp(r, s + 1)] * b1 : 0.f;
       uint32_t hi, lo;
       split_bf16x2<false>(x0, x1, hi, lo);
       const int off = (s >> 3) * 1024 + r * 16 + (s & 7) * 2;
@@ -5259,7 +5272,7 @@ __device__ __forceinline__ void fma_m(float (&M)[32], const float (&E)[32], cons
       for (int e = 0; e < 2; ++e) {
         const int t = 8 * n + 2 * q + e;
         if (s >= t) continue;
-        const float lx = L[(t - 1) * PC + s];
+        const float lx = L[lp(t - 1, s)];
         M[4 * n + e] = fmaf(e0, lx, M[4 * n + e]);
         M[4 * n + 2 + e] = fmaf(e1, lx, M[4 * n + 2 + e]);
       }
@@ -5322,9 +5335,7 @@ __device__ __forceinline__ void prefetch_chunk(const Params& p, int64_t bh, int6
 
 __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, int nck) {
   const int lt = threadIdx.x & 127, wl = lt >> 5, lane = lt & 31, g = lane >> 2, q = lane & 3;
-  const float* tab = reinterpret_cast<const float*>(sm + kTab);
   float* part = reinterpret_cast<float*>(sm + kPart);
-  const float* L = reinterpret_cast<const float*>(sm + kL);
   const int i0 = 64 * c, ir = i0 + 16 * wl + g;  // this thread's state rows ir, ir + 8
   const int64_t b = bh / p.H, h = bh - b * p.H, rs = (int64_t)p.H * 128;  // rs: a step's row stride
   bf16 *dq = static_cast<bf16*>(p.y), *dk = static_cast<bf16*>(p.dk), *dv = static_cast<bf16*>(p.dv);  // contiguous
@@ -5358,6 +5369,7 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     const int64_t t0 = (int64_t)ch * 64, row0 = (b * p.T + t0) * rs + h * 128;  // element (t0, h, 0) of an output
     const int tc = min(64, p.T - (int)t0);  // the chunk's steps (rows past T are not stored)
     float X[32], R[32], Rk[32];
+    const float *tab = tables(sm, ch), *L = ltab(sm, ch);  // this chunk's buffers
     if (ch == nck - 1) load_tiles<15, 256>(p, sm, b, h, ch, lt + 128 * c);
     else load_tiles<9, 256>(p, sm, b, h, ch, lt + 128 * c);  // q and dy (k and v came during the chunk before)
     tiles_landed();
@@ -5375,10 +5387,10 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     wg_wait<0>();
     acc_fence(X);
     if (c == 0) {
-      put_weights<true>(sm, X, kMPH, kMPL, wl, g, q);  // MP[u][s] = L[u][s] beta_s QK[u][s]
+      put_weights<true>(sm, X, L, tab, kMPH, kMPL, wl, g, q);  // MP[u][s] = L[u][s] beta_s QK[u][s]
     } else {
-      put_weights<true>(sm, X, kMQH, kMQL, wl, g, q);   // MQ[t][s] = L[t][s] beta_s Dd[t][s]
-      put_weights<false>(sm, X, kMDH, kMDL, wl, g, q);  // MD[u][s] = L[u][s] Dd[u][s]
+      put_weights<true>(sm, X, L, tab, kMQH, kMQL, wl, g, q);   // MQ[t][s] = L[t][s] beta_s Dd[t][s]
+      put_weights<false>(sm, X, L, tab, kMDH, kMDL, wl, g, q);  // MD[u][s] = L[u][s] Dd[u][s]
     }
     fence_async_smem();
     // bad: a non-finite value in the chunk's tiles, gates or betas. QK (Dd) has a non-finite element iff the q or k
@@ -5386,7 +5398,7 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     bool nf = false;
 #pragma unroll
     for (int i = 0; i < 32; ++i) nf |= !(fabsf(X[i]) <= 3.402823466e38f);
-    const int* wg0_flag = reinterpret_cast<const int*>(part) + 1928;  // the gates' and betas' (WG0, before (1))
+    const int* wg0_flag = reinterpret_cast<const int*>(part) + 1928 + 2 * (ch & 1);  // the gates' and betas' (WG0)
     const bool bad = consumers_sync_or(nf) || wg0_flag[0] || wg0_flag[1];  // (2) the weights, and the flag
     if (ch > 0) prefetch_chunk(p, bh, b, h, ch - 1, lt + 128 * c);  // the next chunk's tiles and checkpoint
     if (c == 0) {  // dgate's term (d): sum_{u >= t} L[u][t] M[u][t], M = E Lx^T, E[u][s] = beta_s QK Dd (s < u)
@@ -5432,13 +5444,14 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
 #pragma unroll
         for (int e = 0; e < 2; ++e) {  // column t's sum over this warp's rows u >= t
           const int t = 8 * n + 2 * q + e, u = 16 * wl + g;
-          float x = (u >= t ? L[u * PC + t] * Dd[4 * n + e] : 0.f) +
-                    (u + 8 >= t ? L[(u + 8) * PC + t] * Dd[4 * n + 2 + e] : 0.f);
+          float x = (u >= t ? L[lp(u, t)] * Dd[4 * n + e] : 0.f) +
+                    (u + 8 >= t ? L[lp(u + 8, t)] * Dd[4 * n + 2 + e] : 0.f);
           x += __shfl_xor_sync(0xffffffffu, x, 4);
           x += __shfl_xor_sync(0xffffffffu, x, 8);
           x += __shfl_xor_sync(0xffffffffu, x, 16);
           if (g == 0) part[1672 + wl * 64 + t] = x;
         }
+      if (ch > 0) lx_free_arrive();  // (4) its reads of Lx done: WG0 writes the next chunk's
     }
     // R^T = S dY^T: S rows ir, ir + 8 from the checkpoint, a k-step at a time; c0's part
     float c0 = 0.f;
@@ -5553,76 +5566,96 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
           make_float2(G[4 * n + 2 * hh], G[4 * n + 2 * hh + 1]);
 }
 
-// WG0: the tables before each chunk, dgate and dbeta during and after it.
+// WG0's tables of chunk ch into buffer ch & 1, from step tid's gate g and beta bt (tid < 64): the gates, the betas and
+// the non-finite flags, then L by columns and A, Ah, w, beta w (warps 0, 1). Lx apart (build_lx): it has one buffer.
+// By columns, one uniform loop over t (a row a thread in double took a third of the chunk: divergent trip counts
+// and the conversions' latency in line): lane l of warp 0 runs columns s = 2 l, 2 l + 1 of L, L[t][s] =
+// prod_{r=s+1..t} g_r (t > s; 1 at t = s); warp 1 runs A[t] = prod_{r<=t} g_r and Ah. fp32 products: 63 roundings,
+// about 2^-18 at most, below the weights' hi / lo split (this unit is bf16 only).
+__device__ __forceinline__ void build_tables(unsigned char* sm, int ch, float g, float bt) {
+  const int tid = threadIdx.x, lane = tid & 31;
+  float* tab = reinterpret_cast<float*>(sm + kTab + (ch & 1) * kTabBuf);
+  float* L = reinterpret_cast<float*>(sm + kL + (ch & 1) * kLBuf);
+  if (tid < 64) {
+    tab[320 + tid] = g;
+    tab[192 + tid] = bt;
+    // a non-finite gate or beta meets the masks' zeros in M: the exact path (warps 0, 1 flag their halves)
+    const unsigned m = __ballot_sync(0xffffffffu, !(isfinite(g) && isfinite(bt)));
+    if (lane == 0) reinterpret_cast<int*>(sm + kPart)[1928 + 2 * (ch & 1) + (tid >> 5)] = m != 0u;
+  }
+  wg0_sync();
+  if (tid >= 64) return;
+  const float ga = tab[320 + lane], gb = tab[352 + lane];  // g_t = (t < 32 ? ga : gb) of lane t % 32
+  if (tid < 32) {
+    const int s = 2 * lane;
+    float r0 = 1.f, r1 = 1.f;  // running products L[t][s], L[t][s + 1]
+#pragma unroll 8
+    for (int t = 0; t < 64; ++t) {
+      const float gt = __shfl_sync(0xffffffffu, t < 32 ? ga : gb, t & 31);
+      r0 = t > s ? r0 * gt : r0;
+      r1 = t > s + 1 ? r1 * gt : r1;
+      if (t >= s) L[lp(t, s)] = r0;
+      if (t >= s + 1) L[lp(t, s + 1)] = r1;
+    }
+    tab[128 + s] = r0;  // w_s = L[63][s]
+    tab[129 + s] = r1;
+    tab[256 + s] = tab[192 + s] * r0;  // beta_s w_s
+    tab[257 + s] = tab[193 + s] * r1;
+  } else {
+    float run = 1.f;
+    if (lane == 0) tab[64] = 1.f;
+#pragma unroll 8
+    for (int t = 0; t < 64; ++t) {
+      run *= __shfl_sync(0xffffffffu, t < 32 ? ga : gb, t & 31);
+      if (lane == 0) {
+        tab[t] = run;                   // A
+        if (t < 63) tab[65 + t] = run;  // Ah[t + 1] = A[t]
+      }
+    }
+  }
+}
+// Lx of chunk ch (Lx[t][s] = L[t-1][s] for s < t, else 0; bf16 hi / lo at [s / 8][t][8]) from its L, by all of WG0:
+// row t = tid % 64, columns 32 (tid / 64) ..; then the fence that makes it visible to wgmma.
+__device__ __forceinline__ void build_lx(unsigned char* sm, int ch) {
+  const int tid = threadIdx.x, t = tid & 63, s0 = 32 * (tid >> 6);
+  const float* L = ltab(sm, ch);
+#pragma unroll 4
+  for (int k = 0; k < 16; ++k) {
+    const int s = s0 + 2 * k;
+    uint32_t hi, lo;
+    split_bf16x2<false>(s < t ? L[lp(t - 1, s)] : 0.f, s + 1 < t ? L[lp(t - 1, s + 1)] : 0.f, hi, lo);
+    const int off = (s >> 3) * 1024 + t * 16 + (s & 7) * 2;
+    *reinterpret_cast<uint32_t*>(sm + kLxH + off) = hi;
+    *reinterpret_cast<uint32_t*>(sm + kLxL + off) = lo;
+  }
+  fence_async_smem();
+}
+
+// WG0: each chunk's tables a chunk ahead (during the chunk before), dgate and dbeta after the consumers' partials.
 __device__ void aux(const Params& p, unsigned char* sm, int64_t bh, int nck) {
   const int tid = threadIdx.x;
-  float* tab = reinterpret_cast<float*>(sm + kTab);
-  float* L = reinterpret_cast<float*>(sm + kL);
   float* part = reinterpret_cast<float*>(sm + kPart);
   const int64_t b = bh / p.H, h = bh - b * p.H;
-  float g_next = 0.f, b_next = 0.f;  // step tid's gate and beta of the chunk after this one (loaded a chunk ahead)
-  if (tid < 64) g_next = gate_at(p, b, h, (nck - 1) * 64 + tid), b_next = beta_at(p, b, h, (nck - 1) * 64 + tid);
+  {  // the first chunk's tables
+    const int t = (nck - 1) * 64 + tid;
+    build_tables(sm, nck - 1, tid < 64 ? gate_at(p, b, h, t) : 0.f, tid < 64 ? beta_at(p, b, h, t) : 0.f);
+    wg0_sync();  // (L by warps 0, 1)
+    build_lx(sm, nck - 1);
+  }
   for (int ch = nck - 1; ch >= 0; --ch) {
     const int t0 = ch * 64, tc = min(64, p.T - t0);
     const int64_t go = (b * p.T + t0) * p.H + h;  // (b, t0, h) in dgate / dbeta (contiguous)
-    if (tid < 64) {  // (the consumers load the tiles)
-      tab[320 + tid] = g_next;
-      tab[192 + tid] = b_next;
-      // a non-finite gate or beta meets the masks' zeros in M: the exact path (warps 0, 1 flag their halves)
-      const unsigned m = __ballot_sync(0xffffffffu, !(isfinite(g_next) && isfinite(b_next)));
-      if ((tid & 31) == 0) reinterpret_cast<int*>(part)[1928 + (tid >> 5)] = m != 0u;
-    }
+    const float *tab = tables(sm, ch), *L = ltab(sm, ch);
+    // (WG0's own barrier between its stores of the tables and (1): without it racecheck reports them against the
+    // consumers' loads after (1))
     wg0_sync();
-    // The tables by columns, one uniform loop over t (a row a thread in double took a third of the chunk: divergent
-    // trip counts and the conversions' latency in line): lane l of warp 0 runs columns s = 2 l, 2 l + 1 of L,
-    // L[t][s] = prod_{r=s+1..t} g_r (t > s; 1 at t = s, 0 above), with Lx[t][s] = L[t-1][s] (s < t) beside them;
-    // warp 1 runs A[t] = prod_{r<=t} g_r and Ah. fp32 products: 63 roundings, about 2^-18 at most, below the
-    // weights' hi / lo split (this unit is bf16 only).
-    if (tid < 64) {
-      const int lane = tid & 31;
-      const float ga = tab[320 + lane], gb = tab[352 + lane];  // g_t = (t < 32 ? ga : gb) of lane t % 32
-      if (tid < 32) {
-        const int s = 2 * lane;
-        float r0 = 1.f, r1 = 1.f, p0 = 0.f, p1 = 0.f;  // running products; L[t-1][s], L[t-1][s + 1]
-#pragma unroll 8
-        for (int t = 0; t < 64; ++t) {
-          const float gt = __shfl_sync(0xffffffffu, t < 32 ? ga : gb, t & 31);
-          r0 = t > s ? r0 * gt : r0;
-          r1 = t > s + 1 ? r1 * gt : r1;
-          const float l0 = t >= s ? r0 : 0.f, l1 = t >= s + 1 ? r1 : 0.f;
-          L[t * PC + s] = l0;
-          L[t * PC + s + 1] = l1;
-          uint32_t hi, lo;  // Lx row t, the pair (s, s + 1), hi / lo at [s / 8][t][8]
-          split_bf16x2<false>(t > s ? p0 : 0.f, t > s + 1 ? p1 : 0.f, hi, lo);
-          const int off = (s >> 3) * 1024 + t * 16 + (s & 7) * 2;
-          *reinterpret_cast<uint32_t*>(sm + kLxH + off) = hi;
-          *reinterpret_cast<uint32_t*>(sm + kLxL + off) = lo;
-          p0 = l0;
-          p1 = l1;
-        }
-        tab[128 + s] = p0;  // w_s = L[63][s]
-        tab[129 + s] = p1;
-        tab[256 + s] = tab[192 + s] * p0;  // beta_s w_s
-        tab[257 + s] = tab[193 + s] * p1;
-      } else {
-        float run = 1.f;
-        if (lane == 0) tab[64] = 1.f;
-#pragma unroll 8
-        for (int t = 0; t < 64; ++t) {
-          run *= __shfl_sync(0xffffffffu, t < 32 ? ga : gb, t & 31);
-          if (lane == 0) {
-            tab[t] = run;                   // A
-            if (t < 63) tab[65 + t] = run;  // Ah[t + 1] = A[t]
-          }
-        }
-      }
-    }
-    // (WG0's own barrier between its table stores and (1): without it racecheck reports the stores of L against
-    // put_weights' loads after (1))
-    wg0_sync();
-    tiles_landed();
     sync_all<6>();  // (1)
-    if (tid < 64 && ch > 0) g_next = gate_at(p, b, h, t0 - 64 + tid), b_next = beta_at(p, b, h, t0 - 64 + tid);
+    if (ch > 0) {  // the next chunk's tables, while the consumers work on this one
+      const int tn = t0 - 64 + tid;
+      build_tables(sm, ch - 1, tid < 64 ? gate_at(p, b, h, tn) : 0.f, tid < 64 ? beta_at(p, b, h, tn) : 0.f);
+      lx_free_wait();  // (4) consumer 0 has read this chunk's Lx (and WG0's L is WG0's)
+      build_lx(sm, ch - 1);
+    }
     sync_all<3>();    // (3) the partials
     const int t = tid >> 1, x = tid & 1;  // two threads a step
     float td = 0.f;
@@ -5641,7 +5674,7 @@ __device__ void aux(const Params& p, unsigned char* sm, int64_t bh, int nck) {
 #pragma unroll
       for (int w = 0; w < 8; ++w) c0 += part[1536 + w];
       float sb = 0.f;
-      for (int s = 0; s < t; ++s) sb = fmaf(L[(t - 1) * PC + s] * tab[192 + s], part[1608 + s], sb);
+      for (int s = 0; s < t; ++s) sb = fmaf(L[lp(t - 1, s)] * tab[192 + s], part[1608 + s], sb);
       td += tab[128 + t] * (tab[64 + t] * c0 + sb);
       float db = 0.f;
 #pragma unroll
@@ -5649,7 +5682,7 @@ __device__ void aux(const Params& p, unsigned char* sm, int64_t bh, int nck) {
       if (t < tc) put_gb(p.dbeta, p.b32, go + t * p.H, db);
     } else {  // (c)
       float sc = 0.f;
-      for (int u = t; u < 64; ++u) sc = fmaf(L[u * PC + t], part[1544 + u], sc);
+      for (int u = t; u < 64; ++u) sc = fmaf(L[lp(u, t)], part[1544 + u], sc);
       td = tab[64 + t] * sc;
     }
     td += __shfl_xor_sync(0xffffffffu, td, 1);  // x = 0's (a) + (b) + (d), x = 1's (c)

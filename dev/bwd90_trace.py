@@ -4,8 +4,9 @@ kernel at its end (device printf), then the cycles a phase a chunk per role. The
 stamps at marker lines of BACKWARD_SM90_SRC (a marker that no longer matches is an error: update the list).
 Also the kernel's time (KernelBench median) for the copy without stamps, to convert cycles to us.
 
-    python3 dev/bwd90_trace.py [--shapes S4-bf16,S2-bf16] [--extra LABEL=PATH ...]
-(--extra: other solution.py copies timed beside it, e.g. variants written to scratch/; writes $OUT/bwd90_trace.json)
+    python3 dev/bwd90_trace.py [--shapes S4-bf16,S2-bf16] [--extra LABEL=PATH ...] [--ablate no_m,no_tables,...]
+(--extra: other solution.py copies timed beside it, e.g. variants written to scratch/; --ablate: copies with a piece
+removed (ABLATIONS), timed beside it; writes $OUT/bwd90_trace.json)
 """
 import argparse
 import os
@@ -23,7 +24,8 @@ CONS = [
     ("      if (kb == 0) wgmma_ss64_z(X, da, db);\n      else wgmma_ss64(X, da, db, 1);\n    }\n    wg_commit();\n"
      "    wg_wait<0>();", "X = QK | Dd"),
     ("    const bool bad = consumers_sync_or(nf) || wg0_flag[0] || wg0_flag[1];", "weights + (2)"),
-    ("          if (g == 0) part[1672 + wl * 64 + t] = x;\n        }\n    }", "dgate M (c0 only)"),
+    ("      if (ch > 0) lx_free_arrive();  // (4) its reads of Lx done: WG0 writes the next chunk's\n    }",
+     "dgate M (c0 only)"),
     ("      for (int r = 0; r < 8; ++r) c0 = fmaf(sv[r], G[8 * kb + r], c0);\n    });", "R^T"),
     ("    else store_t<true>(dq + row0, rs, R, nullptr, i0, wl, g, q, tc);  // the last chunk", "f + dq prod + dq store"),
     ("    }, [](int, const float (&)[8]) {});", "Rk^T"),
@@ -38,11 +40,11 @@ CONS = [
 ]
 AUX = [
     ("  for (int ch = nck - 1; ch >= 0; --ch) {\n    const int t0 = ch * 64, tc = min(64, p.T - t0);", "top"),
-    ("      if ((tid & 31) == 0) reinterpret_cast<int*>(part)[1928 + (tid >> 5)] = m != 0u;\n    }\n    wg0_sync();",
-     "gates + sync"),
-    ("BEFORE    tiles_landed();\n    sync_all<6>();  // (1)\n    if (tid < 64 && ch > 0)", "tables"),
-    ("    tiles_landed();\n    sync_all<6>();  // (1)\n    if (tid < 64 && ch > 0) g_next = gate_at(p, b, h, t0 - 64 + tid), "
-     "b_next = beta_at(p, b, h, t0 - 64 + tid);", "wait (1)"),
+    ("    sync_all<6>();  // (1)\n    if (ch > 0) {  // the next chunk's tables, while the consumers work on this one",
+     "wait (1)"),
+    ("BEFORE      lx_free_wait();  // (4)", "next chunk's tables"),
+    ("      lx_free_wait();  // (4) consumer 0 has read this chunk's Lx (and WG0's L is WG0's)", "wait (4)"),
+    ("      build_lx(sm, ch - 1);\n    }", "next chunk's Lx"),
     ("    sync_all<3>();    // (3) the partials", "wait (3)"),
     ("    if (x == 0 && t < tc) put_gb(p.dgate, p.g32, go + t * p.H, td);\n    sync_all<6>();  // (6)", "dgate + (6)"),
 ]
@@ -64,45 +66,75 @@ def traced_source(src):
                 out = out.replace(m[6:], stamp + "\n" + m[6:])
             else:
                 out = out.replace(m, m + "\n" + stamp)
-    decl = ("  long long tr_last = clock64(), tr_acc[%d] = {}, tr_abs[%d] = {};\n"
+    # Stamps go to a global array (chunk, stamp) per traced role: register arrays of them spilled (WG0 runs at 56
+    # registers), which slowed the roles they measured. Sums and the chunk nck / 2's stamps are printed at the end.
+    decl = ("  const int tr_slot = (blockIdx.x == %s ? 0 : blockIdx.x == %s ? 1 : 2) * 3 + (int)(threadIdx.x >> 7);\n"
             "  const bool tr_on = (blockIdx.x == %s) && (threadIdx.x & 127) == 0;\n")
     cta = " || blockIdx.x == ".join(str(c) for c in TRACE_CTAS)
-    macro = ("#define TRACE_C(i) do { long long n_ = clock64(); tr_acc[i] += n_ - tr_last; tr_last = n_; "
-             "if (ch == nck / 2) tr_abs[i] = n_; } while (0)\n"
-             "#define TRACE_A(i) TRACE_C(i)\n")
+    macro = ("__device__ long long g_tr[9 * 512 * 16];\n"
+             "#define TRACE_C(i) do { if (tr_on && ch < 512) g_tr[(tr_slot * 512 + ch) * 16 + (i)] = clock64(); } "
+             "while (0)\n#define TRACE_A(i) TRACE_C(i)\n"
+             "__device__ __forceinline__ void tr_print(int slot, int n, int nck) {\n"
+             "  const long long* s = g_tr + slot * 512 * 16;\n"
+             "  for (int i = 0; i < n; ++i) {\n"
+             "    long long acc = 0;\n"
+             "    for (int c = min(nck, 512) - 1; c >= 0; --c) {\n"
+             "      const long long prev = i ? s[c * 16 + i - 1] : (c + 1 < min(nck, 512) ? s[(c + 1) * 16 + n - 1] : s[c * 16]);\n"
+             "      acc += s[c * 16 + i] - prev;\n"
+             "    }\n"
+             "    printf(\"TRACE cta %d wg %d i %d %lld %lld\\n\", (int)blockIdx.x, (int)(threadIdx.x >> 7), i, acc,\n"
+             "           s[(nck / 2) * 16 + i]);\n"
+             "  }\n"
+             "}\n")
     out = out.replace("namespace bwd90 {\n", "namespace bwd90 {\n" + macro, 1)
     out = out.replace('BACKWARD_SM90_SRC = ("', 'BACKWARD_SM90_SRC = ("#include <cstdio>\\n', 1)
-    for head, n in (("__device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, int nck) {\n",
-                     len(CONS)),
-                    ("__device__ void aux(const Params& p, unsigned char* sm, int64_t bh, int nck) {\n", len(AUX))):
+    for head in ("__device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, int nck) {\n",
+                 "__device__ void aux(const Params& p, unsigned char* sm, int64_t bh, int nck) {\n"):
         assert out.count(head) == 1, head
-        out = out.replace(head, head + decl % (n, n, cta))
+        out = out.replace(head, head + decl % (TRACE_CTAS[0], TRACE_CTAS[1], cta))
     # the prints: the consumer's before its early return (no S_0), aux's after its loop
-    pr_c = ("  if (tr_on) printf(\"TRACE cta %d wg %d" + " %lld" * len(CONS) + "\\n\", (int)blockIdx.x, (int)(threadIdx.x >> 7)"
-            + "".join(f", tr_acc[{i}]" for i in range(len(CONS))) + ");\n"
-            "  if (tr_on) printf(\"ABS cta %d wg %d" + " %lld" * len(CONS) + "\\n\", (int)blockIdx.x, (int)(threadIdx.x >> 7)"
-            + "".join(f", tr_abs[{i}]" for i in range(len(CONS))) + ");\n")
-    pr_a = ("  if (tr_on) printf(\"TRACE cta %d wg 0" + " %lld" * len(AUX) + "\\n\", (int)blockIdx.x"
-            + "".join(f", tr_acc[{i}]" for i in range(len(AUX))) + ");\n"
-            "  if (tr_on) printf(\"ABS cta %d wg 0" + " %lld" * len(AUX) + "\\n\", (int)blockIdx.x"
-            + "".join(f", tr_abs[{i}]" for i in range(len(AUX))) + ");\n")
     m = "  if (p.ds0 == nullptr) return;  // (no initial state)"
     assert out.count(m) == 1
-    out = out.replace(m, pr_c + m)
+    out = out.replace(m, f"  if (tr_on) tr_print(tr_slot, {len(CONS)}, nck);\n" + m)
     m = ("    if (x == 0 && t < tc) put_gb(p.dgate, p.g32, go + t * p.H, td);\n    sync_all<6>();  // (6)\n"
          f"    TRACE_A({len(AUX) - 1});\n  }}\n")
     assert out.count(m) == 1, "aux end"
-    out = out.replace(m, m + pr_a)
+    out = out.replace(m, m + f"  if (tr_on) tr_print(tr_slot, {len(AUX)}, nck);\n")
     return out
 
 
-def write_copy(path):
+# Ablations (--ablate NAME,...): untraced copies with one piece of the chunk removed (their gradients are wrong),
+# timed beside the others: the time a piece costs on the critical path, which stamps cannot show (a role blocked at
+# a deferred barrier stamps early). Each is (old, new) replacements in BACKWARD_SM90_SRC.
+ABLATIONS = {
+    "no_m": [("    if (c == 0) {  // dgate's term (d)",  # consumer 0's M product and column sums (it still arrives)
+              "    if (c == 0 && ch > 0) lx_free_arrive();\n    if (false) {  // dgate's term (d)")],
+    "no_tables": [("    if (ch > 0) {  // the next chunk's tables, while the consumers work on this one",  # WG0's tables
+                   "    if (ch > 0) lx_free_wait();\n    if (false) {")],
+    "no_rt_loads": [("          const float2 v = __ldg(reinterpret_cast<const float2*>(S + (ir + 8 * hh) * 128 + 16 * kb + "
+                     "2 * q + 8 * e));",  # R^T's checkpoint loads (G's values instead)
+                     "          const float2 v = make_float2(G[8 * kb + 4 * e + 2 * hh], G[8 * kb + 4 * e + 2 * hh + 1]);")],
+    "no_prefetch": [("    if (ch > 0) prefetch_chunk(p, bh, b, h, ch - 1, lt + 128 * c);", "")],
+    "no_wg0_dgate": [("    const int t = tid >> 1, x = tid & 1;  // two threads a step", "    sync_all<6>();\n    continue;\n"
+                      "    const int t = tid >> 1, x = tid & 1;  // two threads a step")],
+}
+
+
+def write_copy(path, ablation=None):
+    """solution.py with the stamps (ablation None) or with an ablation applied."""
     import solution
     text = open(solution.__file__).read()
     start = text.index("BACKWARD_SM90_SRC = (")
     end = text.index('\n""")\n', start)
-    new_src = traced_source(text[start:end])
-    open(path, "w").write(text[:start] + new_src + text[end:])
+    src = text[start:end]
+    if ablation is None:
+        src = traced_source(src)
+    else:
+        for old, new in ABLATIONS[ablation]:
+            if src.count(old) != 1:
+                raise SystemExit(f"ablation {ablation}: no single match for {old[:60]!r}")
+            src = src.replace(old, new)
+    open(path, "w").write(text[:start] + src + text[end:])
 
 
 def main():
@@ -110,9 +142,13 @@ def main():
     ap.add_argument("--shapes", default="S4-bf16,S2-bf16")
     ap.add_argument("--extra", action="append", default=[])
     ap.add_argument("--trials", type=int, default=10)
+    ap.add_argument("--ablate", default="", help=f"comma list of {sorted(ABLATIONS)}")
     args = ap.parse_args()
     os.makedirs("scratch", exist_ok=True)
     write_copy("scratch/trace_solution.py")
+    for a in filter(None, args.ablate.split(",")):
+        write_copy(f"scratch/ablate_{a}.py", a)
+        args.extra.append(f"{a}=scratch/ablate_{a}.py")
     from tools.common import load_copies, prebuild, save
     prebuild(["solution.py", "scratch/trace_solution.py"] + [e.split("=", 1)[1] for e in args.extra], ["backward_sm90"])
     import torch
@@ -145,23 +181,21 @@ def main():
         child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         out = child.stdout
         nck = (T + 63) // 64
-        rows = {}
+        rows, absr = {}, {}
         for line in out.splitlines():
-            mm = re.match(r"TRACE cta (\d+) wg (\d+) (.*)", line)
+            mm = re.match(r"TRACE cta (\d+) wg (\d+) i (\d+) (-?\d+) (-?\d+)", line)
             if not mm:
                 continue
-            vals = [int(x) / nck for x in mm.group(3).split()]
-            wg = int(mm.group(2))
+            cta, wg, i = int(mm.group(1)), int(mm.group(2)), int(mm.group(3))
             names = [n for _, n in (AUX if wg == 0 else CONS)]
-            rows[f"cta {mm.group(1)} wg {wg}"] = dict(zip(names, vals))
-            print(f"{name} cta {mm.group(1)} wg {wg}: cycles a chunk (total {sum(vals):.0f})")
-            for n, x in zip(names, vals):
+            rows.setdefault(f"cta {cta} wg {wg}", {})[names[i]] = int(mm.group(4)) / nck
+            absr.setdefault((cta, wg), {})[i] = int(mm.group(5))
+        for key in sorted(rows):
+            vals = rows[key]
+            print(f"{name} {key}: cycles a chunk (total {sum(vals.values()):.0f})")
+            for n, x in vals.items():
                 print(f"    {x:8.0f}  {n}")
-        absr = {}
-        for line in out.splitlines():
-            mm = re.match(r"ABS cta (\d+) wg (\d+) (.*)", line)
-            if mm:
-                absr[(int(mm.group(1)), int(mm.group(2)))] = [int(x) for x in mm.group(3).split()]
+        absr = {k: [v[i] for i in sorted(v)] for k, v in absr.items()}
         for cta in TRACE_CTAS:
             if (cta, 0) not in absr:
                 continue
