@@ -4987,7 +4987,8 @@ extern "C" int gr_execute_backward(const gr::Plan* pl, const gr::Problem* pr, fl
 
 # chunk_bwd_sm90's wgmma forms beyond WGMMA_FORMS (n, RS, B MN-major, zero, kind, A MN-major).
 BWD_SM90_FORMS = ((64, False, 0, False, "bf16", 1), (64, False, 1, False, "bf16", 1), (64, False, 1, True),
-                  (64, False, 1, False), (128, True, 1, False))
+                  (64, False, 1, False), (128, True, 1, False), (32, False, 0, True), (32, False, 0, False),
+                  (32, True, 0, True), (32, True, 0, False))
 BACKWARD_SM90_SRC = ("namespace gr {\nnamespace {\n" + "".join(_wgmma(*f) for f in BWD_SM90_FORMS) +
                      "}  // namespace\n}  // namespace gr\n" + r"""
 // ===================================== chunk_bwd_sm90: the chunked backward on Hopper wgmma ==========
@@ -5089,9 +5090,9 @@ __device__ __forceinline__ bool consumers_sync_or(bool x) {
   return r != 0;
 }
 __device__ __forceinline__ void wg0_sync() { asm volatile("barrier.sync 5, 128;\n" ::: "memory"); }
-// 4: consumer 0 arrives after its last read of Lx in a chunk, WG0 waits before writing the next chunk's
-__device__ __forceinline__ void lx_free_arrive() { asm volatile("barrier.arrive 4, 256;\n" ::: "memory"); }
-__device__ __forceinline__ void lx_free_wait() { asm volatile("barrier.sync 4, 256;\n" ::: "memory"); }
+// 4: the consumers arrive after their last read of Lx in a chunk, WG0 waits before writing the next chunk's
+__device__ __forceinline__ void lx_free_arrive() { asm volatile("barrier.arrive 4, 384;\n" ::: "memory"); }
+__device__ __forceinline__ void lx_free_wait() { asm volatile("barrier.sync 4, 384;\n" ::: "memory"); }
 template <int ID>
 __device__ __forceinline__ void arrive_all() { asm volatile("barrier.arrive %0, 384;\n" ::"n"(ID) : "memory"); }
 template <int ID>
@@ -5257,20 +5258,21 @@ __device__ __noinline__ void fma_dv(float (&R)[32], const unsigned char* sm, int
       }
   }
 }
-// M[u][t] = sum_{s < t} E[u][s] L[t-1][s] (u = 16 wl + g (+8), t = 8 n + 2 q + e), E in the quad's registers
+// M[u][t] = sum_{s < t} E[u][s] L[t-1][s] (u = 16 wl + g (+8), t = 32 C + 8 n + 2 q + e), E in the quad's registers
 // (E[u][s] is lane (g, (s % 8) / 2)'s X[4 (s / 8) + 2 h + s % 2]).
-__device__ __forceinline__ void fma_m(float (&M)[32], const float (&E)[32], const float* L, int q, int lane) {
+template <int C>
+__device__ __forceinline__ void fma_m(float (&M)[16], const float (&E)[32], const float* L, int q, int lane) {
 #pragma unroll
-  for (int i = 0; i < 32; ++i) M[i] = 0.f;
+  for (int i = 0; i < 16; ++i) M[i] = 0.f;
 #pragma unroll
-  for (int s = 0; s < 63; ++s) {
+  for (int s = 0; s < (C ? 63 : 31); ++s) {
     const int src = (lane & ~3) | ((s & 7) >> 1), r = 4 * (s >> 3) + (s & 1);
     const float e0 = __shfl_sync(0xffffffffu, E[r], src), e1 = __shfl_sync(0xffffffffu, E[r + 2], src);
 #pragma unroll
-    for (int n = 0; n < 8; ++n)
+    for (int n = 0; n < 4; ++n)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int t = 8 * n + 2 * q + e;
+        const int t = 32 * C + 8 * n + 2 * q + e;
         if (s >= t) continue;
         const float lx = L[lp(t - 1, s)];
         M[4 * n + e] = fmaf(e0, lx, M[4 * n + e]);
@@ -5331,6 +5333,69 @@ __device__ __forceinline__ void prefetch_chunk(const Params& p, int64_t bh, int6
   const bf16* row = src + b * st.b + (int64_t)t * st.t + h * st.h;
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row));
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + 64));
+}
+
+// dgate's term (d), consumer C's columns t = 32 C .. 32 C + 31: sum_{u >= t} L[u][t] M[u][t] over this warp's rows u
+// into part[1672 + 64 wl + t], M = E Lx^T, E[u][s] = beta_s QK[u][s] Dd[u][s] (s < u). X holds the consumer's own
+// product (QK for C = 0, Dd for C = 1) and becomes E; the other is recomputed: consumer 0's columns t < 32 need
+// only s < 32 (Dd's half, two k-steps of M). The split keeps the two consumers level (on one it was a sixth of
+// the chunk, which the other waited out at (5)).
+template <int C>
+__device__ __forceinline__ void dgate_m(unsigned char* sm, float (&X)[32], const float* L, const float* tab,
+                                        float* part, bool bad, int wl, int g, int q, int lane) {
+  constexpr int NE = C ? 32 : 16;  // E's registers (columns s < 64, or < 32)
+  float Y[NE];  // the other product: Dd's columns s < 32 (C = 0) or QK (C = 1)
+#pragma unroll
+  for (int kb = 0; kb < 8; ++kb) {
+    wg_fence();
+    const uint64_t da = kdesc(sm, C ? kQ : kY, 64, kb), db = kdesc(sm, C ? kK : kV, 64, kb);
+    if constexpr (C == 0) {
+      if (kb == 0) wgmma_ss32_z(Y, da, db);
+      else wgmma_ss32(Y, da, db, 1);
+    } else {
+      if (kb == 0) wgmma_ss64_z(Y, da, db);
+      else wgmma_ss64(Y, da, db, 1);
+    }
+  }
+  wg_commit();
+  wg_wait<0>();
+  acc_fence(Y);
+#pragma unroll
+  for (int x = 0; x < NE; ++x) {
+    const int u = 16 * wl + g + 8 * ((x >> 1) & 1), s = 8 * (x >> 2) + 2 * q + (x & 1);
+    X[x] = s < u ? tab[192 + s] * X[x] * Y[x] : 0.f;
+  }
+  float M[16];
+  if (bad) {
+    fma_m<C>(M, X, L, q, lane);
+  } else {
+#pragma unroll
+    for (int kb = 0; kb < NE / 8; ++kb) {  // E's accumulator as A fragments, hi / lo; 3 terms; B = Lx rows t
+      uint32_t ah[4], al[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) split_bf16x2<false>(X[8 * kb + 2 * r], X[8 * kb + 2 * r + 1], ah[r], al[r]);
+      wg_fence();
+      const uint64_t bh = kdesc(sm, kLxH + 512 * C, 64, kb), bl = kdesc(sm, kLxL + 512 * C, 64, kb);
+      if (kb == 0) wgmma_rs32_z(M, ah, bh);
+      else wgmma_rs32(M, ah, bh, 1);
+      wgmma_rs32(M, ah, bl, 1);
+      wgmma_rs32(M, al, bh, 1);
+    }
+    wg_commit();
+    wg_wait<0>();
+    acc_fence(M);
+  }
+#pragma unroll
+  for (int n = 0; n < 4; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {  // column t's sum over this warp's rows u >= t
+      const int t = 32 * C + 8 * n + 2 * q + e, u = 16 * wl + g;
+      float x = (u >= t ? L[lp(u, t)] * M[4 * n + e] : 0.f) + (u + 8 >= t ? L[lp(u + 8, t)] * M[4 * n + 2 + e] : 0.f);
+      x += __shfl_xor_sync(0xffffffffu, x, 4);
+      x += __shfl_xor_sync(0xffffffffu, x, 8);
+      x += __shfl_xor_sync(0xffffffffu, x, 16);
+      if (g == 0) part[1672 + wl * 64 + t] = x;
+    }
 }
 
 __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, int nck) {
@@ -5401,58 +5466,10 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     const int* wg0_flag = reinterpret_cast<const int*>(part) + 1928 + 2 * (ch & 1);  // the gates' and betas' (WG0)
     const bool bad = consumers_sync_or(nf) || wg0_flag[0] || wg0_flag[1];  // (2) the weights, and the flag
     if (ch > 0) prefetch_chunk(p, bh, b, h, ch - 1, lt + 128 * c);  // the next chunk's tiles and checkpoint
-    if (c == 0) {  // dgate's term (d): sum_{u >= t} L[u][t] M[u][t], M = E Lx^T, E[u][s] = beta_s QK Dd (s < u)
-      float Dd[32];  // Dd = dY V^T again (consumer 1 has its own), then M
-#pragma unroll
-      for (int kb = 0; kb < 8; ++kb) {
-        wg_fence();
-        if (kb == 0) wgmma_ss64_z(Dd, kdesc(sm, kY, 64, kb), kdesc(sm, kV, 64, kb));
-        else wgmma_ss64(Dd, kdesc(sm, kY, 64, kb), kdesc(sm, kV, 64, kb), 1);
-      }
-      wg_commit();
-      wg_wait<0>();
-      acc_fence(Dd);
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int u = 16 * wl + g + 8 * hh, s = 8 * n + 2 * q + e, x = 4 * n + 2 * hh + e;
-            X[x] = s < u ? tab[192 + s] * X[x] * Dd[x] : 0.f;
-          }
-      if (bad) {
-        fma_m(Dd, X, L, q, lane);
-      } else {
-#pragma unroll
-        for (int kb = 0; kb < 4; ++kb) {  // E's accumulator as A fragments, hi / lo; 3 terms
-          uint32_t ah[4], al[4];
-#pragma unroll
-          for (int r = 0; r < 4; ++r) split_bf16x2<false>(X[8 * kb + 2 * r], X[8 * kb + 2 * r + 1], ah[r], al[r]);
-          wg_fence();
-          if (kb == 0) wgmma_rs64_z(Dd, ah, kdesc(sm, kLxH, 64, kb));
-          else wgmma_rs64(Dd, ah, kdesc(sm, kLxH, 64, kb), 1);
-          wgmma_rs64(Dd, ah, kdesc(sm, kLxL, 64, kb), 1);
-          wgmma_rs64(Dd, al, kdesc(sm, kLxH, 64, kb), 1);
-        }
-        wg_commit();
-        wg_wait<0>();
-        acc_fence(Dd);
-      }
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {  // column t's sum over this warp's rows u >= t
-          const int t = 8 * n + 2 * q + e, u = 16 * wl + g;
-          float x = (u >= t ? L[lp(u, t)] * Dd[4 * n + e] : 0.f) +
-                    (u + 8 >= t ? L[lp(u + 8, t)] * Dd[4 * n + 2 + e] : 0.f);
-          x += __shfl_xor_sync(0xffffffffu, x, 4);
-          x += __shfl_xor_sync(0xffffffffu, x, 8);
-          x += __shfl_xor_sync(0xffffffffu, x, 16);
-          if (g == 0) part[1672 + wl * 64 + t] = x;
-        }
-      if (ch > 0) lx_free_arrive();  // (4) its reads of Lx done: WG0 writes the next chunk's
-    }
+    // dgate's term (d), each consumer its half of the columns t
+    if (c == 0) dgate_m<0>(sm, X, L, tab, part, bad, wl, g, q, lane);
+    else dgate_m<1>(sm, X, L, tab, part, bad, wl, g, q, lane);
+    if (ch > 0) lx_free_arrive();  // (4) its reads of Lx done: WG0 writes the next chunk's
     // R^T = S dY^T: S rows ir, ir + 8 from the checkpoint, a k-step at a time; c0's part
     float c0 = 0.f;
     rs_split_product(R, sm, kY, [&](int kb, float (&sv)[8]) {
@@ -5653,7 +5670,7 @@ __device__ void aux(const Params& p, unsigned char* sm, int64_t bh, int nck) {
     if (ch > 0) {  // the next chunk's tables, while the consumers work on this one
       const int tn = t0 - 64 + tid;
       build_tables(sm, ch - 1, tid < 64 ? gate_at(p, b, h, tn) : 0.f, tid < 64 ? beta_at(p, b, h, tn) : 0.f);
-      lx_free_wait();  // (4) consumer 0 has read this chunk's Lx (and WG0's L is WG0's)
+      lx_free_wait();  // (4) the consumers have read this chunk's Lx (and WG0's L is WG0's)
       build_lx(sm, ch - 1);
     }
     sync_all<3>();    // (3) the partials

@@ -24,8 +24,7 @@ CONS = [
     ("      if (kb == 0) wgmma_ss64_z(X, da, db);\n      else wgmma_ss64(X, da, db, 1);\n    }\n    wg_commit();\n"
      "    wg_wait<0>();", "X = QK | Dd"),
     ("    const bool bad = consumers_sync_or(nf) || wg0_flag[0] || wg0_flag[1];", "weights + (2)"),
-    ("      if (ch > 0) lx_free_arrive();  // (4) its reads of Lx done: WG0 writes the next chunk's\n    }",
-     "dgate M (c0 only)"),
+    ("    if (ch > 0) lx_free_arrive();  // (4) its reads of Lx done: WG0 writes the next chunk's", "dgate M (a half each)"),
     ("      for (int r = 0; r < 8; ++r) c0 = fmaf(sv[r], G[8 * kb + r], c0);\n    });", "R^T"),
     ("    else store_t<true>(dq + row0, rs, R, nullptr, i0, wl, g, q, tc);  // the last chunk", "f + dq prod + dq store"),
     ("    }, [](int, const float (&)[8]) {});", "Rk^T"),
@@ -43,7 +42,7 @@ AUX = [
     ("    sync_all<6>();  // (1)\n    if (ch > 0) {  // the next chunk's tables, while the consumers work on this one",
      "wait (1)"),
     ("BEFORE      lx_free_wait();  // (4)", "next chunk's tables"),
-    ("      lx_free_wait();  // (4) consumer 0 has read this chunk's Lx (and WG0's L is WG0's)", "wait (4)"),
+    ("      lx_free_wait();  // (4) the consumers have read this chunk's Lx (and WG0's L is WG0's)", "wait (4)"),
     ("      build_lx(sm, ch - 1);\n    }", "next chunk's Lx"),
     ("    sync_all<3>();    // (3) the partials", "wait (3)"),
     ("    if (x == 0 && t < tc) put_gb(p.dgate, p.g32, go + t * p.H, td);\n    sync_all<6>();  // (6)", "dgate + (6)"),
@@ -107,8 +106,8 @@ def traced_source(src):
 # timed beside the others: the time a piece costs on the critical path, which stamps cannot show (a role blocked at
 # a deferred barrier stamps early). Each is (old, new) replacements in BACKWARD_SM90_SRC.
 ABLATIONS = {
-    "no_m": [("    if (c == 0) {  // dgate's term (d)",  # consumer 0's M product and column sums (it still arrives)
-              "    if (c == 0 && ch > 0) lx_free_arrive();\n    if (false) {  // dgate's term (d)")],
+    "no_m": [("    if (c == 0) dgate_m<0>(sm, X, L, tab, part, bad, wl, g, q, lane);\n"  # dgate's M products, column sums
+              "    else dgate_m<1>(sm, X, L, tab, part, bad, wl, g, q, lane);\n", "")],
     "no_tables": [("    if (ch > 0) {  // the next chunk's tables, while the consumers work on this one",  # WG0's tables
                    "    if (ch > 0) lx_free_wait();\n    if (false) {")],
     "no_rt_loads": [("          const float2 v = __ldg(reinterpret_cast<const float2*>(S + (ir + 8 * hh) * 128 + 16 * kb + "
