@@ -323,7 +323,7 @@ inline size_t recurrent_bwd_smem(int R, int TC) { return sizeof(float) * (size_t
 enum : int { kBwdChunk = 32, kBwdThreads = 512,
              kChunkBwdSmem = 4 * (2 * 128 * 132 + 4 * 32 * 132 + 4 * 32 * 33 + 7 * 32 + kBwdThreads / 32) };
 // chunk_bwd_sm90's shared memory (bwd90:: in BACKWARD_SM90_SRC lays it out and checks it).
-enum : int { kChunkBwdSm90Smem = 224048 };
+enum : int { kChunkBwdSm90Smem = 231776 };
 // Rows a thread of recurrent_bwd (D_k <= 32 R): its instantiations.
 #define GR_BWD_ROWS(X) X(1) X(2) X(4) X(8)
 
@@ -5047,10 +5047,11 @@ constexpr int kQ = 0, kK = 16384, kV = 32768, kY = 49152, kGH = 65536, kGL = 983
 constexpr int kMQH = 131072, kMQL = 139264, kMDH = 147456, kMDL = 155648, kMPH = 163840, kMPL = 172032;
 constexpr int kLxH = 180224, kLxL = 188416, kL = 196608, kLBuf = 64 * 65 / 2 * 4, kTab = kL + 2 * kLBuf;
 constexpr int kTabBuf = 6 * 256, kPart = kTab + 2 * kTabBuf;
-constexpr int kSmem = kPart + (3 * 8 * 64 + 8 + 2 * 64 + 4 * 64 + 4) * 4;  // (+ the non-finite flags)
+constexpr int kPartBuf = (3 * 8 * 64 + 8 + 2 * 64 + 4 * 64 + 4) * 4;  // (+ the non-finite flags, in buffer 0's)
+constexpr int kSmem = kPart + 2 * kPartBuf;
 static_assert(kSmem == kChunkBwdSm90Smem, "the plan's shared memory (PRELUDE)");
 // tables (floats at kTab + buf kTabBuf): A 0, Ah 64, w 128, beta 192, beta w 256, gate 320
-// partials (floats at kPart): f [8][64] at 0, e at 512, dbeta at 1024 (slot c * 4 + warp), c0 [8] at 1536,
+// partials (floats at kPart + buf kPartBuf, the chunk's parity: WG0 reads them during the chunk after): f [8][64] at 0, e at 512, dbeta at 1024 (slot c * 4 + warp), c0 [8] at 1536,
 // then the sums f at 1544, e at 1608, then dgate's term (d) [4][64] at 1672 (c = 0's warps), then the
 // non-finite flags (ints) [buf][warp] at 1928
 // L[t][s] (s <= t) at lp(t, s) of its buffer; every (t, s < 64) is inside it (a select may load the slot it discards).
@@ -5060,6 +5061,9 @@ __device__ __forceinline__ const float* tables(const unsigned char* sm, int ch) 
 }
 __device__ __forceinline__ const float* ltab(const unsigned char* sm, int ch) {
   return reinterpret_cast<const float*>(sm + kL + (ch & 1) * kLBuf);
+}
+__device__ __forceinline__ float* partials(unsigned char* sm, int ch) {
+  return reinterpret_cast<float*>(sm + kPart + (ch & 1) * kPartBuf);
 }
 constexpr int kAuxRegs = 56, kConsRegs = 224;  // setmaxnreg split (at 40 / 232 WG0 spilled)
 static_assert(kAuxRegs * 128 + kConsRegs * 256 <= 65536, "the split fits the register file");
@@ -5080,7 +5084,7 @@ __device__ __forceinline__ uint64_t mdesc(const unsigned char* sm, int off, int 
 }
 // Named barriers, non-aligned (barrier.sync, not bar.sync = barrier.sync.aligned): the roles reach the chunk's
 // barriers from different code, which .aligned does not allow (synccheck: "divergent threads in block").
-// 1: the consumers (256); 5: WG0 (128); 6: everyone (384), and 3: consumers arrive, WG0 waits;
+// 1: the consumers (256); 5: WG0 (128); 6: everyone (384);
 __device__ __forceinline__ void consumers_sync() { asm volatile("barrier.sync 1, 256;\n" ::: "memory"); }
 // The consumers' barrier with the OR of their x.
 __device__ __forceinline__ bool consumers_sync_or(bool x) {
@@ -5400,7 +5404,6 @@ __device__ __forceinline__ void dgate_m(unsigned char* sm, float (&X)[32], const
 
 __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, int nck) {
   const int lt = threadIdx.x & 127, wl = lt >> 5, lane = lt & 31, g = lane >> 2, q = lane & 3;
-  float* part = reinterpret_cast<float*>(sm + kPart);
   const int i0 = 64 * c, ir = i0 + 16 * wl + g;  // this thread's state rows ir, ir + 8
   const int64_t b = bh / p.H, h = bh - b * p.H, rs = (int64_t)p.H * 128;  // rs: a step's row stride
   bf16 *dq = static_cast<bf16*>(p.y), *dk = static_cast<bf16*>(p.dk), *dv = static_cast<bf16*>(p.dv);  // contiguous
@@ -5435,11 +5438,37 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     const int tc = min(64, p.T - (int)t0);  // the chunk's steps (rows past T are not stored)
     float X[32], R[32], Rk[32];
     const float *tab = tables(sm, ch), *L = ltab(sm, ch);  // this chunk's buffers
+    float* part = partials(sm, ch);
     if (ch == nck - 1) load_tiles<15, 256>(p, sm, b, h, ch, lt + 128 * c);
     else load_tiles<9, 256>(p, sm, b, h, ch, lt + 128 * c);  // q and dy (k and v came during the chunk before)
+    // S rows ir, ir + 8 from the checkpoint: R^T's A values (Sv[kb]: k-step kb's), loaded here to land while the
+    // tiles do (loaded a k-step at a time inside R^T they cost a round trip each); c0's part (sum S o G) from them
+    // here too, so that each k-step's values die at their split (kept for c0 they cost R^T's k-steps their overlap)
+    float Sv[8][8], c0 = 0.f;
+    {
+      const float* S = p.ckpt + (bh * nck + ch) * 16384;
+#pragma unroll
+      for (int kb = 0; kb < 8; ++kb)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float2 v = __ldg(reinterpret_cast<const float2*>(S + (ir + 8 * hh) * 128 + 16 * kb + 2 * q + 8 * e));
+            Sv[kb][4 * e + 2 * hh] = v.x;
+            Sv[kb][4 * e + 2 * hh + 1] = v.y;
+          }
+#pragma unroll
+      for (int kb = 0; kb < 8; ++kb)
+#pragma unroll
+        for (int r = 0; r < 8; ++r) c0 = fmaf(Sv[kb][r], G[8 * kb + r], c0);
+    }
     tiles_landed();
     sync_all<6>();  // (1) the chunk's tiles and tables
-    const float* S = p.ckpt + (bh * nck + ch) * 16384;
+    // R^T = S dY^T first (its values are here; X's weights wait for the other consumer's at (2))
+    rs_split_product(R, sm, kY, [&](int kb, float (&sv)[8]) {
+#pragma unroll
+      for (int r = 0; r < 8; ++r) sv[r] = Sv[kb][r];
+    }, [](int, const float (&)[8]) {});
     // X = QK (c = 0) or Dd (c = 1)
 #pragma unroll
     for (int kb = 0; kb < 8; ++kb) {
@@ -5463,28 +5492,9 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     bool nf = false;
 #pragma unroll
     for (int i = 0; i < 32; ++i) nf |= !(fabsf(X[i]) <= 3.402823466e38f);
-    const int* wg0_flag = reinterpret_cast<const int*>(part) + 1928 + 2 * (ch & 1);  // the gates' and betas' (WG0)
+    const int* wg0_flag = reinterpret_cast<const int*>(sm + kPart) + 1928 + 2 * (ch & 1);  // the gates', betas' (WG0)
     const bool bad = consumers_sync_or(nf) || wg0_flag[0] || wg0_flag[1];  // (2) the weights, and the flag
     if (ch > 0) prefetch_chunk(p, bh, b, h, ch - 1, lt + 128 * c);  // the next chunk's tiles and checkpoint
-    // dgate's term (d), each consumer its half of the columns t
-    if (c == 0) dgate_m<0>(sm, X, L, tab, part, bad, wl, g, q, lane);
-    else dgate_m<1>(sm, X, L, tab, part, bad, wl, g, q, lane);
-    if (ch > 0) lx_free_arrive();  // (4) its reads of Lx done: WG0 writes the next chunk's
-    // R^T = S dY^T: S rows ir, ir + 8 from the checkpoint, a k-step at a time; c0's part
-    float c0 = 0.f;
-    rs_split_product(R, sm, kY, [&](int kb, float (&sv)[8]) {
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float2 v = __ldg(reinterpret_cast<const float2*>(S + (ir + 8 * hh) * 128 + 16 * kb + 2 * q + 8 * e));
-          sv[4 * e + 2 * hh] = v.x;
-          sv[4 * e + 2 * hh + 1] = v.y;
-        }
-    }, [&](int kb, const float (&sv)[8]) {
-#pragma unroll
-      for (int r = 0; r < 8; ++r) c0 = fmaf(sv[r], G[8 * kb + r], c0);
-    });
     col_dots(sm, R, kQ, i0, part + (c * 4 + wl) * 64, wl, g, q);  // f_u's part
 #pragma unroll
     for (int i = 0; i < 32; ++i) R[i] *= tab[8 * ((i >> 2) & 7) + 2 * q + (i & 1)];  // diag(A) on columns t
@@ -5492,6 +5502,10 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     else weights_product<false>(R, sm, kK + 8192 * c, kMQH, kMQL);  // dq^T += K^T MQ^T
     if (tc == 64) store_t<false>(dq + row0, rs, R, nullptr, i0, wl, g, q, tc);
     else store_t<true>(dq + row0, rs, R, nullptr, i0, wl, g, q, tc);  // the last chunk
+    // dgate's term (d), each consumer its half of the columns t (after dq: R's registers are free)
+    if (c == 0) dgate_m<0>(sm, X, L, tab, part, bad, wl, g, q, lane);
+    else dgate_m<1>(sm, X, L, tab, part, bad, wl, g, q, lane);
+    if (ch > 0) lx_free_arrive();  // (4) its reads of Lx done: WG0 writes the next chunk's
     // Rk^T = G V^T, G's accumulator recast as A fragments; e's part
     rs_split_product(Rk, sm, kV, [&](int kb, float (&sv)[8]) {
 #pragma unroll
@@ -5544,7 +5558,6 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) c0 += __shfl_xor_sync(0xffffffffu, c0, o);
     if (lane == 0) part[1536 + c * 4 + wl] = c0;
-    arrive_all<3>();   // (3) the partials for WG0
     consumers_sync();  // (5) both consumers' KG have read G's hi / lo
     // G <- A_63 G + (diag(A) Q)^T dY: A = Q^T fragments scaled and split
     const float a63 = tab[63];
@@ -5572,8 +5585,9 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     wg_wait<0>();
     acc_fence(G);
     put_g();
-    sync_all<6>();  // (6) the chunk is done
+    consumers_sync();  // (6) the chunk is done (the next chunk's tiles overwrite what both read)
   }
+  sync_all<6>();  // (7) the last chunk's partials, for WG0
   if (p.ds0 == nullptr) return;  // (no initial state)
 #pragma unroll
   for (int n = 0; n < 16; ++n)
@@ -5648,10 +5662,49 @@ __device__ __forceinline__ void build_lx(unsigned char* sm, int ch) {
   fence_async_smem();
 }
 
-// WG0: each chunk's tables a chunk ahead (during the chunk before), dgate and dbeta after the consumers' partials.
+// WG0: chunk ch's dgate and dbeta from the consumers' partials, its tables and the gates' terms (fixed-order sums).
+__device__ __forceinline__ void dgate_dbeta(const Params& p, unsigned char* sm, int64_t b, int64_t h, int ch) {
+  const int tid = threadIdx.x, t0 = ch * 64, tc = min(64, p.T - t0);
+  const int64_t go = (b * p.T + t0) * p.H + h;  // (b, t0, h) in dgate / dbeta (contiguous)
+  const float *tab = tables(sm, ch), *L = ltab(sm, ch);
+  float* part = partials(sm, ch);
+  const int t = tid >> 1, x = tid & 1;  // two threads a step
+  float td = 0.f;
+  {  // fixed-order sums of the 8 parts: f (threads 0..63) and e (64..127)
+    const int u = tid & 63, base = tid < 64 ? 0 : 512;
+    float acc = 0.f;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) acc += part[base + w * 64 + u];
+    part[1544 + (tid >> 6) * 64 + u] = acc;
+  }
+  wg0_sync();
+  if (x == 0) {  // (a) + (b) + (d)
+#pragma unroll
+    for (int w = 0; w < 4; ++w) td += part[1672 + w * 64 + t];
+    float c0 = 0.f;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) c0 += part[1536 + w];
+    float sb = 0.f;
+    for (int s = 0; s < t; ++s) sb = fmaf(L[lp(t - 1, s)] * tab[192 + s], part[1608 + s], sb);
+    td += tab[128 + t] * (tab[64 + t] * c0 + sb);
+    float db = 0.f;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) db += part[1024 + w * 64 + t];
+    if (t < tc) put_gb(p.dbeta, p.b32, go + t * p.H, db);
+  } else {  // (c)
+    float sc = 0.f;
+    for (int u = t; u < 64; ++u) sc = fmaf(L[lp(u, t)], part[1544 + u], sc);
+    td = tab[64 + t] * sc;
+  }
+  td += __shfl_xor_sync(0xffffffffu, td, 1);  // x = 0's (a) + (b) + (d), x = 1's (c)
+  if (x == 0 && t < tc) put_gb(p.dgate, p.g32, go + t * p.H, td);
+}
+
+// WG0: each chunk's tables a chunk ahead (during the chunk before), and its dgate and dbeta a chunk behind (during the
+// chunk after, from the double-buffered partials): the consumers never wait for WG0 but at (1), where its tables
+// have long been ready.
 __device__ void aux(const Params& p, unsigned char* sm, int64_t bh, int nck) {
   const int tid = threadIdx.x;
-  float* part = reinterpret_cast<float*>(sm + kPart);
   const int64_t b = bh / p.H, h = bh - b * p.H;
   {  // the first chunk's tables
     const int t = (nck - 1) * 64 + tid;
@@ -5660,52 +5713,24 @@ __device__ void aux(const Params& p, unsigned char* sm, int64_t bh, int nck) {
     build_lx(sm, nck - 1);
   }
   for (int ch = nck - 1; ch >= 0; --ch) {
-    const int t0 = ch * 64, tc = min(64, p.T - t0);
-    const int64_t go = (b * p.T + t0) * p.H + h;  // (b, t0, h) in dgate / dbeta (contiguous)
-    const float *tab = tables(sm, ch), *L = ltab(sm, ch);
+    const int t0 = ch * 64;
     // (WG0's own barrier between its stores of the tables and (1): without it racecheck reports them against the
     // consumers' loads after (1))
     wg0_sync();
     sync_all<6>();  // (1)
+    if (ch + 1 < nck) {  // the chunk before's dgate and dbeta, from its buffers, which the next tables overwrite
+      dgate_dbeta(p, sm, b, h, ch + 1);
+      wg0_sync();
+    }
     if (ch > 0) {  // the next chunk's tables, while the consumers work on this one
       const int tn = t0 - 64 + tid;
       build_tables(sm, ch - 1, tid < 64 ? gate_at(p, b, h, tn) : 0.f, tid < 64 ? beta_at(p, b, h, tn) : 0.f);
       lx_free_wait();  // (4) the consumers have read this chunk's Lx (and WG0's L is WG0's)
       build_lx(sm, ch - 1);
     }
-    sync_all<3>();    // (3) the partials
-    const int t = tid >> 1, x = tid & 1;  // two threads a step
-    float td = 0.f;
-    {  // fixed-order sums of the 8 parts: f (threads 0..63) and e (64..127)
-      const int u = tid & 63, base = tid < 64 ? 0 : 512;
-      float acc = 0.f;
-#pragma unroll
-      for (int w = 0; w < 8; ++w) acc += part[base + w * 64 + u];
-      part[1544 + (tid >> 6) * 64 + u] = acc;
-    }
-    wg0_sync();
-    if (x == 0) {  // (a) + (b) + (d)
-#pragma unroll
-      for (int w = 0; w < 4; ++w) td += part[1672 + w * 64 + t];
-      float c0 = 0.f;
-#pragma unroll
-      for (int w = 0; w < 8; ++w) c0 += part[1536 + w];
-      float sb = 0.f;
-      for (int s = 0; s < t; ++s) sb = fmaf(L[lp(t - 1, s)] * tab[192 + s], part[1608 + s], sb);
-      td += tab[128 + t] * (tab[64 + t] * c0 + sb);
-      float db = 0.f;
-#pragma unroll
-      for (int w = 0; w < 8; ++w) db += part[1024 + w * 64 + t];
-      if (t < tc) put_gb(p.dbeta, p.b32, go + t * p.H, db);
-    } else {  // (c)
-      float sc = 0.f;
-      for (int u = t; u < 64; ++u) sc = fmaf(L[lp(u, t)], part[1544 + u], sc);
-      td = tab[64 + t] * sc;
-    }
-    td += __shfl_xor_sync(0xffffffffu, td, 1);  // x = 0's (a) + (b) + (d), x = 1's (c)
-    if (x == 0 && t < tc) put_gb(p.dgate, p.g32, go + t * p.H, td);
-    sync_all<6>();  // (6)
   }
+  sync_all<6>();  // (7) the consumers' last partials
+  dgate_dbeta(p, sm, b, h, 0);
 }
 
 __global__ void __launch_bounds__(384, 1) chunk_bwd_sm90_kernel(const Params p) {

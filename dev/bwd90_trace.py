@@ -18,34 +18,33 @@ sys.path.insert(0, os.getcwd())
 
 # (marker in BACKWARD_SM90_SRC, or a tuple of its forms in the kernel's versions; phase name). The stamp ends the
 # phase: it goes after the marker's text, or before it with the prefix BEFORE.
-CONS = [
+CONS = [  # (in the order they run)
     ("    const int tc = min(64, p.T - (int)t0);  // the chunk's steps (rows past T are not stored)", "top"),
-    ("    sync_all<6>();  // (1) the chunk's tiles and tables", "wait tiles+tables (1)"),
+    ("    sync_all<6>();  // (1) the chunk's tiles and tables", "S loads + c0 + wait tiles+tables (1)"),
+    ("      for (int r = 0; r < 8; ++r) sv[r] = Sv[kb][r];\n    }, [](int, const float (&)[8]) {});", "R^T"),
     ("      if (kb == 0) wgmma_ss64_z(X, da, db);\n      else wgmma_ss64(X, da, db, 1);\n    }\n    wg_commit();\n"
      "    wg_wait<0>();", "X = QK | Dd"),
     ("    const bool bad = consumers_sync_or(nf) || wg0_flag[0] || wg0_flag[1];", "weights + (2)"),
-    ("    if (ch > 0) lx_free_arrive();  // (4) its reads of Lx done: WG0 writes the next chunk's", "dgate M (a half each)"),
-    ("      for (int r = 0; r < 8; ++r) c0 = fmaf(sv[r], G[8 * kb + r], c0);\n    });", "R^T"),
     ("    else store_t<true>(dq + row0, rs, R, nullptr, i0, wl, g, q, tc);  // the last chunk", "f + dq prod + dq store"),
-    ("    }, [](int, const float (&)[8]) {});", "Rk^T"),
+    ("    if (ch > 0) lx_free_arrive();  // (4) its reads of Lx done: WG0 writes the next chunk's", "dgate M (a half each)"),
+    ("      for (int r = 0; r < 8; ++r) sv[r] = G[8 * kb + r];\n    }, [](int, const float (&)[8]) {});", "Rk^T"),
     ("    else store_t<true>(dk + row0, rs, Rk, tab + 192, i0, wl, g, q, tc);", "e + dkt prod + dbeta + dk store"),
     ("      wgmma_ss64_t(R, da, mdesc(sm, kGL + 16384 * c, 128, kb), 1);\n    }\n    wg_commit();\n    wg_wait<0>();",
      "KG"),
     ("            __floats2bfloat162_rn(R[4 * n + 2 * hh], R[4 * n + 2 * hh + 1]);\n      }", "dv prod + dv store"),
-    ("    consumers_sync();  // (5) both consumers' KG have read G's hi / lo", "(3) + (5)"),
+    ("    consumers_sync();  // (5) both consumers' KG have read G's hi / lo", "(5)"),
     ("      wgmma_rs128_t(G, al, db, 1);\n    }\n    wg_commit();\n    if (ch > 0) load_tiles<6, 256>(p, sm, b, h, ch - 1, lt + 128 * c);"
      "  // k and v (KG was their last reader), during the update\n    wg_wait<0>();", "G update + k,v loads"),
-    ("    put_g();\n    sync_all<6>();  // (6) the chunk is done", "put_g + (6)"),
+    ("    put_g();\n    consumers_sync();  // (6) the chunk is done (the next chunk's tiles overwrite what both read)",
+     "put_g + (6)"),
 ]
-AUX = [
-    ("  for (int ch = nck - 1; ch >= 0; --ch) {\n    const int t0 = ch * 64, tc = min(64, p.T - t0);", "top"),
-    ("    sync_all<6>();  // (1)\n    if (ch > 0) {  // the next chunk's tables, while the consumers work on this one",
-     "wait (1)"),
+AUX = [  # (in the order they run)
+    ("  for (int ch = nck - 1; ch >= 0; --ch) {\n    const int t0 = ch * 64;", "top"),
+    ("    sync_all<6>();  // (1)\n    if (ch + 1 < nck) {", "wait (1)"),
+    ("      dgate_dbeta(p, sm, b, h, ch + 1);\n      wg0_sync();\n    }", "the chunk before's dgate"),
     ("BEFORE      lx_free_wait();  // (4)", "next chunk's tables"),
     ("      lx_free_wait();  // (4) the consumers have read this chunk's Lx (and WG0's L is WG0's)", "wait (4)"),
     ("      build_lx(sm, ch - 1);\n    }", "next chunk's Lx"),
-    ("    sync_all<3>();    // (3) the partials", "wait (3)"),
-    ("    if (x == 0 && t < tc) put_gb(p.dgate, p.g32, go + t * p.H, td);\n    sync_all<6>();  // (6)", "dgate + (6)"),
 ]
 TRACE_CTAS = (0, 1, 131)
 
@@ -95,10 +94,9 @@ def traced_source(src):
     m = "  if (p.ds0 == nullptr) return;  // (no initial state)"
     assert out.count(m) == 1
     out = out.replace(m, f"  if (tr_on) tr_print(tr_slot, {len(CONS)}, nck);\n" + m)
-    m = ("    if (x == 0 && t < tc) put_gb(p.dgate, p.g32, go + t * p.H, td);\n    sync_all<6>();  // (6)\n"
-         f"    TRACE_A({len(AUX) - 1});\n  }}\n")
+    m = "  dgate_dbeta(p, sm, b, h, 0);\n}\n"
     assert out.count(m) == 1, "aux end"
-    out = out.replace(m, m + f"  if (tr_on) tr_print(tr_slot, {len(AUX)}, nck);\n")
+    out = out.replace(m, f"  if (tr_on) tr_print(tr_slot, {len(AUX)}, nck);\n" + m)
     return out
 
 
@@ -108,14 +106,11 @@ def traced_source(src):
 ABLATIONS = {
     "no_m": [("    if (c == 0) dgate_m<0>(sm, X, L, tab, part, bad, wl, g, q, lane);\n"  # dgate's M products, column sums
               "    else dgate_m<1>(sm, X, L, tab, part, bad, wl, g, q, lane);\n", "")],
-    "no_tables": [("    if (ch > 0) {  // the next chunk's tables, while the consumers work on this one",  # WG0's tables
-                   "    if (ch > 0) lx_free_wait();\n    if (false) {")],
-    "no_rt_loads": [("          const float2 v = __ldg(reinterpret_cast<const float2*>(S + (ir + 8 * hh) * 128 + 16 * kb + "
+    "no_rt_loads": [("            const float2 v = __ldg(reinterpret_cast<const float2*>(S + (ir + 8 * hh) * 128 + 16 * kb + "
                      "2 * q + 8 * e));",  # R^T's checkpoint loads (G's values instead)
-                     "          const float2 v = make_float2(G[8 * kb + 4 * e + 2 * hh], G[8 * kb + 4 * e + 2 * hh + 1]);")],
+                     "            const float2 v = make_float2(G[8 * kb + 4 * e + 2 * hh], G[8 * kb + 4 * e + 2 * hh + 1]);")],
     "no_prefetch": [("    if (ch > 0) prefetch_chunk(p, bh, b, h, ch - 1, lt + 128 * c);", "")],
-    "no_wg0_dgate": [("    const int t = tid >> 1, x = tid & 1;  // two threads a step", "    sync_all<6>();\n    continue;\n"
-                      "    const int t = tid >> 1, x = tid & 1;  // two threads a step")],
+    "no_wg0_dgate": [("      dgate_dbeta(p, sm, b, h, ch + 1);\n", "")],
 }
 
 
