@@ -4996,21 +4996,24 @@ BACKWARD_SM90_SRC = ("namespace gr {\nnamespace {\n" + "".join(_wgmma(*f) for f 
 // bfloat16 q, k, v (gates and betas bf16 or float32), D_k = D_v = 128, rows 16-byte aligned with unit d-stride,
 // any (b, t, h) strides, any T; one CTA a (b, h) (no segments: the plan keeps small B H on chunk_bwd).
 // Two launches: chunk_bwd_sm90_ckpt (S at every 64-step chunk start into the workspace), then chunk_bwd_sm90, chunks of 64
-// backwards, in lockstep (everyone's barrier 6 at each chunk's start (1) and end (6)):
+// backwards (everyone's barrier 6 at each chunk's start (1); the consumers' own at its end (6)):
 // - the consumers: the chunk's q, k, v, dy tiles by cp.async into bf16 tiles [d / 8][t][8] (K-major for the sums
 //   over d, MN-major for the sums over t; rows past T zero, their gates 1 and betas 0), k and v during the chunk
-//   before, and the next chunk's rows and checkpoint prefetched into L2;
-// - WG0 (setmaxnreg kAuxRegs): the gate tables a chunk ahead, during the chunk before, into the other of two
-//   buffers (L[t][s] = prod_{r=s+1..t} g_r by columns in fp32, packed lower triangle; A, Ah, w, beta w; Lx = L shifted
-//   down a row, bf16 hi / lo, one buffer: written once consumer 0 has read it, barrier 4), then dgate's terms (a)-(c)
-//   from the consumers' row-dot partials plus term (d)'s, and dbeta (fixed-order sums: deterministic);
+//   before, the checkpoint's rows into registers at the chunk's top, and the next chunk's rows and checkpoint
+//   prefetched into L2;
+// - WG0 (setmaxnreg kAuxRegs), a chunk off the consumers' path both ways: during chunk ch, chunk ch + 1's dgate's
+//   terms (a)-(c) from the consumers' row-dot partials plus term (d)'s, and dbeta (double-buffered partials;
+//   fixed-order sums: deterministic), then chunk ch - 1's gate tables into the other of two buffers (L[t][s] =
+//   prod_{r=s+1..t} g_r by columns in fp32, packed lower triangle; A, Ah, w, beta w; Lx = L shifted down a row, bf16
+//   hi / lo, one buffer: written once the consumers have read it, barrier 4);
 // - WG1, WG2 (kConsRegs), consumer c holding rows i = 64 c .. of G (the state gradient after the chunk) in a wgmma
-//   accumulator across chunks: X = QK (c = 0) or Dd = dY V^T (c = 1), the masked weights MP, MQ, MD (bf16 hi / lo);
-//   consumer 0 then dgate's C^3 term as a product, M = E Lx^T (E = beta QK Dd below the diagonal, recast from its
-//   accumulator, 3 terms), and the column sums of L o M; R^T = S dY^T (S rows from the checkpoint, split hi / lo),
-//   f's part; dq^T = R^T diag(A) + K^T MQ^T; Rk^T = G V^T (G's accumulator recast), e's part; dkt^T = Rk^T diag(w)
-//   + Q^T MD, dbeta's part; KG = K G (G hi / lo from shared memory, the consumer's 64 columns j);
-//   dv = diag(beta w) KG + MP^T dY; G <- A_63 G + (diag(A) Q)^T dY. dq, dk, dv stored from the accumulators.
+//   accumulator across chunks: R^T = S dY^T (S rows from the checkpoint, split hi / lo; c0 = sum S o G); X = QK
+//   (c = 0) or Dd = dY V^T (c = 1), the masked weights MP, MQ, MD (bf16 hi / lo); f's part; dq^T = R^T diag(A) +
+//   K^T MQ^T; then its half of dgate's C^3 term as a product, M = E Lx^T over columns t = 32 c .. (E = beta QK Dd
+//   below the diagonal, recast from the accumulators, 3 terms), and the column sums of L o M; Rk^T = G V^T (G's
+//   accumulator recast), e's part; dkt^T = Rk^T diag(w) + Q^T MD, dbeta's part; KG = K G (G hi / lo from shared
+//   memory, the consumer's 64 columns j); dv = diag(beta w) KG + MP^T dY; G <- A_63 G + (diag(A) Q)^T dY. dq, dk,
+//   dv stored from the accumulators.
 // Non-finite inputs: a chunk whose tiles, gates or betas hold inf or NaN (flagged by the consumers' QK and Dd and by
 // WG0's gates, one reducing barrier) forms its four masked sums by FMAs (fma_t, fma_dv, fma_m) instead of products,
 // where a mask's zero would meet the inf: NaN exactly where the float64 loop has it.
