@@ -5101,8 +5101,6 @@ __device__ __forceinline__ void wg0_sync() { asm volatile("barrier.sync 5, 128;\
 __device__ __forceinline__ void lx_free_arrive() { asm volatile("barrier.arrive 4, 384;\n" ::: "memory"); }
 __device__ __forceinline__ void lx_free_wait() { asm volatile("barrier.sync 4, 384;\n" ::: "memory"); }
 template <int ID>
-__device__ __forceinline__ void arrive_all() { asm volatile("barrier.arrive %0, 384;\n" ::"n"(ID) : "memory"); }
-template <int ID>
 __device__ __forceinline__ void sync_all() { asm volatile("barrier.sync %0, 384;\n" ::"n"(ID) : "memory"); }
 
 // The chunk's weights from the consumer's 64 x 64 accumulator X (rows r = 16 wl + g (+8), columns s = 8 n + 2 q
