@@ -5054,9 +5054,10 @@ constexpr int kPartBuf = (3 * 8 * 64 + 8 + 2 * 64 + 4 * 64 + 4) * 4;  // (+ the 
 constexpr int kSmem = kPart + 2 * kPartBuf;
 static_assert(kSmem == kChunkBwdSm90Smem, "the plan's shared memory (PRELUDE)");
 // tables (floats at kTab + buf kTabBuf): A 0, Ah 64, w 128, beta 192, beta w 256, gate 320
-// partials (floats at kPart + buf kPartBuf, the chunk's parity: WG0 reads them during the chunk after): f [8][64] at 0, e at 512, dbeta at 1024 (slot c * 4 + warp), c0 [8] at 1536,
-// then the sums f at 1544, e at 1608, then dgate's term (d) [4][64] at 1672 (c = 0's warps), then the
-// non-finite flags (ints) [buf][warp] at 1928
+// partials (floats at kPart + buf kPartBuf, the chunk's parity: WG0 reads them during the chunk after): f [8][64]
+// at 0, e at 512, dbeta at 1024 (slot c * 4 + warp), c0 [8] at 1536, then the sums f at 1544, e at 1608, then
+// dgate's term (d) [4][64] at 1672 (a consumer's warp wl at [wl], its column half), then the non-finite flags (ints)
+// [buf][warp] at 1928 (buffer 0's)
 // L[t][s] (s <= t) at lp(t, s) of its buffer; every (t, s < 64) is inside it (a select may load the slot it discards).
 __device__ __forceinline__ int lp(int t, int s) { return (t * (t + 1) >> 1) + s; }
 __device__ __forceinline__ const float* tables(const unsigned char* sm, int ch) {
