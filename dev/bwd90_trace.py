@@ -21,7 +21,9 @@ sys.path.insert(0, os.getcwd())
 CONS = [  # (in the order they run)
     ("    const int tc = min(64, p.T - (int)t0);  // the chunk's steps (rows past T are not stored)", "top"),
     ("    sync_all<6>();  // (1) the chunk's tiles and tables", "S loads + c0 + wait tiles+tables (1)"),
-    ("      for (int r = 0; r < 8; ++r) sv[r] = Sv[kb][r];\n    }, [](int, const float (&)[8]) {});", "R^T"),
+    (("      for (int r = 0; r < 8; ++r) sv[r] = Sv[kb][r];\n    }, [](int, const float (&)[8]) {});",
+      "          c0 = fmaf(Sv[kb][4 * nn + 2 * hh + 1], gh.y + gl.y, c0);\n        }\n    }, [](int, const float (&)[8]) {});"),
+     "R^T"),  # (main; dev/chunk_bwd_sm90_s26_c0_smem.patch)
     ("      if (kb == 0) wgmma_ss64_z(X, da, db);\n      else wgmma_ss64(X, da, db, 1);\n    }\n    wg_commit();\n"
      "    wg_wait<0>();", "X = QK | Dd"),
     ("    const bool bad = consumers_sync_or(nf) || wg0_flag[0] || wg0_flag[1];", "weights + (2)"),
