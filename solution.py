@@ -5060,14 +5060,18 @@ static_assert(kSmem == kChunkBwdSm90Smem, "the plan's shared memory (PRELUDE)");
 // [buf][warp] at 1928 (buffer 0's)
 // L[t][s] (s <= t) at lp(t, s) of its buffer; every (t, s < 64) is inside it (a select may load the slot it discards).
 __device__ __forceinline__ int lp(int t, int s) { return (t * (t + 1) >> 1) + s; }
-__device__ __forceinline__ const float* tables(const unsigned char* sm, int ch) {
-  return reinterpret_cast<const float*>(sm + kTab + (ch & 1) * kTabBuf);
+__device__ __forceinline__ float* tables(unsigned char* sm, int ch) {
+  return reinterpret_cast<float*>(sm + kTab + (ch & 1) * kTabBuf);
 }
-__device__ __forceinline__ const float* ltab(const unsigned char* sm, int ch) {
-  return reinterpret_cast<const float*>(sm + kL + (ch & 1) * kLBuf);
+__device__ __forceinline__ float* ltab(unsigned char* sm, int ch) {
+  return reinterpret_cast<float*>(sm + kL + (ch & 1) * kLBuf);
 }
 __device__ __forceinline__ float* partials(unsigned char* sm, int ch) {
   return reinterpret_cast<float*>(sm + kPart + (ch & 1) * kPartBuf);
+}
+// chunk ch's non-finite flags of the gates and betas, one a warp of WG0's first two (in buffer 0's tail)
+__device__ __forceinline__ int* gate_flags(unsigned char* sm, int ch) {
+  return reinterpret_cast<int*>(sm + kPart) + 1928 + 2 * (ch & 1);
 }
 constexpr int kAuxRegs = 56, kConsRegs = 224;  // setmaxnreg split (at 40 / 232 WG0 spilled)
 static_assert(kAuxRegs * 128 + kConsRegs * 256 <= 65536, "the split fits the register file");
@@ -5153,12 +5157,10 @@ __device__ __forceinline__ void col_dots(unsigned char* sm, const float (&X)[32]
 
 // acc = A B^T over 128 columns of d: A (64 x 128, fp32, the fragment order of an accumulator row pair) from
 // a_values(kb, sv), eight values a k-step, split hi / lo in registers (2 terms); B a staged tile, K-major.
-// a_values runs a k-step ahead (its loads in flight during the products: the fences' memory clobbers keep the
-// compiler from hoisting them itself; two ahead spilled); used(kb, sv) sees each k-step's values after its products
-// are issued.
-template <typename F, typename U>
-__device__ __forceinline__ void rs_split_product(float (&acc)[32], const unsigned char* sm, int tile, F&& a_values,
-                                                 U&& used) {
+// a_values runs a k-step ahead (values it loads are in flight during the products: the fences' memory clobbers keep
+// the compiler from hoisting such loads itself; two ahead spilled).
+template <typename F>
+__device__ __forceinline__ void rs_split_product(float (&acc)[32], const unsigned char* sm, int tile, F&& a_values) {
   float sv[2][8];
   a_values(0, sv[0]);
 #pragma unroll
@@ -5172,7 +5174,6 @@ __device__ __forceinline__ void rs_split_product(float (&acc)[32], const unsigne
     if (kb == 0) wgmma_rs64_z(acc, ah, db);
     else wgmma_rs64(acc, ah, db, 1);
     wgmma_rs64(acc, al, db, 1);
-    used(kb, sv[kb & 1]);
   }
   wg_commit();
   wg_wait<0>();
@@ -5470,7 +5471,7 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     rs_split_product(R, sm, kY, [&](int kb, float (&sv)[8]) {
 #pragma unroll
       for (int r = 0; r < 8; ++r) sv[r] = Sv[kb][r];
-    }, [](int, const float (&)[8]) {});
+    });
     // X = QK (c = 0) or Dd (c = 1)
 #pragma unroll
     for (int kb = 0; kb < 8; ++kb) {
@@ -5494,7 +5495,7 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     bool nf = false;
 #pragma unroll
     for (int i = 0; i < 32; ++i) nf |= !(fabsf(X[i]) <= 3.402823466e38f);
-    const int* wg0_flag = reinterpret_cast<const int*>(sm + kPart) + 1928 + 2 * (ch & 1);  // the gates', betas' (WG0)
+    const int* wg0_flag = gate_flags(sm, ch);  // the gates' and betas' (WG0)
     const bool bad = consumers_sync_or(nf) || wg0_flag[0] || wg0_flag[1];  // (2) the weights, and the flag
     if (ch > 0) prefetch_chunk(p, bh, b, h, ch - 1, lt + 128 * c);  // the next chunk's tiles and checkpoint
     col_dots(sm, R, kQ, i0, part + (c * 4 + wl) * 64, wl, g, q);  // f_u's part
@@ -5512,7 +5513,7 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     rs_split_product(Rk, sm, kV, [&](int kb, float (&sv)[8]) {
 #pragma unroll
       for (int r = 0; r < 8; ++r) sv[r] = G[8 * kb + r];
-    }, [](int, const float (&)[8]) {});
+    });
     col_dots(sm, Rk, kK, i0, part + 512 + (c * 4 + wl) * 64, wl, g, q);  // e_s's part
 #pragma unroll
     for (int i = 0; i < 32; ++i) Rk[i] *= tab[128 + 8 * ((i >> 2) & 7) + 2 * q + (i & 1)];  // diag(w) on columns s
@@ -5607,14 +5608,13 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
 // about 2^-18 at most, below the weights' hi / lo split (this unit is bf16 only).
 __device__ __forceinline__ void build_tables(unsigned char* sm, int ch, float g, float bt) {
   const int tid = threadIdx.x, lane = tid & 31;
-  float* tab = reinterpret_cast<float*>(sm + kTab + (ch & 1) * kTabBuf);
-  float* L = reinterpret_cast<float*>(sm + kL + (ch & 1) * kLBuf);
+  float *tab = tables(sm, ch), *L = ltab(sm, ch);
   if (tid < 64) {
     tab[320 + tid] = g;
     tab[192 + tid] = bt;
     // a non-finite gate or beta meets the masks' zeros in M: the exact path (warps 0, 1 flag their halves)
     const unsigned m = __ballot_sync(0xffffffffu, !(isfinite(g) && isfinite(bt)));
-    if (lane == 0) reinterpret_cast<int*>(sm + kPart)[1928 + 2 * (ch & 1) + (tid >> 5)] = m != 0u;
+    if (lane == 0) gate_flags(sm, ch)[tid >> 5] = m != 0u;
   }
   wg0_sync();
   if (tid >= 64) return;
