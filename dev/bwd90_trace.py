@@ -21,15 +21,15 @@ sys.path.insert(0, os.getcwd())
 CONS = [  # (in the order they run)
     ("    const int tc = min(64, p.T - (int)t0);  // the chunk's steps (rows past T are not stored)", "top"),
     ("    sync_all<6>();  // (1) the chunk's tiles and tables", "S loads + c0 + wait tiles+tables (1)"),
-    (("      for (int r = 0; r < 8; ++r) sv[r] = Sv[kb][r];\n    }, [](int, const float (&)[8]) {});",
-      "          c0 = fmaf(Sv[kb][4 * nn + 2 * hh + 1], gh.y + gl.y, c0);\n        }\n    }, [](int, const float (&)[8]) {});"),
+    (("      for (int r = 0; r < 8; ++r) sv[r] = Sv[kb][r];\n    });",
+      "          c0 = fmaf(Sv[kb][4 * nn + 2 * hh + 1], gh.y + gl.y, c0);\n        }\n    });"),
      "R^T"),  # (main; dev/chunk_bwd_sm90_s26_c0_smem.patch)
     ("      if (kb == 0) wgmma_ss64_z(X, da, db);\n      else wgmma_ss64(X, da, db, 1);\n    }\n    wg_commit();\n"
      "    wg_wait<0>();", "X = QK | Dd"),
     ("    const bool bad = consumers_sync_or(nf) || wg0_flag[0] || wg0_flag[1];", "weights + (2)"),
     ("    else store_t<true>(dq + row0, rs, R, nullptr, i0, wl, g, q, tc);  // the last chunk", "f + dq prod + dq store"),
     ("    if (ch > 0) lx_free_arrive();  // (4) its reads of Lx done: WG0 writes the next chunk's", "dgate M (a half each)"),
-    ("      for (int r = 0; r < 8; ++r) sv[r] = G[8 * kb + r];\n    }, [](int, const float (&)[8]) {});", "Rk^T"),
+    ("      for (int r = 0; r < 8; ++r) sv[r] = G[8 * kb + r];\n    });", "Rk^T"),
     ("    else store_t<true>(dk + row0, rs, Rk, tab + 192, i0, wl, g, q, tc);", "e + dkt prod + dbeta + dk store"),
     ("      wgmma_ss64_t(R, da, mdesc(sm, kGL + 16384 * c, 128, kb), 1);\n    }\n    wg_commit();\n    wg_wait<0>();",
      "KG"),
