@@ -5445,8 +5445,8 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     if (ch == nck - 1) load_tiles<15, 256>(p, sm, b, h, ch, lt + 128 * c);
     else load_tiles<9, 256>(p, sm, b, h, ch, lt + 128 * c);  // q and dy (k and v came during the chunk before)
     // S rows ir, ir + 8 from the checkpoint: R^T's A values (Sv[kb]: k-step kb's), loaded here to land while the
-    // tiles do (loaded a k-step at a time inside R^T they cost a round trip each); c0's part (sum S o G) from them
-    // here too, so that each k-step's values die at their split (kept for c0 they cost R^T's k-steps their overlap)
+    // tiles do (loaded a k-step at a time inside R^T they cost a round trip each); R^T's k-step kb waits for its
+    // own only, c0's part (sum S o G) is formed there
     float Sv[8][8], c0 = 0.f;
     {
       const float* S = p.ckpt + (bh * nck + ch) * 16384;
@@ -5460,17 +5460,25 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
             Sv[kb][4 * e + 2 * hh] = v.x;
             Sv[kb][4 * e + 2 * hh + 1] = v.y;
           }
-#pragma unroll
-      for (int kb = 0; kb < 8; ++kb)
-#pragma unroll
-        for (int r = 0; r < 8; ++r) c0 = fmaf(Sv[kb][r], G[8 * kb + r], c0);
     }
     tiles_landed();
     sync_all<6>();  // (1) the chunk's tiles and tables
-    // R^T = S dY^T first (its values are here; X's weights wait for the other consumer's at (2))
+    // R^T = S dY^T first (its values are loading; X's weights wait for the other consumer's at (2)); c0 from G as
+    // put_g stored it, hi + lo (within 2^-17): G's registers, last written by a wgmma, read between R^T's wgmmas
+    // made ptxas wait out each of them
     rs_split_product(R, sm, kY, [&](int kb, float (&sv)[8]) {
 #pragma unroll
       for (int r = 0; r < 8; ++r) sv[r] = Sv[kb][r];
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int nn = 0; nn < 2; ++nn) {  // G[8 kb + 4 nn + 2 hh + e]: row ir + 8 hh, column 8 (2 kb + nn) + 2 q + e
+          const int off = (2 * kb + nn) * 2048 + (ir + 8 * hh) * 16 + 4 * q;
+          const float2 gh = unpack(*reinterpret_cast<const uint32_t*>(sm + kGH + off));
+          const float2 gl = unpack(*reinterpret_cast<const uint32_t*>(sm + kGL + off));
+          c0 = fmaf(Sv[kb][4 * nn + 2 * hh], gh.x + gl.x, c0);
+          c0 = fmaf(Sv[kb][4 * nn + 2 * hh + 1], gh.y + gl.y, c0);
+        }
     });
     // X = QK (c = 0) or Dd (c = 1)
 #pragma unroll
