@@ -4998,9 +4998,10 @@ BACKWARD_SM90_SRC = ("namespace gr {\nnamespace {\n" + "".join(_wgmma(*f) for f 
 // Two launches: chunk_bwd_sm90_ckpt (S at every 64-step chunk start into the workspace), then chunk_bwd_sm90, chunks of 64
 // backwards (everyone's barrier 6 at each chunk's start (1); the consumers' own at its end (6)):
 // - the consumers: the chunk's q, k, v, dy tiles by cp.async into bf16 tiles [d / 8][t][8] (K-major for the sums
-//   over d, MN-major for the sums over t; rows past T zero, their gates 1 and betas 0), k and v during the chunk
-//   before, the checkpoint's rows into registers at the chunk's top, and the next chunk's rows and checkpoint
-//   prefetched into L2;
+//   over d, MN-major for the sums over t; rows past T zero, their gates 1 and betas 0), all during the chunk before
+//   (q and dy into its dead MD and MQ, which swap places with them every other chunk; k and v during G's update),
+//   the checkpoint's rows into registers at the chunk's top, and the next chunk's rows and checkpoint prefetched
+//   into L2;
 // - WG0 (setmaxnreg kAuxRegs), a chunk off the consumers' path both ways: during chunk ch, chunk ch + 1's dgate's
 //   terms (a)-(c) from the consumers' row-dot partials plus term (d)'s, and dbeta (double-buffered partials;
 //   fixed-order sums: deterministic), then chunk ch - 1's gate tables into the other of two buffers (L[t][s] =
@@ -5053,6 +5054,9 @@ constexpr int kTabBuf = 6 * 256, kPart = kTab + 2 * kTabBuf;
 constexpr int kPartBuf = (3 * 8 * 64 + 8 + 2 * 64 + 4 * 64 + 4) * 4;  // (+ the non-finite flags, in buffer 0's)
 constexpr int kSmem = kPart + 2 * kPartBuf;
 static_assert(kSmem == kChunkBwdSm90Smem, "the plan's shared memory (PRELUDE)");
+// q, dy and MD, MQ swap places every other chunk (the consumer's oQ ..): 16 KB regions each, a weight's lo after its hi
+static_assert(kMQL == kMQH + 8192 && kMDL == kMDH + 8192 && kMDH == kMQH + 16384 && kK == kQ + 16384 &&
+              kGH == kY + 16384, "the swap");
 // tables (floats at kTab + buf kTabBuf): A 0, Ah 64, w 128, beta 192, beta w 256, gate 320
 // partials (floats at kPart + buf kPartBuf, the chunk's parity: WG0 reads them during the chunk after): f [8][64]
 // at 0, e at 512, dbeta at 1024 (slot c * 4 + warp), c0 [8] at 1536, then the sums f at 1544, e at 1608, then
@@ -5230,8 +5234,8 @@ __device__ __forceinline__ float wsum(const unsigned char* sm, int hi, int lo, i
 // DK false: dq^T[i][x = t] += sum_{r <= t} K[r][i] MQ[t][r]; DK true: dkt^T[i][x = s] += sum_{r >= s} Q[r][i] MD[r][s]
 // (both weights stored [column / 8][row][8]).
 template <bool DK>
-__device__ __noinline__ void fma_t(float (&R)[32], const unsigned char* sm, int ir, int q) {
-  constexpr int tile = DK ? kQ : kK, wh = DK ? kMDH : kMQH, wlo = DK ? kMDL : kMQL;
+__device__ __noinline__ void fma_t(float (&R)[32], const unsigned char* sm, int tile, int wh, int ir, int q) {
+  const int wlo = wh + 8192;  // (the weights' lo after their hi)
   for (int r = 0; r < 64; ++r) {
     const float a0 = ldb(sm + tile + (ir >> 3) * 1024 + r * 16 + (ir & 7) * 2);
     const float a1 = ldb(sm + tile + ((ir + 8) >> 3) * 1024 + r * 16 + ((ir + 8) & 7) * 2);
@@ -5249,7 +5253,7 @@ __device__ __noinline__ void fma_t(float (&R)[32], const unsigned char* sm, int 
   }
 }
 // dv[s][j] += sum_{u >= s} MP[u][s] dY[u][j] (s = sr (+8), j = j0 + 8 n + 2 q + e).
-__device__ __noinline__ void fma_dv(float (&R)[32], const unsigned char* sm, int sr, int j0, int q) {
+__device__ __noinline__ void fma_dv(float (&R)[32], const unsigned char* sm, int oy, int sr, int j0, int q) {
   for (int u = 0; u < 64; ++u) {
     const float w0 = u >= sr ? wsum(sm, kMPH, kMPL, (sr >> 3) * 1024 + u * 16 + (sr & 7) * 2) : 0.f;
     const float w1 = u >= sr + 8 ? wsum(sm, kMPH, kMPL, ((sr + 8) >> 3) * 1024 + u * 16 + ((sr + 8) & 7) * 2) : 0.f;
@@ -5259,7 +5263,7 @@ __device__ __noinline__ void fma_dv(float (&R)[32], const unsigned char* sm, int
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int j = j0 + 8 * n + 2 * q + e;
-        const float y = ldb(sm + kY + (j >> 3) * 1024 + u * 16 + (j & 7) * 2);
+        const float y = ldb(sm + oy + (j >> 3) * 1024 + u * 16 + (j & 7) * 2);
         R[4 * n + e] = fmaf(w0, y, R[4 * n + e]);
         if (u >= sr + 8) R[4 * n + 2 + e] = fmaf(w1, y, R[4 * n + 2 + e]);
       }
@@ -5302,7 +5306,8 @@ __device__ __forceinline__ void exact(float (&acc)[32], F&& f) {
 // strides fixed at compile time (a selection by the element's tile at run time cost indexed constant loads, and
 // bh / H a 64-bit division, every call: a sixth of the chunk on the roles that issued them).
 template <int MASK, int NT>
-__device__ __forceinline__ void load_tiles(const Params& p, unsigned char* sm, int64_t b, int64_t h, int ch, int th) {
+__device__ __forceinline__ void load_tiles(const Params& p, unsigned char* sm, int64_t b, int64_t h, int ch, int th,
+                                           int oq = kQ, int oy = kY) {
   static_assert(NT % 16 == 0 && 1024 % NT == 0, "whole rows a round, every row");
   const int r0 = th >> 4, c8 = th & 15, t0 = ch * 64 + r0;  // piece c8 of rows r0 + i NT / 16
   unsigned char* dst = sm + c8 * 1024 + r0 * 16;
@@ -5315,7 +5320,8 @@ __device__ __forceinline__ void load_tiles(const Params& p, unsigned char* sm, i
 #pragma unroll
     for (int i = 0; i < 1024 / NT; ++i) {
       const bool valid = t0 + i * (NT / 16) < p.T;  // rows past T: zeros
-      cp_async<16>(dst + tile * 16384 + i * NT, valid ? row + (int64_t)i * (NT / 16) * st.t : src, valid);
+      cp_async<16>(dst + (tile == 0 ? oq : tile == 3 ? oy : tile * 16384) + i * NT,
+                   valid ? row + (int64_t)i * (NT / 16) * st.t : src, valid);
     }
   }
   cp_async_commit();
@@ -5349,13 +5355,13 @@ __device__ __forceinline__ void prefetch_chunk(const Params& p, int64_t bh, int6
 // the chunk, which the other waited out at (5)).
 template <int C>
 __device__ __forceinline__ void dgate_m(unsigned char* sm, float (&X)[32], const float* L, const float* tab,
-                                        float* part, bool bad, int wl, int g, int q, int lane) {
+                                        float* part, bool bad, int oq, int oy, int wl, int g, int q, int lane) {
   constexpr int NE = C ? 32 : 16;  // E's registers (columns s < 64, or < 32)
   float Y[NE];  // the other product: Dd's columns s < 32 (C = 0) or QK (C = 1)
 #pragma unroll
   for (int kb = 0; kb < 8; ++kb) {
     wg_fence();
-    const uint64_t da = kdesc(sm, C ? kQ : kY, 64, kb), db = kdesc(sm, C ? kK : kV, 64, kb);
+    const uint64_t da = kdesc(sm, C ? oq : oy, 64, kb), db = kdesc(sm, C ? kK : kV, 64, kb);
     if constexpr (C == 0) {
       if (kb == 0) wgmma_ss32_z(Y, da, db);
       else wgmma_ss32(Y, da, db, 1);
@@ -5442,8 +5448,11 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     float X[32], R[32], Rk[32];
     const float *tab = tables(sm, ch), *L = ltab(sm, ch);  // this chunk's buffers
     float* part = partials(sm, ch);
-    if (ch == nck - 1) load_tiles<15, 256>(p, sm, b, h, ch, lt + 128 * c);
-    else load_tiles<9, 256>(p, sm, b, h, ch, lt + 128 * c);  // q and dy (k and v came during the chunk before)
+    // q and dy alternate with MD and MQ (16 KB each): odd iterations hold q, dy where MD, MQ were, so that the next
+    // chunk's load into this chunk's dead weights at (5), not at its top (k and v load during the update)
+    const bool sw = ((nck - 1 - ch) & 1) != 0;
+    const int oQ = sw ? kMDH : kQ, oY = sw ? kMQH : kY, oMQ = sw ? kY : kMQH, oMD = sw ? kQ : kMDH;
+    if (ch == nck - 1) load_tiles<15, 256>(p, sm, b, h, ch, lt + 128 * c);  // (the first: all four)
     // S rows ir, ir + 8 from the checkpoint: R^T's A values (Sv[kb]: k-step kb's), loaded here to land while the
     // tiles do (loaded a k-step at a time inside R^T they cost a round trip each); R^T's k-step kb waits for its
     // own only, c0's part (sum S o G) is formed there
@@ -5466,7 +5475,7 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     // R^T = S dY^T first (its values are loading; X's weights wait for the other consumer's at (2)); c0 from G as
     // put_g stored it, hi + lo (within 2^-17): G's registers, last written by a wgmma, read between R^T's wgmmas
     // made ptxas wait out each of them
-    rs_split_product(R, sm, kY, [&](int kb, float (&sv)[8]) {
+    rs_split_product(R, sm, oY, [&](int kb, float (&sv)[8]) {
 #pragma unroll
       for (int r = 0; r < 8; ++r) sv[r] = Sv[kb][r];
 #pragma unroll
@@ -5484,7 +5493,7 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
 #pragma unroll
     for (int kb = 0; kb < 8; ++kb) {
       wg_fence();
-      const uint64_t da = kdesc(sm, c ? kY : kQ, 64, kb), db = kdesc(sm, c ? kV : kK, 64, kb);
+      const uint64_t da = kdesc(sm, c ? oY : oQ, 64, kb), db = kdesc(sm, c ? kV : kK, 64, kb);
       if (kb == 0) wgmma_ss64_z(X, da, db);
       else wgmma_ss64(X, da, db, 1);
     }
@@ -5494,8 +5503,8 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     if (c == 0) {
       put_weights<true>(sm, X, L, tab, kMPH, kMPL, wl, g, q);  // MP[u][s] = L[u][s] beta_s QK[u][s]
     } else {
-      put_weights<true>(sm, X, L, tab, kMQH, kMQL, wl, g, q);   // MQ[t][s] = L[t][s] beta_s Dd[t][s]
-      put_weights<false>(sm, X, L, tab, kMDH, kMDL, wl, g, q);  // MD[u][s] = L[u][s] Dd[u][s]
+      put_weights<true>(sm, X, L, tab, oMQ, oMQ + 8192, wl, g, q);   // MQ[t][s] = L[t][s] beta_s Dd[t][s]
+      put_weights<false>(sm, X, L, tab, oMD, oMD + 8192, wl, g, q);  // MD[u][s] = L[u][s] Dd[u][s]
     }
     fence_async_smem();
     // bad: a non-finite value in the chunk's tiles, gates or betas. QK (Dd) has a non-finite element iff the q or k
@@ -5506,16 +5515,16 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     const int* wg0_flag = gate_flags(sm, ch);  // the gates' and betas' (WG0)
     const bool bad = consumers_sync_or(nf) || wg0_flag[0] || wg0_flag[1];  // (2) the weights, and the flag
     if (ch > 0) prefetch_chunk(p, bh, b, h, ch - 1, lt + 128 * c);  // the next chunk's tiles and checkpoint
-    col_dots(sm, R, kQ, i0, part + (c * 4 + wl) * 64, wl, g, q);  // f_u's part
+    col_dots(sm, R, oQ, i0, part + (c * 4 + wl) * 64, wl, g, q);  // f_u's part
 #pragma unroll
     for (int i = 0; i < 32; ++i) R[i] *= tab[8 * ((i >> 2) & 7) + 2 * q + (i & 1)];  // diag(A) on columns t
-    if (bad) exact(R, [&](float (&t)[32]) { fma_t<false>(t, sm, ir, q); });
-    else weights_product<false>(R, sm, kK + 8192 * c, kMQH, kMQL);  // dq^T += K^T MQ^T
+    if (bad) exact(R, [&](float (&t)[32]) { fma_t<false>(t, sm, kK, oMQ, ir, q); });
+    else weights_product<false>(R, sm, kK + 8192 * c, oMQ, oMQ + 8192);  // dq^T += K^T MQ^T
     if (tc == 64) store_t<false>(dq + row0, rs, R, nullptr, i0, wl, g, q, tc);
     else store_t<true>(dq + row0, rs, R, nullptr, i0, wl, g, q, tc);  // the last chunk
     // dgate's term (d), each consumer its half of the columns t (after dq: R's registers are free)
-    if (c == 0) dgate_m<0>(sm, X, L, tab, part, bad, wl, g, q, lane);
-    else dgate_m<1>(sm, X, L, tab, part, bad, wl, g, q, lane);
+    if (c == 0) dgate_m<0>(sm, X, L, tab, part, bad, oQ, oY, wl, g, q, lane);
+    else dgate_m<1>(sm, X, L, tab, part, bad, oQ, oY, wl, g, q, lane);
     if (ch > 0) lx_free_arrive();  // (4) its reads of Lx done: WG0 writes the next chunk's
     // Rk^T = G V^T, G's accumulator recast as A fragments; e's part
     rs_split_product(Rk, sm, kV, [&](int kb, float (&sv)[8]) {
@@ -5525,8 +5534,8 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     col_dots(sm, Rk, kK, i0, part + 512 + (c * 4 + wl) * 64, wl, g, q);  // e_s's part
 #pragma unroll
     for (int i = 0; i < 32; ++i) Rk[i] *= tab[128 + 8 * ((i >> 2) & 7) + 2 * q + (i & 1)];  // diag(w) on columns s
-    if (bad) exact(Rk, [&](float (&t)[32]) { fma_t<true>(t, sm, ir, q); });
-    else weights_product<true>(Rk, sm, kQ + 8192 * c, kMDH, kMDL);  // dkt^T += Q^T MD
+    if (bad) exact(Rk, [&](float (&t)[32]) { fma_t<true>(t, sm, oQ, oMD, ir, q); });
+    else weights_product<true>(Rk, sm, oQ + 8192 * c, oMD, oMD + 8192);  // dkt^T += Q^T MD
     col_dots(sm, Rk, kK, i0, part + 1024 + (c * 4 + wl) * 64, wl, g, q);  // dbeta_s's part
     if (tc == 64) store_t<false>(dk + row0, rs, Rk, tab + 192, i0, wl, g, q, tc);  // dk = beta dkt
     else store_t<true>(dk + row0, rs, Rk, tab + 192, i0, wl, g, q, tc);
@@ -5545,12 +5554,12 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
 #pragma unroll
     for (int i = 0; i < 32; ++i) R[i] *= tab[256 + 16 * wl + g + 8 * ((i >> 1) & 1)];  // diag(beta w) on rows s
     if (bad) {
-      exact(R, [&](float (&t)[32]) { fma_dv(t, sm, 16 * wl + g, i0, q); });
+      exact(R, [&](float (&t)[32]) { fma_dv(t, sm, oY, 16 * wl + g, i0, q); });
     } else {
 #pragma unroll
       for (int kb = 0; kb < 4; ++kb) {
         wg_fence();
-        const uint64_t bd = mdesc(sm, kY + 8192 * c, 64, kb);
+        const uint64_t bd = mdesc(sm, oY + 8192 * c, 64, kb);
         wgmma_ss64_a_t(R, mdesc(sm, kMPH, 64, kb), bd, 1);
         wgmma_ss64_a_t(R, mdesc(sm, kMPL, 64, kb), bd, 1);
       }
@@ -5570,6 +5579,7 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     for (int o = 1; o < 32; o <<= 1) c0 += __shfl_xor_sync(0xffffffffu, c0, o);
     if (lane == 0) part[1536 + c * 4 + wl] = c0;
     consumers_sync();  // (5) both consumers' KG have read G's hi / lo
+    if (ch > 0) load_tiles<9, 256>(p, sm, b, h, ch - 1, lt + 128 * c, oMD, oMQ);  // the next q, dy: MD, MQ are dead
     // G <- A_63 G + (diag(A) Q)^T dY: A = Q^T fragments scaled and split
     const float a63 = tab[63];
 #pragma unroll
@@ -5579,7 +5589,7 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     for (int kb = 0; kb < 4; ++kb) {
       uint32_t ah[4], al[4], qf[4];
       const int j = lane >> 3;  // block j: rows i of half j & 1, steps of half j >> 1
-      ldm4<true>(qf, sm + kQ + ((i0 + 16 * wl + 8 * (j & 1)) >> 3) * 1024 + (16 * kb + 8 * (j >> 1) + (lane & 7)) * 16);
+      ldm4<true>(qf, sm + oQ + ((i0 + 16 * wl + 8 * (j & 1)) >> 3) * 1024 + (16 * kb + 8 * (j >> 1) + (lane & 7)) * 16);
 #pragma unroll
       for (int r = 0; r < 4; ++r) {  // a_r: row ir + 8 (r & 1), steps t = 16 kb + 2 q + 8 (r >> 1) (+1)
         const int t = 16 * kb + 2 * q + 8 * (r >> 1);
@@ -5587,7 +5597,7 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
         split_bf16x2<false>(v.x * tab[t], v.y * tab[t + 1], ah[r], al[r]);
       }
       wg_fence();
-      const uint64_t db = mdesc(sm, kY, 64, kb);
+      const uint64_t db = mdesc(sm, oY, 64, kb);
       wgmma_rs128_t(G, ah, db, 1);
       wgmma_rs128_t(G, al, db, 1);
     }

@@ -106,8 +106,8 @@ def traced_source(src):
 # timed beside the others: the time a piece costs on the critical path, which stamps cannot show (a role blocked at
 # a deferred barrier stamps early). Each is (old, new) replacements in BACKWARD_SM90_SRC.
 ABLATIONS = {
-    "no_m": [("    if (c == 0) dgate_m<0>(sm, X, L, tab, part, bad, wl, g, q, lane);\n"  # dgate's M products, column sums
-              "    else dgate_m<1>(sm, X, L, tab, part, bad, wl, g, q, lane);\n", "")],
+    "no_m": [("    if (c == 0) dgate_m<0>(sm, X, L, tab, part, bad, oQ, oY, wl, g, q, lane);\n"  # dgate's M products,
+              "    else dgate_m<1>(sm, X, L, tab, part, bad, oQ, oY, wl, g, q, lane);\n", "")],  # column sums
     "no_rt_loads": [("            const float2 v = __ldg(reinterpret_cast<const float2*>(S + (ir + 8 * hh) * 128 + 16 * kb + "
                      "2 * q + 8 * e));",  # R^T's checkpoint loads (G's values instead)
                      "            const float2 v = make_float2(G[8 * kb + 4 * e + 2 * hh], G[8 * kb + 4 * e + 2 * hh + 1]);")],
