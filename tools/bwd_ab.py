@@ -25,7 +25,7 @@ ap.add_argument("--reps", type=int, default=2)
 ap.add_argument("--trials", type=int, default=10)
 ap.add_argument("--segments", default="", help="also this solution.py with chunk_bwd's segments forced, e.g. 1,2,4")
 args = ap.parse_args()
-prebuild(["solution.py"] + [b.split("=", 1)[1] for b in args.baseline], ["backward"])  # all copies at once
+prebuild(["solution.py"] + [b.split("=", 1)[1] for b in args.baseline], ["backward", "backward_sm90"])  # all at once
 
 import solution as new  # noqa: E402
 import naive  # noqa: E402
