@@ -21,9 +21,7 @@ sys.path.insert(0, os.getcwd())
 CONS = [  # (in the order they run)
     ("    const int tc = min(64, p.T - (int)t0);  // the chunk's steps (rows past T are not stored)", "top"),
     ("    sync_all<6>();  // (1) the chunk's tiles and tables", "S loads + c0 + wait tiles+tables (1)"),
-    (("      for (int r = 0; r < 8; ++r) sv[r] = Sv[kb][r];\n    });",
-      "          c0 = fmaf(Sv[kb][4 * nn + 2 * hh + 1], gh.y + gl.y, c0);\n        }\n    });"),
-     "R^T"),  # (main; dev/chunk_bwd_sm90_s26_c0_smem.patch)
+    ("BEFORE    // X = QK (c = 0) or Dd (c = 1)", "R^T"),  # (after R^T in every version, the ck16 patch's too)
     ("      if (kb == 0) wgmma_ss64_z(X, da, db);\n      else wgmma_ss64(X, da, db, 1);\n    }\n    wg_commit();\n"
      "    wg_wait<0>();", "X = QK | Dd"),
     ("    const bool bad = consumers_sync_or(nf) || wg0_flag[0] || wg0_flag[1];", "weights + (2)"),
@@ -40,6 +38,19 @@ CONS = [  # (in the order they run)
     ("    put_g();\n    consumers_sync();  // (6) the chunk is done (the next chunk's tiles overwrite what both read)",
      "put_g + (6)"),
 ]
+# dev/chunk_bwd_sm90_s27_gearly.patch's order: G's update with Rk^T, (5) and the next chunk's loads right after KG
+# (with the no6 patch, no barrier at the end)
+CONS_GEARLY = CONS[:7] + [
+    ("    acc_fence(Rk);\n    acc_fence(G);", "G update + Rk^T"),
+    CONS[8],  # e + dkt prod + dbeta + dk store
+    CONS[9],  # KG
+    ("    if (ch > 0) load_tiles<15, 256>(p, sm, b, h, ch - 1, lt + 128 * c, oMD, oMQ);", "(5) + next tiles"),
+    CONS[10],  # dv prod + dv store
+    (("    put_g();  // (the update's G, formed since R^T; both consumers' KG have read the old at (5))\n"
+      "    consumers_sync();  // (6) the chunk is done (the next chunk's tiles overwrite what both read)",
+      "    // readers of it, and its writers of what this chunk's dv still reads (MQ / MD where q / dy were), come after"
+      " (1))"), "put_g (+ (6))"),
+]
 AUX = [  # (in the order they run)
     ("  for (int ch = nck - 1; ch >= 0; --ch) {\n    const int t0 = ch * 64;", "top"),
     ("    sync_all<6>();  // (1)\n    if (ch + 1 < nck) {", "wait (1)"),
@@ -51,10 +62,20 @@ AUX = [  # (in the order they run)
 TRACE_CTAS = (0, 1, 131)
 
 
+def consumer_marks(src):
+    """The consumer's marker list that matches this source: CONS (main), else CONS_GEARLY."""
+    for marks in (CONS, CONS_GEARLY):
+        if all(sum(src.count(m.removeprefix("BEFORE")) == 1 for m in ((a,) if isinstance(a, str) else a)) == 1
+               for a, _ in marks):
+            return marks
+    return CONS  # (traced_source then names the marker that fails)
+
+
 def traced_source(src):
     """BACKWARD_SM90_SRC with the stamps."""
     out = src
-    for role, marks in (("c", CONS), ("a", AUX)):
+    cons = consumer_marks(src)
+    for role, marks in (("c", cons), ("a", AUX)):
         for i, (alts, _) in enumerate(marks):  # a marker, or its forms in the kernel's versions
             alts = (alts,) if isinstance(alts, str) else alts
             found = [m for m in alts if out.count(m.removeprefix("BEFORE")) == 1]
@@ -95,7 +116,7 @@ def traced_source(src):
     # the prints: the consumer's before its early return (no S_0), aux's after its loop
     m = "  if (p.ds0 == nullptr) return;  // (no initial state)"
     assert out.count(m) == 1
-    out = out.replace(m, f"  if (tr_on) tr_print(tr_slot, {len(CONS)}, nck);\n" + m)
+    out = out.replace(m, f"  if (tr_on) tr_print(tr_slot, {len(cons)}, nck);\n" + m)
     m = "  dgate_dbeta(p, sm, b, h, 0);\n}\n"
     assert out.count(m) == 1, "aux end"
     out = out.replace(m, f"  if (tr_on) tr_print(tr_slot, {len(AUX)}, nck);\n" + m)
@@ -116,12 +137,17 @@ ABLATIONS = {
 }
 
 
-def write_copy(path, ablation=None):
-    """solution.py with the stamps (ablation None) or with an ablation applied."""
+def bwd_source():
+    """solution.py's text and the span of its BACKWARD_SM90_SRC."""
     import solution
     text = open(solution.__file__).read()
     start = text.index("BACKWARD_SM90_SRC = (")
-    end = text.index('\n""")\n', start)
+    return text, start, text.index('\n""")\n', start)
+
+
+def write_copy(path, ablation=None):
+    """solution.py with the stamps (ablation None) or with an ablation applied."""
+    text, start, end = bwd_source()
     src = text[start:end]
     if ablation is None:
         src = traced_source(src)
@@ -142,6 +168,8 @@ def main():
     args = ap.parse_args()
     os.makedirs("scratch", exist_ok=True)
     write_copy("scratch/trace_solution.py")
+    text, start, end = bwd_source()
+    cons = consumer_marks(text[start:end])
     for a in filter(None, args.ablate.split(",")):
         write_copy(f"scratch/ablate_{a}.py", a)
         args.extra.append(f"{a}=scratch/ablate_{a}.py")
@@ -183,7 +211,7 @@ def main():
             if not mm:
                 continue
             cta, wg, i = int(mm.group(1)), int(mm.group(2)), int(mm.group(3))
-            names = [n for _, n in (AUX if wg == 0 else CONS)]
+            names = [n for _, n in (AUX if wg == 0 else cons)]
             rows.setdefault(f"cta {cta} wg {wg}", {})[names[i]] = int(mm.group(4)) / nck
             absr.setdefault((cta, wg), {})[i] = int(mm.group(5))
         for key in sorted(rows):
@@ -198,7 +226,7 @@ def main():
             t0 = min(min(v) for (c, w), v in absr.items() if c == cta)
             print(f"{name} cta {cta}: chunk nck/2 on one axis (cycles from its first stamp)")
             for w in (0, 1, 2):
-                names = [n for _, n in (AUX if w == 0 else CONS)]
+                names = [n for _, n in (AUX if w == 0 else cons)]
                 print(f"  wg {w}: " + ", ".join(f"{n} {x - t0}" for n, x in zip(names, absr[(cta, w)])))
             rows[f"cta {cta} abs"] = {str(w): absr[(cta, w)] for w in (0, 1, 2)}
         if not rows:  # (a fault in the traced copy: its error is on stderr)
