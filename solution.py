@@ -5449,7 +5449,7 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     const float *tab = tables(sm, ch), *L = ltab(sm, ch);  // this chunk's buffers
     float* part = partials(sm, ch);
     // q and dy alternate with MD and MQ (16 KB each): odd iterations hold q, dy where MD, MQ were, so that the next
-    // chunk's load into this chunk's dead weights at (5), not at its top (k and v load during the update)
+    // chunk's q and dy load into this chunk's dead weights at (5), not at its top (k and v load during the update)
     const bool sw = ((nck - 1 - ch) & 1) != 0;
     const int oQ = sw ? kMDH : kQ, oY = sw ? kMQH : kY, oMQ = sw ? kY : kMQH, oMD = sw ? kQ : kMDH;
     if (ch == nck - 1) load_tiles<15, 256>(p, sm, b, h, ch, lt + 128 * c);  // (the first: all four)
