@@ -255,6 +255,7 @@ struct Plan {
   int64_t work_floats;   // workspace: (nseg - 1) segment states and decays a (b, h)
   bool varlen;           // packed sequences (cu_seqlens): b is a sequence, nseg a capacity (seg_count)
   bool full;             // decode, 32-column tiles: unit-stride q, k, v rows, D_k = 32 R and whole tiles (no bounds)
+  bool ck16;             // chunk_bwd_sm90: bf16 checkpoints (the gate bf16: dgate's tolerance is bf16's)
   // recurrent_bwd: R rows a thread (D_k <= 32 R), TC steps a recomputed run in shared memory, vtiles
   // 32-column tiles (in order, in one block), blocks = B * H; workspace: checkpoints, then the tile sums
 };
@@ -5023,7 +5024,7 @@ namespace {
 namespace bwd90 {
 typedef __nv_bfloat16 bf16;
 struct Params : BwdProblem {
-  float* ckpt;  // (B H, nck, 128, 128): S at each chunk start (the workspace)
+  float* ckpt;  // (B H, nck, 128, 128): S at each chunk start (the workspace; bf16 with CK16, the gate bf16)
   int nck;      // chunks of 64 steps
 };
 // Step t's gate and beta in its stored dtype (past T: 1 and 0, identities in every table).
@@ -5333,12 +5334,14 @@ __device__ __forceinline__ void tiles_landed() {
   fence_async_smem();
 }
 
-// Chunk ch's checkpoint (64 KB) and its q, k, v, dy rows (256 B each) into L2 a chunk ahead of their use, by the
-// 256 consumer threads (th: 0..255), two lines each of both.
+// Chunk ch's checkpoint (64 KB; 32 KB with CK16) and its q, k, v, dy rows (256 B each) into L2 a chunk ahead of
+// their use, by the 256 consumer threads (th: 0..255), two lines each of both (one of the checkpoint with CK16).
+template <bool CK16>
 __device__ __forceinline__ void prefetch_chunk(const Params& p, int64_t bh, int64_t b, int64_t h, int ch, int th) {
-  const float* S = p.ckpt + (bh * p.nck + ch) * 16384 + th * 64;
+  const unsigned char* S = reinterpret_cast<const unsigned char*>(p.ckpt) + ((bh * p.nck + ch) * 16384 + th * 64) *
+                           (CK16 ? 2 : 4);
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(S));
-  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(S + 32));
+  if (!CK16) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(S + 128));
   const int tile = th >> 6, t = ch * 64 + (th & 63);
   if (t >= p.T) return;
   const bf16* src = static_cast<const bf16*>(tile == 0 ? p.q : tile == 1 ? p.k : tile == 2 ? p.v : p.dy);
@@ -5411,6 +5414,7 @@ __device__ __forceinline__ void dgate_m(unsigned char* sm, float (&X)[32], const
     }
 }
 
+template <bool CK16>
 __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, int nck) {
   const int lt = threadIdx.x & 127, wl = lt >> 5, lane = lt & 31, g = lane >> 2, q = lane & 3;
   const int i0 = 64 * c, ir = i0 + 16 * wl + g;  // this thread's state rows ir, ir + 8
@@ -5441,7 +5445,7 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     fence_async_smem();
   };
   put_g();
-  prefetch_chunk(p, bh, b, h, nck - 1, lt + 128 * c);
+  prefetch_chunk<CK16>(p, bh, b, h, nck - 1, lt + 128 * c);
   for (int ch = nck - 1; ch >= 0; --ch) {
     const int64_t t0 = (int64_t)ch * 64, row0 = (b * p.T + t0) * rs + h * 128;  // element (t0, h, 0) of an output
     const int tc = min(64, p.T - (int)t0);  // the chunk's steps (rows past T are not stored)
@@ -5456,8 +5460,19 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     // S rows ir, ir + 8 from the checkpoint: R^T's A values (Sv[kb]: k-step kb's), loaded here to land while the
     // tiles do (loaded a k-step at a time inside R^T they cost a round trip each); R^T's k-step kb waits for its
     // own only, c0's part (sum S o G) is formed there
-    float Sv[8][8], c0 = 0.f;
-    {
+    // CK16: the values as bf16 pairs, R^T's A fragments as loaded (one product a k-step)
+    float Sv[8][CK16 ? 1 : 8], c0 = 0.f;
+    uint32_t Sa[8][CK16 ? 4 : 1];
+    if constexpr (CK16) {
+      const bf16* S = reinterpret_cast<const bf16*>(p.ckpt) + (bh * nck + ch) * 16384;
+#pragma unroll
+      for (int kb = 0; kb < 8; ++kb)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            Sa[kb][2 * e + hh] = __ldg(reinterpret_cast<const unsigned int*>(S + (ir + 8 * hh) * 128 + 16 * kb + 2 * q + 8 * e));
+    } else {
       const float* S = p.ckpt + (bh * nck + ch) * 16384;
 #pragma unroll
       for (int kb = 0; kb < 8; ++kb)
@@ -5475,9 +5490,7 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     // R^T = S dY^T first (its values are loading; X's weights wait for the other consumer's at (2)); c0 from G as
     // put_g stored it, hi + lo (within 2^-17): G's registers, last written by a wgmma, read between R^T's wgmmas
     // made ptxas wait out each of them
-    rs_split_product(R, sm, oY, [&](int kb, float (&sv)[8]) {
-#pragma unroll
-      for (int r = 0; r < 8; ++r) sv[r] = Sv[kb][r];
+    auto c0_part = [&](int kb, auto&& sval) {  // sval(r): S's value r of k-step kb (Sv's order)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
@@ -5485,10 +5498,30 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
           const int off = (2 * kb + nn) * 2048 + (ir + 8 * hh) * 16 + 4 * q;
           const float2 gh = unpack(*reinterpret_cast<const uint32_t*>(sm + kGH + off));
           const float2 gl = unpack(*reinterpret_cast<const uint32_t*>(sm + kGL + off));
-          c0 = fmaf(Sv[kb][4 * nn + 2 * hh], gh.x + gl.x, c0);
-          c0 = fmaf(Sv[kb][4 * nn + 2 * hh + 1], gh.y + gl.y, c0);
+          c0 = fmaf(sval(4 * nn + 2 * hh), gh.x + gl.x, c0);
+          c0 = fmaf(sval(4 * nn + 2 * hh + 1), gh.y + gl.y, c0);
         }
-    });
+    };
+    if constexpr (CK16) {
+      wg_fence();  // (Sa is loaded in full before the first product)
+#pragma unroll
+      for (int kb = 0; kb < 8; ++kb) {  // c0's part from Sa[kb] before its product reads it (an in-flight wgmma's
+        // A registers are not to be touched before its wait)
+        c0_part(kb, [&](int r) { const float2 v = unpack(Sa[kb][r >> 1]); return (r & 1) ? v.y : v.x; });
+        const uint64_t db = kdesc(sm, oY, 64, kb);
+        if (kb == 0) wgmma_rs64_z(R, Sa[kb], db);
+        else wgmma_rs64(R, Sa[kb], db, 1);
+      }
+      wg_commit();
+      wg_wait<0>();
+      acc_fence(R);
+    } else {
+      rs_split_product(R, sm, oY, [&](int kb, float (&sv)[8]) {
+#pragma unroll
+        for (int r = 0; r < 8; ++r) sv[r] = Sv[kb][r];
+        c0_part(kb, [&](int r) { return Sv[kb][r]; });
+      });
+    }
     // X = QK (c = 0) or Dd (c = 1)
 #pragma unroll
     for (int kb = 0; kb < 8; ++kb) {
@@ -5514,7 +5547,7 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     for (int i = 0; i < 32; ++i) nf |= !(fabsf(X[i]) <= 3.402823466e38f);
     const int* wg0_flag = gate_flags(sm, ch);  // the gates' and betas' (WG0)
     const bool bad = consumers_sync_or(nf) || wg0_flag[0] || wg0_flag[1];  // (2) the weights, and the flag
-    if (ch > 0) prefetch_chunk(p, bh, b, h, ch - 1, lt + 128 * c);  // the next chunk's tiles and checkpoint
+    if (ch > 0) prefetch_chunk<CK16>(p, bh, b, h, ch - 1, lt + 128 * c);  // the next chunk's tiles and checkpoint
     col_dots(sm, R, oQ, i0, part + (c * 4 + wl) * 64, wl, g, q);  // f_u's part
 #pragma unroll
     for (int i = 0; i < 32; ++i) R[i] *= tab[8 * ((i >> 2) & 7) + 2 * q + (i & 1)];  // diag(A) on columns t
@@ -5753,6 +5786,7 @@ __device__ void aux(const Params& p, unsigned char* sm, int64_t bh, int nck) {
   dgate_dbeta(p, sm, b, h, 0);
 }
 
+template <bool CK16>
 __global__ void __launch_bounds__(384, 1) chunk_bwd_sm90_kernel(const Params p) {
 #if defined(__CUDA_ARCH__) && !defined(GR_WGMMA)
   __trap();
@@ -5764,17 +5798,20 @@ __global__ void __launch_bounds__(384, 1) chunk_bwd_sm90_kernel(const Params p) 
   if (wg == 0) maxnreg_dec<kAuxRegs>();
   else maxnreg_inc<kConsRegs>();
   if (wg == 0) aux(p, sm, bh, nck);
-  else consumer(p, sm, wg - 1, bh, nck);
+  else consumer<CK16>(p, sm, wg - 1, bh, nck);
 }
 
-// The checkpoint pass: S at every chunk start into p.ckpt ((B H, chunks, 128, 128) fp32, [dk][dv]), from S_0 (or
-// zero). One CTA of 384 threads a (b, h), one barrier a chunk: the k and v tiles double-buffered (cp.async, zeros
+// The checkpoint pass: S at every chunk start into p.ckpt ((B H, chunks, 128, 128) [dk][dv], fp32, or bf16 with
+// CK16: half the bytes of this pass's stores and of the backward's loads, and R^T one product a k-step; each warp
+// stages its 16 columns transposed by stmatrix and writes whole 32-byte row pieces, as the 4-byte stores of a
+// shuffled bf16 pair cost more than the bytes they saved), from S_0 (or zero). One CTA of 384 threads a (b, h), one barrier a chunk: the k and v tiles double-buffered (cp.async, zeros
 // past T; chunk ch + 1's issued after chunk ch's barrier, landing during its product); WG0 (threads < 64) the gates
 // and betas a chunk ahead in registers, then beta_s w_s (w_s = prod_{r>s} g_r, fp32) and A_63 into a
 // double-buffered table; consumer c holds S^T rows dv = 64 c .. as one m64n128 accumulator, stores it, then
 // S^T <- A_63 S^T + (V^T diag(beta w)) K: A from the v tile by ldmatrix.trans, scaled and split hi / lo in
 // registers (2 terms), B the k tile as loaded (MN-major, exact).
-constexpr int cBuf = 32768, cTab = 2 * cBuf, cSmem = cTab + 2 * 256 * 4;  // tiles k 0, v 16384 a buffer
+constexpr int cBuf = 32768, cTab = 2 * cBuf, cStage = cTab + 2 * 256 * 4, cSmem = cStage + 8 * 4096;  // tiles k 0, v 16384 a buffer
+template <bool CK16>
 __global__ void __launch_bounds__(384, 1) chunk_bwd_sm90_ckpt_kernel(const Params p) {
 #if defined(__CUDA_ARCH__) && !defined(GR_WGMMA)
   __trap();
@@ -5830,6 +5867,34 @@ __global__ void __launch_bounds__(384, 1) chunk_bwd_sm90_ckpt_kernel(const Param
         tab[128 + tid] = w * tab[64 + tid];
         if (tid == 0) tab[192] = w * tab[0];
       }
+    } else if constexpr (CK16) {  // the checkpoint in bf16: this warp's 16 dv columns x 128 dk rows staged
+      // transposed by stmatrix (8 x 8 blocks, fragment rows dv -> memory rows dk; the two dv halves of a dk row
+      // swapped on rows 4..7 of a block: conflict-free), then 32-byte row pieces out as 16-byte stores
+      unsigned char* st = sm + cStage + (4 * c + wl) * 4096;
+      const int j = lane & 7, mi = lane >> 3;  // this lane's address: row j of matrix mi of each x4
+#pragma unroll
+      for (int n2 = 0; n2 < 8; ++n2) {  // matrices (n, hh) = (2 n2 + (mi >> 1), mi & 1)
+        uint32_t r[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int x = 4 * (2 * n2 + (i >> 1)) + 2 * (i & 1);
+          const __nv_bfloat162 v = __floats2bfloat162_rn(S[x], S[x + 1]);
+          r[i] = *reinterpret_cast<const uint32_t*>(&v);
+        }
+        const int dk = 8 * (2 * n2 + (mi >> 1)) + j, hh = (mi & 1) ^ ((j >> 2) & 1);
+        const uint32_t a = (uint32_t)__cvta_generic_to_shared(st + dk * 32 + hh * 16);
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(r[0]),
+                     "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
+      }
+      __syncwarp();
+      bf16* d = reinterpret_cast<bf16*>(p.ckpt) + (bh * nck + ch) * 16384 + 64 * c + 16 * wl;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int k = 32 * i + lane, dk = k >> 1, hh = (k & 1) ^ ((k >> 3) & 1);
+        const uint4 v = *reinterpret_cast<const uint4*>(st + 16 * k);
+        *reinterpret_cast<uint4*>(d + dk * 128 + 8 * hh) = v;
+      }
+      __syncwarp();
     } else {  // the checkpoint: S at the chunk's start
       float* d = p.ckpt + (bh * nck + ch) * 16384;
 #pragma unroll
@@ -5875,22 +5940,28 @@ __global__ void __launch_bounds__(384, 1) chunk_bwd_sm90_ckpt_kernel(const Param
 
 }  // namespace bwd90
 
-// The checkpoints (pl.work_floats floats of the workspace), then the backward.
+template <bool CK16>
+cudaError_t launch_bwd90(const Plan& pl, const bwd90::Params& p, cudaStream_t s, const char** failed) {
+  static bool done_ckpt[64] = {}, done_bwd[64] = {};
+  *failed = "chunk_bwd_sm90_ckpt";
+  cudaError_t err = allow_smem(bwd90::chunk_bwd_sm90_ckpt_kernel<CK16>, done_ckpt);
+  if (err == cudaSuccess)
+    err = launch_threads(bwd90::chunk_bwd_sm90_ckpt_kernel<CK16>, dim3((unsigned)pl.blocks), 384, bwd90::cSmem, s,
+                         false, p);
+  if (err != cudaSuccess) return err;
+  *failed = "chunk_bwd_sm90";
+  err = allow_smem(bwd90::chunk_bwd_sm90_kernel<CK16>, done_bwd);
+  return err != cudaSuccess ? err : launch_threads(bwd90::chunk_bwd_sm90_kernel<CK16>, dim3((unsigned)pl.blocks), 384,
+                                                   pl.smem, s, false, p);
+}
+// The checkpoints (pl.work_floats floats of the workspace; CK16 uses half), then the backward.
 cudaError_t launch_chunk_bwd_sm90(const Plan& pl, const BwdProblem& pr, float* work, cudaStream_t s,
                                   const char** failed) {
   bwd90::Params p;
   static_cast<BwdProblem&>(p) = pr;
   p.ckpt = work;
   p.nck = (pr.T + 63) / 64;
-  static bool done_ckpt[64] = {}, done_bwd[64] = {};
-  *failed = "chunk_bwd_sm90_ckpt";
-  cudaError_t err = allow_smem(bwd90::chunk_bwd_sm90_ckpt_kernel, done_ckpt);
-  if (err == cudaSuccess)
-    err = launch_threads(bwd90::chunk_bwd_sm90_ckpt_kernel, dim3((unsigned)pl.blocks), 384, bwd90::cSmem, s, false, p);
-  if (err != cudaSuccess) return err;
-  *failed = "chunk_bwd_sm90";
-  err = allow_smem(bwd90::chunk_bwd_sm90_kernel, done_bwd);
-  return err != cudaSuccess ? err : launch_threads(bwd90::chunk_bwd_sm90_kernel, dim3((unsigned)pl.blocks), 384, pl.smem, s, false, p);
+  return pl.ck16 ? launch_bwd90<true>(pl, p, s, failed) : launch_bwd90<false>(pl, p, s, failed);
 }
 
 }  // namespace
@@ -6156,6 +6227,7 @@ struct Layout {
   bool q, k, v, y;   // rows 16-byte aligned with unit column stride: vector access legal
   bool wide_gates;   // gate or beta float32 beside 16-bit q, k, v (the kernels' run-time gate loads)
   bool steps = true; // q, k and v each move with t (a nonzero step stride: what a TMA map can describe)
+  bool gate32 = false;  // the gate float32 (chunk_bwd_sm90 then keeps float32 checkpoints)
 };
 
 // The current device's SM count, opt-in shared memory per block and compute capability (an H200's
@@ -6534,7 +6606,7 @@ std::string describe(const Plan& pl) {
              pl.work_floats * 4, "B");
   else if (pl.kernel == Kernel::chunk_bwd_sm90)
     s += cat("C=64 products=bf16 wgmma (fp32 operands as hi + lo), one block a (b, h), a checkpoint launch first:"
-             " the state at every chunk start in the workspace=", pl.work_floats * 4, "B");
+             " the state at every chunk start in the workspace=", pl.work_floats * 4, "B (", pl.ck16 ? "bf16" : "fp32", ")");
   else if (pl.kernel == Kernel::recurrent_bwd)
     s += cat("rows_a_thread=", pl.R, " column_tiles=", pl.vtiles, " (in order, one block a (b, h)) checkpoints=",
              (int)kBwdCheckpoint, " steps, recomputed runs of ", pl.TC, " workspace=", pl.work_floats * 4, "B");
@@ -6577,7 +6649,7 @@ inline Layout layout_of(const at::Tensor& q, const at::Tensor& k, const at::Tens
                         const at::Tensor& beta) {
   return {rows_aligned(q), rows_aligned(k), rows_aligned(v), v.size(3) % (16 / v.element_size()) == 0,
           gate.scalar_type() != q.scalar_type() || beta.scalar_type() != q.scalar_type(),
-          q.stride(1) != 0 && k.stride(1) != 0 && v.stride(1) != 0};
+          q.stride(1) != 0 && k.stride(1) != 0 && v.stride(1) != 0, gate.scalar_type() == at::kFloat};
 }
 
 Problem problem_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
@@ -6712,7 +6784,10 @@ bool make_plan_backward(const Shape& s, DType dt, const Layout& lay_dq, bool q_r
     bwd.smem = kChunkBwdSm90Smem;
     bwd.nseg = 1;
     bwd.seg_chunks = (int)ceil_div(s.T, 64);
-    bwd.work_floats = bwd.blocks * ceil_div(s.T, 64) * s.Dk * s.Dv;  // the checkpoints
+    // bf16 checkpoints where the gate is bf16: dgate then has a bf16 tolerance, and S's rounding (2^-9) is below
+    // it; float32 gates keep float32 checkpoints (their dgate is held to 1e-5)
+    bwd.ck16 = !lay_dq.gate32;
+    bwd.work_floats = bwd.blocks * ceil_div(s.T, 64) * s.Dk * s.Dv / (bwd.ck16 ? 2 : 1);  // the checkpoints
     return true;
   }
   if (fits && kernel != "recurrent_bwd") {

@@ -23,6 +23,7 @@ ap.add_argument("--baseline", action="append", default=[], help="LABEL=PATH of a
 ap.add_argument("--shapes", default="S0,S2,S2-bf16,S4-bf16")
 ap.add_argument("--reps", type=int, default=2)
 ap.add_argument("--trials", type=int, default=10)
+ap.add_argument("--profile", action="store_true", help="also each copy's kernels' mean GPU times (torch.profiler)")
 ap.add_argument("--segments", default="", help="also this solution.py with chunk_bwd's segments forced, e.g. 1,2,4")
 args = ap.parse_args()
 prebuild(["solution.py"] + [b.split("=", 1)[1] for b in args.baseline], ["backward", "backward_sm90"])  # all at once
@@ -66,12 +67,28 @@ for name in [n for n in args.shapes.split(",") if n]:
     print(name, new.plan_backward(B, T, H, D, D, dtype).splitlines()[0][:100], flush=True)
     runs = [(label, m, {}) for label, m in mods.items()]
     runs += [(f"new seg{n}", new, {"kernel": "chunk_bwd", "segments": int(n)}) for n in args.segments.split(",") if n]
-    for _ in range(args.reps):
-        for label, m, kw in runs:
+    for rep in range(args.reps):
+        # each round in another order: no copy is always first after the flush
+        for label, m, kw in runs[rep % len(runs):] + runs[:rep % len(runs)]:
             t = kernelbench_time(lambda *a, m=m, kw=kw: m._backward_with(dy, None, *a, **kw), xs,
                                  trials=args.trials)["median"]
             times.setdefault(f"{name} {label}", []).append(round(t, 4))
             print(f"  {name} {label}: {t:.3f} ms", flush=True)
+    if args.profile:
+        from torch.profiler import profile, ProfilerActivity
+        for label, m, kw in runs:
+            fn = lambda m=m, kw=kw: m._backward_with(dy, None, *xs, **kw)  # noqa: E731
+            fn()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(5):
+                    fn()
+                torch.cuda.synchronize()
+            for ev in prof.key_averages():
+                if ev.device_type.name == "CUDA" and ev.count >= 5:
+                    us = ev.device_time_total / ev.count
+                    times.setdefault(f"{name} {label} kernel {ev.key[:40]}", []).append(round(us / 1000, 4))
+                    print(f"  {name} {label} kernel {ev.key[:60]}: {us:.1f} us", flush=True)
 for key, v in times.items():
     print(f"{key:20s} ms {v}  min {min(v)}")
 if os.environ.get("OUT"):
