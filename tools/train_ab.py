@@ -1,0 +1,82 @@
+"""The training step of this solution.py against other copies (--baseline LABEL=PATH, repeatable), in one process:
+per shape (bench.py's SHAPES names), `gated_recurrence` with q, k, v, gate, beta requiring grad, then
+`torch.autograd.grad` of <y, dy> (what `_backward_with` cannot show: work moved between the forward and the
+backward, such as checkpoints written by the forward), and the forward alone without grad (an inference A/B of the
+same kernels). KernelBench medians (L2 flush), interleaved over --reps rounds in a rotated order; the min of the
+rounds. Also each copy's gradients against the first copy's (rel-L2, a sanity check: tests hold the accuracy), and
+with --fla flash-linear-attention's chunk_simple_gla forward + backward (k * beta and log(gate) made outside the
+timed region, as in bench.py) in the same rounds.
+
+    python3 tools/train_ab.py --baseline old=scratch/old.py [--shapes S4-bf16,S2-bf16] [--reps 3] [--fla]
+    (every copy's units are built first, all at once; writes $OUT/train_ab.json with OUT set)"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.getcwd())
+from tools.common import load_copies, prebuild  # noqa: E402
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--baseline", action="append", default=[], help="LABEL=PATH of another solution.py")
+ap.add_argument("--shapes", default="S4-bf16,S2-bf16")
+ap.add_argument("--reps", type=int, default=3)
+ap.add_argument("--trials", type=int, default=5)
+ap.add_argument("--fla", action="store_true", help="also fla's chunk_simple_gla forward + backward")
+args = ap.parse_args()
+prebuild(["solution.py"] + [b.split("=", 1)[1] for b in args.baseline],
+         ["chunk_sm90", "chunk_bf16", "backward", "backward_sm90"])
+
+import solution as new  # noqa: E402
+import reference  # noqa: E402
+from bench import SHAPES  # noqa: E402
+from timing import kernelbench_time, rel_l2  # noqa: E402
+mods = load_copies(args.baseline, new)
+
+gen = torch.Generator().manual_seed(11)
+times, diffs = {}, {}
+for name in [n for n in args.shapes.split(",") if n]:
+    B, T, H, D, dtype = SHAPES[name]
+    xs = [x.requires_grad_() for x in reference.make_inputs(B, T, H, D, dtype=dtype, device="cuda", generator=gen)]
+    dy = torch.randn(B, T, H, D, generator=gen).to("cuda", dtype)
+    print(name, new.plan(B, T, H, D, D, dtype).splitlines()[0][:90], flush=True)
+
+    def step(*a, m):
+        return torch.autograd.grad(m.gated_recurrence(*a), a, dy)
+
+    def forward(*a, m):
+        with torch.no_grad():
+            return m.gated_recurrence(*a)
+
+    runs = []
+    for label, m in mods.items():
+        runs += [(f"{label} fwd+bwd", lambda *a, m=m: step(*a, m=m)), (f"{label} fwd", lambda *a, m=m: forward(*a, m=m))]
+    if args.fla:
+        from fla.ops.simple_gla import chunk_simple_gla
+        q, k, v, g, b = (x.detach() for x in xs)
+        fx = [q.clone().requires_grad_(), (k * b[..., None]).requires_grad_(), v.clone().requires_grad_(),
+              torch.log(g.float()).requires_grad_()]
+
+        def fla_step(q, kb, v, lg):
+            o, _ = chunk_simple_gla(q, kb, v, g=lg, scale=1.0)
+            return torch.autograd.grad(o, (q, kb, v, lg), dy)
+        runs.append(("fla fwd+bwd", fla_step))
+    first = None
+    for label, m in mods.items():  # the gradients, against the first copy's
+        got = step(*xs, m=m)
+        first = got if first is None else first
+        diffs[f"{name} {label}"] = max(rel_l2(a.float().cpu(), b.float().cpu()) for a, b in zip(got, first))
+        print(f"  {name} {label}: gradients vs the first copy rel-L2 {diffs[f'{name} {label}']:.2e}", flush=True)
+    for rep in range(args.reps):
+        for label, fn in runs[rep % len(runs):] + runs[:rep % len(runs)]:
+            a = fx if label.startswith("fla") else xs
+            t = kernelbench_time(fn, a, trials=args.trials)["median"]
+            times.setdefault(f"{name} {label}", []).append(round(t, 4))
+            print(f"  {name} {label}: {t:.3f} ms", flush=True)
+for key, v in times.items():
+    print(f"{key:28s} ms {v}  min {min(v)}")
+if os.environ.get("OUT"):
+    with open(os.path.join(os.environ["OUT"], "train_ab.json"), "w") as f:
+        json.dump({"grad_vs_first": diffs, "ms": times}, f, indent=1)
