@@ -82,7 +82,7 @@ def backward_smoke():
 
 def backward_sm90_smoke():
     """chunk_bwd_sm90 on Hopper: T ragged, 1 and several chunks; both states; NaN in k; float32 gates; a transposed
-    q."""
+    q; an autograd step at B H >= the SMs."""
     if torch.cuda.get_device_capability() == (9, 0):
         for B, T, H in [(1, 100, 2), (2, 1, 1), (1, 200, 1)]:
             q, k, v, g, b = reference.make_inputs(B, T, H, 128, 128, dtype=torch.bfloat16, device="cuda")
@@ -92,6 +92,12 @@ def backward_sm90_smoke():
             k[0, T // 2, 0, 3] = float("nan")
             solution._backward_with(dy, None, q.transpose(1, 2).contiguous().transpose(1, 2), k, v, g.float(), b.float(),
                                     kernel="chunk_bwd_sm90")
+        # an autograd step whose plans are chunk_sm90 with one segment and chunk_bwd_sm90 (B H >= the SMs): where the
+        # forward writes the backward's checkpoints, both sides of that hand-over
+        H = -(-torch.cuda.get_device_properties(0).multi_processor_count // 2)
+        xs = [x.requires_grad_() for x in reference.make_inputs(2, 130, H, 128, 128, dtype=torch.bfloat16, device="cuda")]
+        y = solution.gated_recurrence(*xs)
+        torch.autograd.grad(y, xs, torch.randn_like(y))
 
 
 if "--backward-sm90-only" in sys.argv:
