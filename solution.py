@@ -5471,7 +5471,8 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
         for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
           for (int e = 0; e < 2; ++e)
-            Sa[kb][2 * e + hh] = __ldg(reinterpret_cast<const unsigned int*>(S + (ir + 8 * hh) * 128 + 16 * kb + 2 * q + 8 * e));
+            Sa[kb][2 * e + hh] =
+                __ldg(reinterpret_cast<const unsigned int*>(S + (ir + 8 * hh) * 128 + 16 * kb + 2 * q + 8 * e));
     } else {
       const float* S = p.ckpt + (bh * nck + ch) * 16384;
 #pragma unroll
@@ -5801,16 +5802,17 @@ __global__ void __launch_bounds__(384, 1) chunk_bwd_sm90_kernel(const Params p) 
   else consumer<CK16>(p, sm, wg - 1, bh, nck);
 }
 
-// The checkpoint pass: S at every chunk start into p.ckpt ((B H, chunks, 128, 128) [dk][dv], fp32, or bf16 with
-// CK16: half the bytes of this pass's stores and of the backward's loads, and R^T one product a k-step; each warp
-// stages its 16 columns transposed by stmatrix and writes whole 32-byte row pieces, as the 4-byte stores of a
-// shuffled bf16 pair cost more than the bytes they saved), from S_0 (or zero). One CTA of 384 threads a (b, h), one barrier a chunk: the k and v tiles double-buffered (cp.async, zeros
-// past T; chunk ch + 1's issued after chunk ch's barrier, landing during its product); WG0 (threads < 64) the gates
-// and betas a chunk ahead in registers, then beta_s w_s (w_s = prod_{r>s} g_r, fp32) and A_63 into a
-// double-buffered table; consumer c holds S^T rows dv = 64 c .. as one m64n128 accumulator, stores it, then
-// S^T <- A_63 S^T + (V^T diag(beta w)) K: A from the v tile by ldmatrix.trans, scaled and split hi / lo in
-// registers (2 terms), B the k tile as loaded (MN-major, exact).
-constexpr int cBuf = 32768, cTab = 2 * cBuf, cStage = cTab + 2 * 256 * 4, cSmem = cStage + 8 * 4096;  // tiles k 0, v 16384 a buffer
+// The checkpoint pass: S at every chunk start into p.ckpt ((B H, chunks, 128, 128) [dk][dv], fp32, or bf16 with CK16:
+// half the bytes of this pass's stores and of the backward's loads, and R^T one product a k-step; each warp stages its
+// 16 columns transposed by stmatrix and writes whole 32-byte row pieces, as the 4-byte stores of a shuffled bf16 pair
+// cost more than the bytes they saved), from S_0 (or zero). One CTA of 384 threads a (b, h), one barrier a chunk: the k
+// and v tiles double-buffered (cp.async, zeros past T; chunk ch + 1's issued after chunk ch's barrier, landing during
+// its product); WG0 (threads < 64) the gates and betas a chunk ahead in registers, then beta_s w_s (w_s = prod_{r>s}
+// g_r, fp32) and A_63 into a double-buffered table; consumer c holds S^T rows dv = 64 c .. as one m64n128 accumulator,
+// stores it, then S^T <- A_63 S^T + (V^T diag(beta w)) K: A from the v tile by ldmatrix.trans, scaled and split hi / lo
+// in registers (2 terms), B the k tile as loaded (MN-major, exact).
+// tiles k 0, v 16384 a buffer; the tables; the consumers' bf16 staging (CK16), 4 KB a warp
+constexpr int cBuf = 32768, cTab = 2 * cBuf, cStage = cTab + 2 * 256 * 4, cSmem = cStage + 8 * 4096;
 template <bool CK16>
 __global__ void __launch_bounds__(384, 1) chunk_bwd_sm90_ckpt_kernel(const Params p) {
 #if defined(__CUDA_ARCH__) && !defined(GR_WGMMA)
@@ -6606,7 +6608,8 @@ std::string describe(const Plan& pl) {
              pl.work_floats * 4, "B");
   else if (pl.kernel == Kernel::chunk_bwd_sm90)
     s += cat("C=64 products=bf16 wgmma (fp32 operands as hi + lo), one block a (b, h), a checkpoint launch first:"
-             " the state at every chunk start in the workspace=", pl.work_floats * 4, "B (", pl.ck16 ? "bf16" : "fp32", ")");
+             " the state at every chunk start in the workspace=", pl.work_floats * 4, "B (", pl.ck16 ? "bf16" : "fp32",
+             ")");
   else if (pl.kernel == Kernel::recurrent_bwd)
     s += cat("rows_a_thread=", pl.R, " column_tiles=", pl.vtiles, " (in order, one block a (b, h)) checkpoints=",
              (int)kBwdCheckpoint, " steps, recomputed runs of ", pl.TC, " workspace=", pl.work_floats * 4, "B");
