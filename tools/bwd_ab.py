@@ -9,31 +9,26 @@ each with its own dtype), interleaved over --reps rounds.
         [--segments 1,2,4]   (this copy with chunk_bwd's segments forced, beside the planned ones)
     (writes $OUT/bwd_ab.json with OUT set)"""
 import argparse
-import json
 import os
 import sys
 
 import torch
 
 sys.path.insert(0, os.getcwd())
-from tools.common import load_copies, prebuild  # noqa: E402
+from tools.common import add_copy_args, copies, report, rounds  # noqa: E402
 
 ap = argparse.ArgumentParser()
-ap.add_argument("--baseline", action="append", default=[], help="LABEL=PATH of another solution.py")
-ap.add_argument("--shapes", default="S0,S2,S2-bf16,S4-bf16")
-ap.add_argument("--reps", type=int, default=2)
-ap.add_argument("--trials", type=int, default=10)
+add_copy_args(ap, "S0,S2,S2-bf16,S4-bf16", reps=2, trials=10)
 ap.add_argument("--profile", action="store_true", help="also each copy's kernels' mean GPU times (torch.profiler)")
 ap.add_argument("--segments", default="", help="also this solution.py with chunk_bwd's segments forced, e.g. 1,2,4")
 args = ap.parse_args()
-prebuild(["solution.py"] + [b.split("=", 1)[1] for b in args.baseline], ["backward", "backward_sm90"])  # all at once
+mods = copies(args, ["backward", "backward_sm90"])
+new = mods["new"]
 
-import solution as new  # noqa: E402
 import naive  # noqa: E402
 import reference  # noqa: E402
 from bench import SHAPES  # noqa: E402
 from timing import kernelbench_time, rel_l2  # noqa: E402
-mods = load_copies(args.baseline, new)
 
 # (B, T, H, D_k, D_v, dtype, gate class, with states)
 CASES = [(2, 100, 3, 128, 128, torch.float32, "sigmoid", True), (1, 67, 2, 33, 100, torch.float32, "negative", False),
@@ -67,17 +62,12 @@ for name in [n for n in args.shapes.split(",") if n]:
     print(name, new.plan_backward(B, T, H, D, D, dtype).splitlines()[0][:100], flush=True)
     runs = [(label, m, {}) for label, m in mods.items()]
     runs += [(f"new seg{n}", new, {"kernel": "chunk_bwd", "segments": int(n)}) for n in args.segments.split(",") if n]
-    for rep in range(args.reps):
-        # each round in another order: no copy is always first after the flush
-        for label, m, kw in runs[rep % len(runs):] + runs[:rep % len(runs)]:
-            t = kernelbench_time(lambda *a, m=m, kw=kw: m._backward_with(dy, None, *a, **kw), xs,
-                                 trials=args.trials)["median"]
-            times.setdefault(f"{name} {label}", []).append(round(t, 4))
-            print(f"  {name} {label}: {t:.3f} ms", flush=True)
+    calls = [(label, lambda *a, m=m, kw=kw: m._backward_with(dy, None, *a, **kw)) for label, m, kw in runs]
+    rounds(calls, args.reps, lambda label, fn: kernelbench_time(fn, xs, trials=args.trials)["median"], times, name)
     if args.profile:
         from torch.profiler import profile, ProfilerActivity
-        for label, m, kw in runs:
-            fn = lambda m=m, kw=kw: m._backward_with(dy, None, *xs, **kw)  # noqa: E731
+        for label, call in calls:
+            fn = lambda call=call: call(*xs)  # noqa: E731
             fn()
             torch.cuda.synchronize()
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -87,10 +77,6 @@ for name in [n for n in args.shapes.split(",") if n]:
             for ev in prof.key_averages():
                 if ev.device_type.name == "CUDA" and ev.count >= 5:
                     us = ev.device_time_total / ev.count
-                    times.setdefault(f"{name} {label} kernel {ev.key[:40]}", []).append(round(us / 1000, 4))
+                    times.setdefault(f"{name} {label} kernel {ev.key[:70]}", []).append(round(us / 1000, 4))
                     print(f"  {name} {label} kernel {ev.key[:60]}: {us:.1f} us", flush=True)
-for key, v in times.items():
-    print(f"{key:20s} ms {v}  min {min(v)}")
-if os.environ.get("OUT"):
-    with open(os.path.join(os.environ["OUT"], "bwd_ab.json"), "w") as f:
-        json.dump({"errors": errs, "ms": times}, f, indent=1)
+report(times, "bwd_ab.json", {"errors": errs})

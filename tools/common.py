@@ -34,3 +34,36 @@ def load_copies(baselines, this):
         mods[label] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mods[label])
     return mods
+
+
+def add_copy_args(ap, shapes, reps, trials):
+    """The arguments of the copy A/B tools (bwd_ab, train_ab): other solution.py copies, shapes, rounds, calls."""
+    ap.add_argument("--baseline", action="append", default=[], help="LABEL=PATH of another solution.py")
+    ap.add_argument("--shapes", default=shapes)
+    ap.add_argument("--reps", type=int, default=reps)
+    ap.add_argument("--trials", type=int, default=trials)
+
+
+def copies(args, units):
+    """{"new": the repo's solution, LABEL: each --baseline copy}, every copy's `units` built first, all at once."""
+    prebuild(["solution.py"] + [b.split("=", 1)[1] for b in args.baseline], units)
+    import solution
+    return load_copies(args.baseline, solution)
+
+
+def rounds(runs, reps, time_one, times, prefix):
+    """Each (label, fn) of runs timed by time_one(label, fn) (ms) over reps rounds, each round in another order (no
+    run is always first after the flush); appended to times[f"{prefix} {label}"]."""
+    for rep in range(reps):
+        for label, fn in runs[rep % len(runs):] + runs[:rep % len(runs)]:
+            t = time_one(label, fn)
+            times.setdefault(f"{prefix} {label}", []).append(round(t, 4))
+            print(f"  {prefix} {label}: {t:.3f} ms", flush=True)
+
+
+def report(times, name, extra):
+    """Each key's rounds and their min; $OUT/name with {"ms": times} and extra."""
+    for key, v in times.items():
+        print(f"{key:28s} ms {v}  min {min(v)}")
+    if os.environ.get("OUT"):
+        save(name, dict(extra, ms=times))

@@ -10,30 +10,24 @@ timed region, as in bench.py) in the same rounds.
     python3 tools/train_ab.py --baseline old=scratch/old.py [--shapes S4-bf16,S2-bf16] [--reps 3] [--fla]
     (every copy's units are built first, all at once; writes $OUT/train_ab.json with OUT set)"""
 import argparse
-import json
 import os
 import sys
 
 import torch
 
 sys.path.insert(0, os.getcwd())
-from tools.common import load_copies, prebuild  # noqa: E402
+from tools.common import add_copy_args, copies, report, rounds  # noqa: E402
 
 ap = argparse.ArgumentParser()
-ap.add_argument("--baseline", action="append", default=[], help="LABEL=PATH of another solution.py")
-ap.add_argument("--shapes", default="S4-bf16,S2-bf16")
-ap.add_argument("--reps", type=int, default=3)
-ap.add_argument("--trials", type=int, default=5)
+add_copy_args(ap, "S4-bf16,S2-bf16", reps=3, trials=5)
 ap.add_argument("--fla", action="store_true", help="also fla's chunk_simple_gla forward + backward")
 args = ap.parse_args()
-prebuild(["solution.py"] + [b.split("=", 1)[1] for b in args.baseline],
-         ["chunk_sm90", "chunk_bf16", "backward", "backward_sm90"])
+mods = copies(args, ["chunk_sm90", "chunk_bf16", "backward", "backward_sm90"])
+new = mods["new"]
 
-import solution as new  # noqa: E402
 import reference  # noqa: E402
 from bench import SHAPES  # noqa: E402
 from timing import kernelbench_time, rel_l2  # noqa: E402
-mods = load_copies(args.baseline, new)
 
 gen = torch.Generator().manual_seed(11)
 times, diffs = {}, {}
@@ -69,14 +63,6 @@ for name in [n for n in args.shapes.split(",") if n]:
         first = got if first is None else first
         diffs[f"{name} {label}"] = max(rel_l2(a.float().cpu(), b.float().cpu()) for a, b in zip(got, first))
         print(f"  {name} {label}: gradients vs the first copy rel-L2 {diffs[f'{name} {label}']:.2e}", flush=True)
-    for rep in range(args.reps):
-        for label, fn in runs[rep % len(runs):] + runs[:rep % len(runs)]:
-            a = fx if label.startswith("fla") else xs
-            t = kernelbench_time(fn, a, trials=args.trials)["median"]
-            times.setdefault(f"{name} {label}", []).append(round(t, 4))
-            print(f"  {name} {label}: {t:.3f} ms", flush=True)
-for key, v in times.items():
-    print(f"{key:28s} ms {v}  min {min(v)}")
-if os.environ.get("OUT"):
-    with open(os.path.join(os.environ["OUT"], "train_ab.json"), "w") as f:
-        json.dump({"grad_vs_first": diffs, "ms": times}, f, indent=1)
+    rounds(runs, args.reps, lambda label, fn: kernelbench_time(fn, fx if label.startswith("fla") else xs,
+                                                               trials=args.trials)["median"], times, name)
+report(times, "train_ab.json", {"grad_vs_first": diffs})
