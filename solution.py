@@ -41,6 +41,8 @@ everything the launch depends on; plan(B, T, H, D_k, D_v, dtype) prints that rec
                   (first use; sm_90a   t stride: bfloat16 with D_k  ahead; two consumer warpgroups keep the state in
                   code only)           64 or 128 and D_v 128 (the   their accumulators for a whole segment; y by TMA
                                        rest: chunk_bf16)            stores. bfloat16: fp32 operands as bf16 hi + lo.
+                                                                    Eager autograd, D_k 128, one segment: it also
+                                                                    writes chunk_bwd_sm90's checkpoints.
                   CHUNK_SM90_TF32_SRC  float32 with D_k = D_v = 128 float32: TF32 wgmma, every product 3xTF32, the
                                        and no cu_seqlens (the rest: k transpose and q split by the aux warpgroup.
                                        chunk_tf32)
@@ -77,9 +79,9 @@ everything the launch depends on; plan(B, T, H, D_k, D_v, dtype) prints that rec
                                        least half the SMs (fewer:   state's gradient in their accumulators; fp32
                                        chunk_bwd's segments)        operands as bf16 hi + lo; a chunk holding inf or
                                                                     NaN forms its masked sums by FMAs.
-                  chunk_bwd_sm90_ckpt  every chunk_bwd_sm90 call,   the state at every 64-step chunk start into the
-                                       first                        workspace (wgmma state updates, k and v double-
-                                                                    buffered).
+                  chunk_bwd_sm90_ckpt  chunk_bwd_sm90 calls whose   the state at every 64-step chunk start into the
+                                       forward wrote no checkpoints workspace (wgmma state updates, k and v double-
+                                       (forward_checkpoints), first buffered).
     recurrent_bwd BACKWARD_SRC         the rest of the backward     the reverse loop of the state's gradient, element by
                   unit backward        (dq: a forward plan with     element: one block per (b, h) walks the D_v tiles of
                                        (dy, v, k) and S_0^T, any    32 columns in order; the states come back from
@@ -124,7 +126,10 @@ against float64 is Model's own: float16 ~5e-4, bfloat16 ~4e-3), which KernelBenc
 compare against; forward only, sequential, on the recurrent kernel.
 Autograd: with grad mode on and an argument that requires grad, gated_recurrence runs through the
 registered operators, whose backward saves only the inputs and recomputes the states (numerics
-"reference" included: its gradient is the exact recurrence's). cu_seqlens calls and the decode step
+"reference" included: its gradient is the exact recurrence's); eager calls whose plans are chunk_sm90 (one
+segment) and chunk_bwd_sm90 also save the state at every 64-step chunk start, written by the forward (bfloat16,
+or float32 beside a float32 gate: B*H*ceil(T/64)*D_k*D_v elements held until the backward), which spares the
+backward's checkpoint kernel (solution.FORWARD_CHECKPOINTS = False: not held). cu_seqlens calls and the decode step
 are forward only: an input that requires grad there raises NotImplementedError naming it.
 Errors: a bad argument raises ValueError or TypeError naming it (checked in C++ before any launch);
 a failed launch raises RuntimeError naming the launch. Timings live in BENCHMARKS.md.
@@ -219,6 +224,10 @@ struct Problem {
   const void* idx = nullptr; int64_t idx_stride = 0; int64_t P = 0; bool idx64 = false;
   // varlen: one packed row of T tokens (the .b strides zero), b indexes sequences [cu[b], cu[b + 1])
   const void* cu = nullptr; int64_t cu_stride = 0; bool cu64 = false;
+  // chunk_bwd_sm90's checkpoints ((B H, chunks of 64, 128, 128) [dk][dv]: S at each chunk start; bf16 where
+  // fwd_ck16, else fp32) where the forward writes them (forward_checkpoints): chunk_sm90 writes them,
+  // chunk_bwd_sm90 reads them instead of running its checkpoint kernel. nullptr elsewhere.
+  void* fwd_ckpt = nullptr; bool fwd_ck16 = false;
 };
 
 // The backward's tensors beside the forward's (q, k, v, gate, beta, s_in = S_0; y unused): dy and the final
@@ -3349,6 +3358,53 @@ __device__ __forceinline__ void chunk_sm90_bf16(const ChunkParams& p, const Sm90
     }
   }
   float seg_decay = 1.f;
+  // chunk_bwd_sm90's checkpoints, where the host asks for them (p.fwd_ckpt; one segment, so c counts the
+  // sequence's chunks, and every launch is the output phase): S holds chunk c's start state from the top of chunk
+  // c until its update, so it is stored in between, behind O1's last products (there the consumer's registers
+  // allow it without a spill), in the checkpoint kernel's layout. fp32: S[i] at [dk][dv] as it is. bf16
+  // (fwd_ck16, rounded to nearest) as the checkpoint kernel stores them: the warp's 16 columns staged transposed
+  // by stmatrix (its 8 x 8 blocks, the dv halves of a dk row swapped on rows 4..7: conflict-free), 64 dk rows at a
+  // time in the warp's own 2 KB of this chunk's y buffer (free from the chunk's top until y is staged there:
+  // bulk_wait_read and FULL), then 32-byte row pieces out as 16-byte stores. Streaming stores: the backward reads
+  // them, not this kernel.
+  constexpr bool kCkpt = DK == 128 && !VARLEN;  // the only instantiation forward_checkpoints allows
+  auto put_ckpt = [&](int c) {  // S[i]: dv = dvw + g + 8 ((i >> 1) & 1), dk = 8 (i >> 2) + 2 qd + (i & 1)
+    const int64_t at = (cb.bh * nch + c) * 16384;
+    if (p.fwd_ck16) {
+      unsigned char* st = sm + L::kY + ((c & 1) * 2 + cw) * L::kYBuf + 2048 * wl;  // (y's columns of this warp)
+      bf16* d = static_cast<bf16*>(p.fwd_ckpt) + at + dvw;
+      const int j = lane & 7, mi = lane >> 3;  // this lane's address: row j of matrix mi of each x4
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {  // dk rows 64 r ..
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {  // matrices (n, hh) = (8 r + 2 m + (mi >> 1), mi & 1)
+          uint32_t x[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = 4 * (8 * r + 2 * m + (e >> 1)) + 2 * (e & 1);
+            const __nv_bfloat162 v = __floats2bfloat162_rn(S[i], S[i + 1]);
+            x[e] = *reinterpret_cast<const uint32_t*>(&v);
+          }
+          const int dk = 8 * (2 * m + (mi >> 1)) + j, hh = (mi & 1) ^ ((j >> 2) & 1);  // (within the 64 rows)
+          const uint32_t a = (uint32_t)__cvta_generic_to_shared(st + dk * 32 + hh * 16);
+          asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(x[0]),
+                       "r"(x[1]), "r"(x[2]), "r"(x[3]) : "memory");
+        }
+        __syncwarp();
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int k = 32 * e + lane, dk = k >> 1, hh = (k & 1) ^ ((k >> 3) & 1);
+          const uint4 v = *reinterpret_cast<const uint4*>(st + 16 * k);
+          __stcs(reinterpret_cast<uint4*>(d + (64 * r + dk) * 128 + 8 * hh), v);
+        }
+        __syncwarp();
+      }
+    } else {
+      float* d = static_cast<float*>(p.fwd_ckpt) + at + 2 * qd * 128 + dvw + g;
+#pragma unroll
+      for (int i = 0; i < DK / 2; ++i) __stcs(d + (8 * (i >> 2) + (i & 1)) * 128 + 8 * ((i >> 1) & 1), S[i]);
+    }
+  };
   for (int c = 0; c < nch; ++c) {
     const int t0 = sb + 64 * c;
     if ((tid & 127) == 0) bulk_wait_read<1>();  // y's buffer c % 2 read by its store (chunk c - 2)
@@ -3377,6 +3433,7 @@ __device__ __forceinline__ void chunk_sm90_bf16(const ChunkParams& p, const Sm90
         wgmma_rs64(Y, al, desc_at(dq, 2048 * kb), 1);
         wg_commit();
       }
+      if (kCkpt && p.fwd_ckpt != nullptr) put_ckpt(c);  // while O1's last products run (S is no operand of them)
       wg_wait<0>();
       acc_fence(Y);
 #pragma unroll
@@ -5943,27 +6000,32 @@ __global__ void __launch_bounds__(384, 1) chunk_bwd_sm90_ckpt_kernel(const Param
 }  // namespace bwd90
 
 template <bool CK16>
-cudaError_t launch_bwd90(const Plan& pl, const bwd90::Params& p, cudaStream_t s, const char** failed) {
+cudaError_t launch_bwd90(const Plan& pl, const bwd90::Params& p, bool ckpt_kernel, cudaStream_t s, const char** failed) {
   static bool done_ckpt[64] = {}, done_bwd[64] = {};
-  *failed = "chunk_bwd_sm90_ckpt";
-  cudaError_t err = allow_smem(bwd90::chunk_bwd_sm90_ckpt_kernel<CK16>, done_ckpt);
-  if (err == cudaSuccess)
-    err = launch_threads(bwd90::chunk_bwd_sm90_ckpt_kernel<CK16>, dim3((unsigned)pl.blocks), 384, bwd90::cSmem, s,
-                         false, p);
-  if (err != cudaSuccess) return err;
+  cudaError_t err = cudaSuccess;
+  if (ckpt_kernel) {
+    *failed = "chunk_bwd_sm90_ckpt";
+    err = allow_smem(bwd90::chunk_bwd_sm90_ckpt_kernel<CK16>, done_ckpt);
+    if (err == cudaSuccess)
+      err = launch_threads(bwd90::chunk_bwd_sm90_ckpt_kernel<CK16>, dim3((unsigned)pl.blocks), 384, bwd90::cSmem, s,
+                           false, p);
+    if (err != cudaSuccess) return err;
+  }
   *failed = "chunk_bwd_sm90";
   err = allow_smem(bwd90::chunk_bwd_sm90_kernel<CK16>, done_bwd);
   return err != cudaSuccess ? err : launch_threads(bwd90::chunk_bwd_sm90_kernel<CK16>, dim3((unsigned)pl.blocks), 384,
                                                    pl.smem, s, false, p);
 }
-// The checkpoints (pl.work_floats floats of the workspace; CK16 uses half), then the backward.
+// The checkpoints (pl.work_floats floats of the workspace; CK16 uses half), then the backward; where the forward
+// wrote them (pr.fwd_ckpt, in pl.ck16's dtype: forward_checkpoints), the backward alone.
 cudaError_t launch_chunk_bwd_sm90(const Plan& pl, const BwdProblem& pr, float* work, cudaStream_t s,
                                   const char** failed) {
   bwd90::Params p;
   static_cast<BwdProblem&>(p) = pr;
-  p.ckpt = work;
+  const bool fwd = pr.fwd_ckpt != nullptr;
+  p.ckpt = fwd ? static_cast<float*>(pr.fwd_ckpt) : work;
   p.nck = (pr.T + 63) / 64;
-  return pl.ck16 ? launch_bwd90<true>(pl, p, s, failed) : launch_bwd90<false>(pl, p, s, failed);
+  return pl.ck16 ? launch_bwd90<true>(pl, p, !fwd, s, failed) : launch_bwd90<false>(pl, p, !fwd, s, failed);
 }
 
 }  // namespace
@@ -6724,11 +6786,19 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
   return execute(pl, problem_of(q, k, v, gate, beta, y, nullptr, nullptr), q) ? y : at::Tensor();
 }
 
+bool forward_checkpoints(const Plan* fwd, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const at::Tensor& gate, const at::Tensor& beta, const at::Tensor& dy,
+                         bool* ck16);  // (below make_plan_backward)
+
 // With states, or a chosen kernel and configuration (tests and benchmarks). Returns [y] or
-// [y, final_state] in out; false when an argument was refused (see last_error).
+// [y, final_state] in out; false when an argument was refused (see last_error). want_ckpt (the eager autograd
+// forward): chunk_bwd_sm90's checkpoints too, last, where this planned forward writes them (forward_checkpoints;
+// bfloat16 or float32 as the backward reads them), else an empty tensor; the backward then skips its checkpoint
+// kernel.
 bool run_ex(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
             const at::Tensor& beta, const c10::optional<at::Tensor>& initial_state, bool want_final,
-            const std::string& kernel, const std::vector<int64_t>& config, bool reference, std::vector<at::Tensor>& out) {
+            const std::string& kernel, const std::vector<int64_t>& config, bool reference, std::vector<at::Tensor>& out,
+            bool want_ckpt = false) {
   if (!check_shapes(q, k, v, gate, beta, reference)) return false;
   c10::cuda::OptionalCUDAGuard guard;  // q's device before anything reads device limits
   if (q.is_cuda()) guard.set_device(q.device());
@@ -6746,10 +6816,21 @@ bool run_ex(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Dk = q.size(3), Dv = v.size(3);
   at::Tensor y = at::empty({B, T, H, Dv}, q.options());
   at::Tensor fin = want_final ? final_states(B, T, q, v, s_in) : at::Tensor();
-  if (y.numel() > 0 && !execute(pl, problem_of(q, k, v, gate, beta, y, s_in, want_final ? &fin : nullptr), q))
-    return false;
+  Problem pr = problem_of(q, k, v, gate, beta, y, s_in, want_final ? &fin : nullptr);
+  at::Tensor ck;
+  if (want_ckpt) {  // (a chosen kernel or configuration writes none: the backward's side of the rule plans the forward)
+    bool ck16 = false;
+    const bool write = y.numel() > 0 && kernel.empty() && config.empty() && !reference &&
+                       forward_checkpoints(&pl, q, k, v, gate, beta, y, &ck16);
+    ck = write ? at::empty({B * H, ceil_div(T, 64), Dk, Dv}, q.options().dtype(ck16 ? at::kBFloat16 : at::kFloat))
+               : at::empty({0}, q.options().dtype(at::kFloat));
+    pr.fwd_ckpt = write ? ck.data_ptr() : nullptr;
+    pr.fwd_ck16 = ck16;
+  }
+  if (y.numel() > 0 && !execute(pl, pr, q)) return false;
   out.push_back(y);
   if (want_final) out.push_back(fin);
+  if (want_ckpt) out.push_back(ck);
   return true;
 }
 
@@ -6831,6 +6912,32 @@ bool make_plan_backward(const Shape& s, DType dt, const Layout& lay_dq, bool q_r
   return true;
 }
 
+// chunk_bwd_sm90's checkpoints written by the forward (Problem::fwd_ckpt): the one rule, which both sides apply to
+// the same inputs. Whether the forward of q, k, v, gate, beta writes them for a backward whose dy is laid out as
+// `dy` (run_ex: its y, which is what autograd hands on as a rule; run_backward: the real one): the forward's plan
+// (run_ex: the one it runs; run_backward, fwd nullptr: the planned one) is chunk_sm90's bfloat16 block with
+// D_k = 128 (its consumers hold S^T in the checkpoint kernel's fragment layout), dense, with one segment a (b, h)
+// (a later segment's start state is not known while it runs), and the backward's plan is chunk_bwd_sm90.
+// *ck16: that plan's checkpoint dtype (bf16, or fp32 beside a float32 gate).
+bool forward_checkpoints(const Plan* fwd, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const at::Tensor& gate, const at::Tensor& beta, const at::Tensor& dy, bool* ck16) {
+  const Shape s = shape_of(q, v);
+  const DType dt = dtype_of(q);
+  const DeviceLimits lim = device_limits();
+  Plan planned, dq, bwd;
+  bool dq_pass = true;
+  if (fwd == nullptr && make_plan(s, dt, layout_of(q, k, v, gate, beta), lim, kPlanned, kNoConfig, false, planned))
+    fwd = &planned;
+  const bool yes = fwd != nullptr && fwd->kernel == Kernel::chunk_sm90 && fwd->dtype == DType::bf16 &&
+                   fwd->DK == 128 && !fwd->varlen && fwd->nseg == 1 &&
+                   make_plan_backward(s, dt, layout_of(dy, v, k, gate, beta), rows_aligned(q), lim, kPlanned, 0, dq, bwd,
+                                      dq_pass) &&
+                   bwd.kernel == Kernel::chunk_bwd_sm90;
+  if (!yes) g_error.clear();  // a plan refused here is no error of the call: it runs without them
+  *ck16 = yes && bwd.ck16;
+  return yes;
+}
+
 // ---- the backward: [dq, dk, dv, dgate, dbeta, dS_0] of <y, dy> + <S_T, dfinal>, each in its input's dtype and
 // shape (dS_0: float32; an empty tensor without initial_state). dy: y's gradient (any strides); dfinal: the
 // final state's, or none. Two launches: dq by a forward plan, the rest by recurrent_bwd (make_plan_backward).
@@ -6884,13 +6991,30 @@ bool forward_ready(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
          unit_ready(pl);
 }
 
+// ckpt: chunk_bwd_sm90's checkpoints from run_ex (want_ckpt), or nullptr; used where the plan is chunk_bwd_sm90 and
+// forward_checkpoints holds for these inputs (else ignored: the checkpoint kernel runs).
 bool run_backward(const at::Tensor& dy, const at::Tensor* dfinal, const at::Tensor& q, const at::Tensor& k,
                   const at::Tensor& v, const at::Tensor& gate, const at::Tensor& beta, const at::Tensor* s_in,
-                  const std::string& kernel, int64_t segments, std::vector<at::Tensor>& out) {
+                  const std::string& kernel, int64_t segments, std::vector<at::Tensor>& out,
+                  const at::Tensor* ckpt = nullptr) {
   Plan pdq, pbw;
   bool dq_pass = true;
   if (!plan_backward_call(dy, dfinal, q, k, v, gate, beta, s_in, kernel, segments, pdq, pbw, dq_pass)) return false;
   const c10::cuda::CUDAGuard guard(q.device());
+  bool ck16 = false;
+  const bool use_ckpt = ckpt != nullptr && ckpt->numel() > 0 && pbw.kernel == Kernel::chunk_bwd_sm90 &&
+                        forward_checkpoints(nullptr, q, k, v, gate, beta, dy, &ck16) && ck16 == pbw.ck16;
+  if (use_ckpt) {
+    const int64_t want[4] = {q.size(0) * q.size(2), ceil_div(q.size(1), 64), q.size(3), v.size(3)};
+    const auto st = ck16 ? at::kBFloat16 : at::kFloat;
+    GR_REQUIRE("ValueError", ckpt->scalar_type() == st && ckpt->is_contiguous() && ckpt->device() == q.device() &&
+                                 ckpt->sizes() == at::IntArrayRef(want, 4) &&
+                                 reinterpret_cast<uintptr_t>(ckpt->data_ptr()) % 16 == 0,
+               "ckpt must be the forward's checkpoints: contiguous, 16-byte aligned ", dtype_str(st), " ",
+               shape_str(at::IntArrayRef(want, 4)), " on q's device, got ", dtype_str(ckpt->scalar_type()), " ",
+               shape_str(ckpt->sizes()), " on ", device_str(*ckpt));
+    pbw.work_floats = 0;  // (the workspace held only the checkpoints)
+  }
   at::Tensor dq = at::empty(q.sizes(), q.options()), dk = at::empty(k.sizes(), k.options()),
              dv = at::empty(v.sizes(), v.options()), dg = at::empty(gate.sizes(), gate.options()),
              db = at::empty(beta.sizes(), beta.options());
@@ -6906,6 +7030,7 @@ bool run_backward(const at::Tensor& dy, const at::Tensor* dfinal, const at::Tens
     bp.dfinal = dfinal ? dfinal->data_ptr<float>() : nullptr; bp.sdf = state_strides(dfinal);
     bp.dk = dk.data_ptr(); bp.dv = dv.data_ptr(); bp.dgate = dg.data_ptr(); bp.dbeta = db.data_ptr();
     bp.ds0 = s_in ? ds0.data_ptr<float>() : nullptr;
+    bp.fwd_ckpt = use_ckpt ? ckpt->data_ptr() : nullptr;
     if (!execute(pbw, bp, q)) return false;
   }
   out = {dq, dk, dv, dg, db, ds0};
@@ -7218,17 +7343,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       return at::Tensor();
     return gr::run(*tq, *tk, *tv, *tg, *tb, reference);
   });
+  // want_ckpt (the eager autograd forward, _EagerGrad): the backward's checkpoints as a last output (run_ex)
   m.def("forward_ex", [](handle q, handle k, handle v, handle gate, handle beta, handle initial_state, bool want_final,
-                         const std::string& kernel, const std::vector<int64_t>& config, bool reference) {
+                         const std::string& kernel, const std::vector<int64_t>& config, bool reference, bool want_ckpt) {
     std::vector<at::Tensor> out;
     const at::Tensor *tq, *tk, *tv, *tg, *tb, *ts = nullptr;
     if (!gr::tensor_args({{q, "q"}, {k, "k"}, {v, "v"}, {gate, "gate"}, {beta, "beta"}}, {&tq, &tk, &tv, &tg, &tb}) ||
         !gr::optional_arg(initial_state, "initial_state", &ts))
       return out;
     const c10::optional<at::Tensor> s0 = ts != nullptr ? c10::optional<at::Tensor>(*ts) : c10::nullopt;
-    if (!gr::run_ex(*tq, *tk, *tv, *tg, *tb, s0, want_final, kernel, config, reference, out)) out.clear();
+    if (!gr::run_ex(*tq, *tk, *tv, *tg, *tb, s0, want_final, kernel, config, reference, out, want_ckpt)) out.clear();
     return out;
-  });
+  }, pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("gate"), pybind11::arg("beta"),
+     pybind11::arg("initial_state"), pybind11::arg("want_final"), pybind11::arg("kernel"), pybind11::arg("config"),
+     pybind11::arg("reference"), pybind11::arg("want_ckpt") = false);
   m.def("forward_varlen", [](handle q, handle k, handle v, handle gate, handle beta, handle cu_seqlens,
                              handle initial_state, bool want_final, int64_t max_seqlen, handle cu_seqlens_cpu,
                              const std::string& kernel, const std::vector<int64_t>& config, bool reference) {
@@ -7254,17 +7382,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       return at::Tensor();
     return gr::run_decode(*tq, *tk, *tv, *tg, *tb, *tp, ti, nv, persistent);
   });
+  // ckpt: forward_ex's checkpoints (want_ckpt), or None (run_backward)
   m.def("backward", [](handle dy, handle dfinal, handle q, handle k, handle v, handle gate, handle beta,
-                       handle initial_state, const std::string& kernel, int64_t segments) {
+                       handle initial_state, const std::string& kernel, int64_t segments, handle ckpt) {
     std::vector<at::Tensor> out;
-    const at::Tensor *tdy, *tq, *tk, *tv, *tg, *tb, *tf = nullptr, *ts = nullptr;
+    const at::Tensor *tdy, *tq, *tk, *tv, *tg, *tb, *tf = nullptr, *ts = nullptr, *tc = nullptr;
     if (!gr::tensor_args({{dy, "dy"}, {q, "q"}, {k, "k"}, {v, "v"}, {gate, "gate"}, {beta, "beta"}},
                          {&tdy, &tq, &tk, &tv, &tg, &tb}) ||
-        !gr::optional_arg(dfinal, "dfinal", &tf) || !gr::optional_arg(initial_state, "initial_state", &ts))
+        !gr::optional_arg(dfinal, "dfinal", &tf) || !gr::optional_arg(initial_state, "initial_state", &ts) ||
+        !gr::optional_arg(ckpt, "ckpt", &tc))
       return out;
-    if (!gr::run_backward(*tdy, tf, *tq, *tk, *tv, *tg, *tb, ts, kernel, segments, out)) out.clear();
+    if (!gr::run_backward(*tdy, tf, *tq, *tk, *tv, *tg, *tb, ts, kernel, segments, out, tc)) out.clear();
     return out;
-  });
+  }, pybind11::arg("dy"), pybind11::arg("dfinal"), pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"),
+     pybind11::arg("gate"), pybind11::arg("beta"), pybind11::arg("initial_state"), pybind11::arg("kernel"),
+     pybind11::arg("segments"), pybind11::arg("ckpt") = pybind11::none());
   // true, or None with last_error() (NeedUnit: the unit to build), for the operators' eager callers
   m.def("forward_ready", [](handle q, handle k, handle v, handle gate, handle beta, handle initial_state,
                             const std::string& kernel, const std::vector<int64_t>& config,
@@ -7654,30 +7786,45 @@ def _no_double_backward(ctx, *grads):
     raise NotImplementedError(_NO_DOUBLE_BACKWARD)
 
 
+# Eager autograd on Hopper (forward_checkpoints): the forward writes the backward's chunk-start states, held from
+# the forward to the backward (bfloat16: twice q's bytes; beside a float32 gate, four times). False: nothing beyond
+# the inputs is held, and the backward forms them itself (one more launch, during the backward only).
+FORWARD_CHECKPOINTS = True
+
+
 class _EagerGrad(torch.autograd.Function):
     """Eager calls that record autograd on CUDA tensors: the pybind entry points both ways. This skips torch's
     custom-op autograd machinery, most of a small training step's host time (perf-notes, seventeenth session).
     torch.compile traces the registered operators and their formulas (_traced_call) instead; both backwards
-    run the same kernels. Saved: the inputs only."""
+    run the same kernels. Saved: the inputs, and where the core's plans allow them (forward_checkpoints in
+    HOST_RUN_SRC) the backward's checkpoints written by the forward (the state at every 64-step chunk start,
+    (B H, chunks, 128, 128) in bfloat16, float32 beside a float32 gate), so that the backward skips its
+    checkpoint kernel."""
 
     @staticmethod
     def forward(ctx, q, k, v, gate, beta, initial_state, want_final, reference, kernel, config):
-        ctx.save_for_backward(q, k, v, gate, beta, initial_state)
         ctx.set_materialize_grads(False)  # an unused output's gradient stays None (no zeros, no work on them)
-        out = _call(_core.forward_ex, q, k, v, gate, beta, initial_state, want_final, kernel, config, reference)
+        # the checkpoints are asked for only where a gradient will be formed (and only of the CUDA core: a
+        # stand-in core on the CPU takes the plain arguments)
+        ckpt = FORWARD_CHECKPOINTS and q.is_cuda and any(ctx.needs_input_grad[:6])
+        out = _call(_core.forward_ex, q, k, v, gate, beta, initial_state, want_final, kernel, config, reference,
+                    *((True,) if ckpt else ()))
+        ckpt = out[-1] if ckpt and out[-1].numel() > 0 else None  # (empty: this forward's plan writes none)
+        ctx.save_for_backward(q, k, v, gate, beta, initial_state, ckpt)  # (saved-tensor hooks see the checkpoints)
         return (out[0], out[1]) if want_final else out[0]
 
     @staticmethod
     def backward(ctx, dy, dfinal=None):
-        q, k, v, gate, beta, initial_state = ctx.saved_tensors
+        q, k, v, gate, beta, initial_state, ckpt = ctx.saved_tensors
         if dy is None and dfinal is None:
             return (None,) * 10
         if dy is None:  # only S_T in the loss
             dy = q.new_zeros(q.shape[:3] + v.shape[3:])
-        out = _call(_core.backward, dy, dfinal, q, k, v, gate, beta, initial_state, "", 0)
+        out = _call(_core.backward, dy, dfinal, q, k, v, gate, beta, initial_state, "", 0,
+                    *((ckpt,) if ckpt is not None else ()))
         grads = tuple(out[:5]) + (out[5] if initial_state is not None else None,)
         if torch.is_grad_enabled():  # create_graph=True: a second gradient through these refuses
-            grads = _Refuse.apply(*ctx.saved_tensors, *grads)
+            grads = _Refuse.apply(q, k, v, gate, beta, initial_state, *grads)
         return tuple(grads) + (None,) * 4
 
 
@@ -7741,7 +7888,9 @@ def gated_recurrence(q, k, v, gate, beta, initial_state=None, output_final_state
     PyTorch loop's rounding in the input dtype, one step at a time: what reference.py's Model computes
     in float16 or bfloat16).
     Differentiable (autograd) in q, k, v, gate, beta and initial_state, through y and S_T: each gradient in
-    its input's dtype; the backward recomputes the states from the inputs (nothing else is saved).
+    its input's dtype; the backward recomputes the states from the inputs (eagerly on Hopper, where the plans
+    allow, the forward also saves the state at every 64-step chunk start for it: B*H*ceil(T/64)*D_k*D_v
+    elements, bfloat16 or beside a float32 gate float32; FORWARD_CHECKPOINTS = False turns this off).
 
     Variable-length (packed) sequences: cu_seqlens, int32 or int64 (N + 1,) on q's device, 0 first,
     non-decreasing, T_total last; q, k, v packed as (1, T_total, H, D), gate and beta as (1, T_total, H);
