@@ -15,7 +15,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.getcwd())
-from tools.common import add_copy_args, copies, report, rounds  # noqa: E402
+from tools.common import add_copy_args, copies, profile_kernels, report, rounds  # noqa: E402
 
 ap = argparse.ArgumentParser()
 add_copy_args(ap, "S0,S2,S2-bf16,S4-bf16", reps=2, trials=10)
@@ -65,18 +65,5 @@ for name in [n for n in args.shapes.split(",") if n]:
     calls = [(label, lambda *a, m=m, kw=kw: m._backward_with(dy, None, *a, **kw)) for label, m, kw in runs]
     rounds(calls, args.reps, lambda label, fn: kernelbench_time(fn, xs, trials=args.trials)["median"], times, name)
     if args.profile:
-        from torch.profiler import profile, ProfilerActivity
-        for label, call in calls:
-            fn = lambda call=call: call(*xs)  # noqa: E731
-            fn()
-            torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(5):
-                    fn()
-                torch.cuda.synchronize()
-            for ev in prof.key_averages():
-                if ev.device_type.name == "CUDA" and ev.count >= 5:
-                    us = ev.device_time_total / ev.count
-                    times.setdefault(f"{name} {label} kernel {ev.key[:70]}", []).append(round(us / 1000, 4))
-                    print(f"  {name} {label} kernel {ev.key[:60]}: {us:.1f} us", flush=True)
+        profile_kernels(calls, xs, times, name)
 report(times, "bwd_ab.json", {"errors": errs})

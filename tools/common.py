@@ -61,6 +61,25 @@ def rounds(runs, reps, time_one, times, prefix):
             print(f"  {prefix} {label}: {t:.3f} ms", flush=True)
 
 
+def profile_kernels(calls, xs, times, prefix, reps=5):
+    """Each (label, fn) of calls run reps times under torch.profiler (no flush between calls): every CUDA kernel's
+    mean time (ms), appended to times[f"{prefix} {label} kernel {name}"] (names cut at 70 characters)."""
+    import torch
+    from torch.profiler import profile, ProfilerActivity
+    for label, call in calls:
+        call(*xs)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                call(*xs)
+            torch.cuda.synchronize()
+        for ev in prof.key_averages():
+            if ev.device_type.name == "CUDA" and ev.count >= reps:
+                us = ev.device_time_total / ev.count
+                times.setdefault(f"{prefix} {label} kernel {ev.key[:70]}", []).append(round(us / 1000, 4))
+                print(f"  {prefix} {label} kernel {ev.key[:60]}: {us:.1f} us ({ev.count // reps} a call)", flush=True)
+
+
 def report(times, name, extra):
     """Each key's rounds and their min; $OUT/name with {"ms": times} and extra."""
     for key, v in times.items():

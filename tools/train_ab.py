@@ -5,9 +5,10 @@ backward, such as checkpoints written by the forward), and the forward alone wit
 same kernels). KernelBench medians (L2 flush), interleaved over --reps rounds in a rotated order; the min of the
 rounds. Also each copy's gradients against the first copy's (rel-L2, a sanity check: tests hold the accuracy), and
 with --fla flash-linear-attention's chunk_simple_gla forward + backward (k * beta and log(gate) made outside the
-timed region, as in bench.py) in the same rounds.
+timed region, as in bench.py, with fla's fla#640 guard off as bench.py --fla-640-guard-off does: on Hopper with
+Triton 3.4 to 3.7.0 fla refuses its chunk backward) in the same rounds. --profile: each run's kernels' mean times.
 
-    python3 tools/train_ab.py --baseline old=scratch/old.py [--shapes S4-bf16,S2-bf16] [--reps 3] [--fla]
+    python3 tools/train_ab.py --baseline old=scratch/old.py [--shapes S4-bf16,S2-bf16] [--reps 3] [--fla] [--profile]
     (every copy's units are built first, all at once; writes $OUT/train_ab.json with OUT set)"""
 import argparse
 import os
@@ -16,17 +17,18 @@ import sys
 import torch
 
 sys.path.insert(0, os.getcwd())
-from tools.common import add_copy_args, copies, report, rounds  # noqa: E402
+from tools.common import add_copy_args, copies, profile_kernels, report, rounds  # noqa: E402
 
 ap = argparse.ArgumentParser()
 add_copy_args(ap, "S4-bf16,S2-bf16", reps=3, trials=5)
-ap.add_argument("--fla", action="store_true", help="also fla's chunk_simple_gla forward + backward")
+ap.add_argument("--fla", action="store_true", help="also fla's chunk_simple_gla forward + backward (fla#640 guard off)")
+ap.add_argument("--profile", action="store_true", help="also each run's kernels' mean GPU times (torch.profiler)")
 args = ap.parse_args()
 mods = copies(args, ["chunk_sm90", "chunk_bf16", "backward", "backward_sm90"])
 new = mods["new"]
 
 import reference  # noqa: E402
-from bench import SHAPES  # noqa: E402
+from bench import SHAPES, fla_train_leaves, fla_train_peer, grad_step  # noqa: E402
 from timing import kernelbench_time, rel_l2  # noqa: E402
 
 gen = torch.Generator().manual_seed(11)
@@ -47,16 +49,11 @@ for name in [n for n in args.shapes.split(",") if n]:
     runs = []
     for label, m in mods.items():
         runs += [(f"{label} fwd+bwd", lambda *a, m=m: step(*a, m=m)), (f"{label} fwd", lambda *a, m=m: forward(*a, m=m))]
+    fx = []
     if args.fla:
-        from fla.ops.simple_gla import chunk_simple_gla
-        q, k, v, g, b = (x.detach() for x in xs)
-        fx = [q.clone().requires_grad_(), (k * b[..., None]).requires_grad_(), v.clone().requires_grad_(),
-              torch.log(g.float()).requires_grad_()]
-
-        def fla_step(q, kb, v, lg):
-            o, _ = chunk_simple_gla(q, kb, v, g=lg, scale=1.0)
-            return torch.autograd.grad(o, (q, kb, v, lg), dy)
-        runs.append(("fla fwd+bwd", fla_step))
+        fla_name, fla_fn = fla_train_peer(guard_off=True)[0]
+        fx = fla_train_leaves(*(x.detach() for x in xs))
+        runs.append((f"fla fwd+bwd ({fla_name})", grad_step(fla_fn, dy)))
     first = None
     for label, m in mods.items():  # the gradients, against the first copy's
         got = step(*xs, m=m)
@@ -65,4 +62,6 @@ for name in [n for n in args.shapes.split(",") if n]:
         print(f"  {name} {label}: gradients vs the first copy rel-L2 {diffs[f'{name} {label}']:.2e}", flush=True)
     rounds(runs, args.reps, lambda label, fn: kernelbench_time(fn, fx if label.startswith("fla") else xs,
                                                                trials=args.trials)["median"], times, name)
+    if args.profile:
+        profile_kernels([(lbl, fn) for lbl, fn in runs if not lbl.startswith("fla")], xs, times, name)
 report(times, "train_ab.json", {"grad_vs_first": diffs})
