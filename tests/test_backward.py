@@ -308,6 +308,16 @@ def check_masks(name, g, exact, nan_input):
         f"{name} finite mask: {mask_diff(torch.isfinite(g), torch.isfinite(exact))}"
 
 
+def check_nonfinite(got, xs, s0, w, ws, nan_input):
+    """got (the kernel's gradients of xs and s0 for <y, w> + <S_T, ws>) non-finite exactly where float64 autograd
+    through the loop is (check_masks)."""
+    leaves = [x.detach().cpu().double().requires_grad_() for x in xs + [s0]]
+    y, sT = naive.recurrent_naive(*leaves[:5], initial_state=leaves[5])
+    want = torch.autograd.grad([y, sT], leaves, [w.cpu().double(), ws.cpu().double()])
+    for name, g, exact in zip(NAMES, got, want):
+        check_masks(name, g.cpu(), exact, nan_input)
+
+
 @cuda
 @pytest.mark.parametrize("case", list(NONFINITE))
 def test_nonfinite_input(sol, case):
