@@ -19,7 +19,6 @@ from tools.common import add_copy_args, copies, profile_kernels, report, rounds 
 
 ap = argparse.ArgumentParser()
 add_copy_args(ap, "S0,S2,S2-bf16,S4-bf16", reps=2, trials=10)
-ap.add_argument("--profile", action="store_true", help="also each copy's kernels' mean GPU times (torch.profiler)")
 ap.add_argument("--segments", default="", help="also this solution.py with chunk_bwd's segments forced, e.g. 1,2,4")
 args = ap.parse_args()
 mods = copies(args, ["backward", "backward_sm90"])

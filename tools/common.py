@@ -37,11 +37,13 @@ def load_copies(baselines, this):
 
 
 def add_copy_args(ap, shapes, reps, trials):
-    """The arguments of the copy A/B tools (bwd_ab, train_ab): other solution.py copies, shapes, rounds, calls."""
+    """The arguments of the copy A/B tools (bwd_ab, train_ab): other solution.py copies, shapes, rounds, calls, and
+    --profile (profile_kernels)."""
     ap.add_argument("--baseline", action="append", default=[], help="LABEL=PATH of another solution.py")
     ap.add_argument("--shapes", default=shapes)
     ap.add_argument("--reps", type=int, default=reps)
     ap.add_argument("--trials", type=int, default=trials)
+    ap.add_argument("--profile", action="store_true", help="also each run's kernels' mean GPU times (torch.profiler)")
 
 
 def copies(args, units):

@@ -22,7 +22,6 @@ from tools.common import add_copy_args, copies, profile_kernels, report, rounds 
 ap = argparse.ArgumentParser()
 add_copy_args(ap, "S4-bf16,S2-bf16", reps=3, trials=5)
 ap.add_argument("--fla", action="store_true", help="also fla's chunk_simple_gla forward + backward (fla#640 guard off)")
-ap.add_argument("--profile", action="store_true", help="also each run's kernels' mean GPU times (torch.profiler)")
 args = ap.parse_args()
 mods = copies(args, ["chunk_sm90", "chunk_bf16", "backward", "backward_sm90"])
 new = mods["new"]
