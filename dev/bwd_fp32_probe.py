@@ -65,8 +65,6 @@ import argparse
 import math
 import os
 import sys
-import time
-import traceback
 
 import torch
 
@@ -76,7 +74,7 @@ import fp32_split_emulation as emu  # noqa: E402
 from timing import kernelbench_time  # noqa: E402
 from tools.common import save  # noqa: E402
 from tools.sm90_build import (BF16_TILE_SRC, FUNC_ATTRS_SRC, PROBE_HELPERS_SRC, build, print_build,  # noqa: E402
-                              solution_constant, solution_function)
+                              run_probes, solution_constant, solution_function)
 
 torch.set_grad_enabled(True)  # (the emulation module turns it off at import; nothing here needs either)
 
@@ -1041,28 +1039,7 @@ def main():
     only = {s.strip().upper() for s in args.only.split(",") if s.strip()}
     RESULT.update(device=torch.cuda.get_device_name(0), torch=torch.__version__)
     save("bwd_fp32_probe.json", RESULT)
-    poisoned = None
-    for name, fn in PROBES:
-        if only and name not in only:
-            continue
-        if poisoned is not None:
-            RESULT[name] = {"skipped": f"CUDA context poisoned by {poisoned}"}
-            print(f"{name}: skipped (the CUDA context was poisoned by {poisoned})", flush=True)
-            continue
-        t0 = time.time()
-        try:
-            RESULT[name] = fn(mod, args)
-            torch.cuda.synchronize()
-        except Exception as e:  # noqa: BLE001 (a part's failure is its result; the other part still runs)
-            traceback.print_exc()
-            RESULT[name] = {"error": f"{type(e).__name__}: {e}"}
-            print(f"{name}: FAILED: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", flush=True)
-            try:
-                torch.cuda.synchronize()
-            except Exception:  # noqa: BLE001 (a sticky error: every later launch would fail too)
-                poisoned = name
-        RESULT[name]["seconds"] = round(time.time() - t0, 2)
-        save("bwd_fp32_probe.json", RESULT)
+    run_probes(PROBES, mod, args, RESULT, "bwd_fp32_probe.json", only)
     summary_table()
     print(f"results: {os.path.join(os.environ.get('OUT', '.'), 'bwd_fp32_probe.json')}", flush=True)
 

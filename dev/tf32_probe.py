@@ -53,16 +53,14 @@ fresh build is kept beside the module (ptxas_log.txt) and summarised (registers,
 import argparse
 import os
 import sys
-import time
-import traceback
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 from timing import kernelbench_time, rel_l2  # noqa: E402
 from tools.common import save  # noqa: E402
-from tools.sm90_build import (FUNC_ATTRS_SRC, PROBE_HELPERS_SRC, build, print_build, solution_constant,  # noqa: E402
-                               tf32_wgmma_src)
+from tools.sm90_build import (FUNC_ATTRS_SRC, PROBE_HELPERS_SRC, build, print_build, run_probes,  # noqa: E402
+                               solution_constant, tf32_wgmma_src)
 
 RESULT = {}
 
@@ -1191,28 +1189,7 @@ def main():
         return
     RESULT.update(device=torch.cuda.get_device_name(0), torch=torch.__version__, order=[n for n, _ in PROBES])
     save("tf32_probe.json", RESULT)
-    poisoned = None
-    for name, fn in PROBES:
-        if only and name not in only:
-            continue
-        if poisoned is not None:
-            RESULT[name] = {"skipped": f"CUDA context poisoned by {poisoned}"}
-            print(f"{name}: skipped (the CUDA context was poisoned by {poisoned})", flush=True)
-            continue
-        t0 = time.time()
-        try:
-            RESULT[name] = fn(mod, args)
-            torch.cuda.synchronize()
-        except Exception as e:  # noqa: BLE001 (a probe's failure is its result; the next probes still run)
-            traceback.print_exc()
-            RESULT[name] = {"error": f"{type(e).__name__}: {e}"}
-            print(f"{name}: FAILED: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", flush=True)
-            try:
-                torch.cuda.synchronize()
-            except Exception:  # noqa: BLE001 (a sticky error: every later launch would fail too)
-                poisoned = name
-        RESULT[name]["seconds"] = round(time.time() - t0, 2)
-        save("tf32_probe.json", RESULT)
+    run_probes(PROBES, mod, args, RESULT, "tf32_probe.json", only)
     print(f"results: {os.path.join(os.environ.get('OUT', '.'), 'tf32_probe.json')}", flush=True)
 
 

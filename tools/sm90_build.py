@@ -207,3 +207,34 @@ def print_build(summary, launch_regs=None, split_kernels=""):
     for w in summary["warnings"]:
         print(f"  WARNING {w}")
     print(f"  ptxas warnings: {len(summary['warnings'])}", flush=True)
+
+
+def run_probes(probes, mod, args, result, json_name, only=()):
+    """Each (name, fn) of probes (a name in `only`, or all): result[name] = fn(mod, args), saved to $OUT/json_name
+    after each. A probe's failure is its result and the next probes still run, unless it left a sticky CUDA error
+    (every later launch would fail too): those are marked skipped."""
+    import traceback
+    import torch
+    from tools.common import save
+    poisoned = None
+    for name, fn in probes:
+        if only and name not in only:
+            continue
+        if poisoned is not None:
+            result[name] = {"skipped": f"CUDA context poisoned by {poisoned}"}
+            print(f"{name}: skipped (the CUDA context was poisoned by {poisoned})", flush=True)
+            continue
+        t0 = time.time()
+        try:
+            result[name] = fn(mod, args)
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 (a probe's failure is its result; the next probes still run)
+            traceback.print_exc()
+            result[name] = {"error": f"{type(e).__name__}: {e}"}
+            print(f"{name}: FAILED: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", flush=True)
+            try:
+                torch.cuda.synchronize()
+            except Exception:  # noqa: BLE001 (a sticky error: every later launch would fail too)
+                poisoned = name
+        result[name]["seconds"] = round(time.time() - t0, 2)
+        save(json_name, result)
