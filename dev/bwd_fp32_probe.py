@@ -183,6 +183,19 @@ __device__ __forceinline__ void pin(uint32_t (&ah)[4], uint32_t (&al)[4]) {
 #pragma unroll
   for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(ah[r]), "+r"(al[r]));
 }
+// k-step kb of an RS product over a k-major operand pair b: the first one zeroes d (kb is unrolled: no branch).
+template <int TERMS, int TB, int R>
+__device__ __forceinline__ void rs_kstep(float (&d)[R], const uint32_t (&ah)[4], const uint32_t (&al)[4],
+                                         const unsigned char* sm, const Op& b, int kb) {
+  if (kb == 0) rs_terms<TERMS, TB, true>(d, ah, al, od(sm, b, kb, 0), od(sm, b, kb, 1));
+  else rs_terms<TERMS, TB, false>(d, ah, al, od(sm, b, kb, 0), od(sm, b, kb, 1));
+}
+// Accumulator values x[8 kb ..] of k-step kb as RS A fragments, split into hi / lo (lo unused with one term).
+template <int TERMS, int N>
+__device__ __forceinline__ void acc_frags(const float (&x)[N], int kb, uint32_t (&ah)[4], uint32_t (&al)[4]) {
+#pragma unroll
+  for (int r = 0; r < 4; ++r) split2<TERMS == 3 ? 2 : 1>(x[8 * kb + 2 * r], x[8 * kb + 2 * r + 1], ah[r], al[r]);
+}
 __device__ __forceinline__ void consumers_sync() {  // the two consumer warpgroups (named barrier 1)
   asm volatile("bar.sync 1, 256;\n" ::: "memory");
 }
@@ -417,8 +430,7 @@ __device__ __forceinline__ void g_update(float (&G)[64], const unsigned char* sm
       }
       pin(ah, al);
       wg_fence();
-      if (kb == 0) rs_terms<TERMS, 1, true>(U, ah, al, od(sm, b, kb, 0), od(sm, b, kb, 1));
-      else rs_terms<TERMS, 1, false>(U, ah, al, od(sm, b, kb, 0), od(sm, b, kb, 1));
+      rs_kstep<TERMS, 1>(U, ah, al, sm, b, kb);
     }
     wg_commit();
     wg_wait<0>();
@@ -457,37 +469,27 @@ __device__ __forceinline__ void pass_a(unsigned char* sm, int nchunks, const flo
     put_weights<TERMS>(sm, tab, X, c ? aMD : aMQ, 0, wl, g, q);
     // dgate: the other X (c0 64 x 32, c1 64 x 64, K = 128), then M = E Lx^T (RS, K = 32 / 64, N = 32)
     float M[16];
-    if constexpr (c == 0) {
-      float E[16];
-      ss_product<TERMS, 0, 0, 8, true>(E, sm, kmaj(aK, kTile, 64), kmaj(aV + 512, kTile, 64));
+    auto m_product = [&](auto& E) {  // E: the other X (c0: 16 values, 2 k-steps; c1: 32, 4)
+      constexpr int KB = sizeof(E) / sizeof(float) / 8;
       wg_wait<0>();
       acc_fence(E);
 #pragma unroll
-      for (int kb = 0; kb < 2; ++kb) {
+      for (int kb = 0; kb < KB; ++kb) {
         uint32_t ah[4], al[4];
-#pragma unroll
-        for (int r = 0; r < 4; ++r) split2<TERMS == 3 ? 2 : 1>(E[8 * kb + 2 * r], E[8 * kb + 2 * r + 1], ah[r], al[r]);
+        acc_frags<TERMS>(E, kb, ah, al);
         const Op b = kmaj(aLx, 4096, 32);
         pin(ah, al);
         wg_fence();
-        if (kb == 0) rs_terms<TERMS, 0, true>(M, ah, al, od(sm, b, kb, 0), od(sm, b, kb, 1));
-        else rs_terms<TERMS, 0, false>(M, ah, al, od(sm, b, kb, 0), od(sm, b, kb, 1));
+        rs_kstep<TERMS, 0>(M, ah, al, sm, b, kb);
       }
+    };
+    if constexpr (c == 0) {
+      float E[16];
+      ss_product<TERMS, 0, 0, 8, true>(E, sm, kmaj(aK, kTile, 64), kmaj(aV + 512, kTile, 64));
+      m_product(E);
     } else {
       ss_product<TERMS, 0, 0, 8, true>(Rk, sm, kmaj(aQ, kTile, 64), kmaj(aY, kTile, 64));
-      wg_wait<0>();
-      acc_fence(Rk);
-#pragma unroll
-      for (int kb = 0; kb < 4; ++kb) {
-        uint32_t ah[4], al[4];
-#pragma unroll
-        for (int r = 0; r < 4; ++r) split2<TERMS == 3 ? 2 : 1>(Rk[8 * kb + 2 * r], Rk[8 * kb + 2 * r + 1], ah[r], al[r]);
-        const Op b = kmaj(aLx, 4096, 32);
-        pin(ah, al);
-        wg_fence();
-        if (kb == 0) rs_terms<TERMS, 0, true>(M, ah, al, od(sm, b, kb, 0), od(sm, b, kb, 1));
-        else rs_terms<TERMS, 0, false>(M, ah, al, od(sm, b, kb, 0), od(sm, b, kb, 1));
-      }
+      m_product(Rk);
     }
     wg_commit();
     wg_wait<0>();
@@ -515,8 +517,7 @@ __device__ __forceinline__ void pass_a(unsigned char* sm, int nchunks, const flo
       const Op b = kmaj(aY, kTile, 64);
       pin(ah, al);
       wg_fence();
-      if (kb == 0) rs_terms<TERMS, 0, true>(R, ah, al, od(sm, b, kb, 0), od(sm, b, kb, 1));
-      else rs_terms<TERMS, 0, false>(R, ah, al, od(sm, b, kb, 0), od(sm, b, kb, 1));
+      rs_kstep<TERMS, 0>(R, ah, al, sm, b, kb);
     }
     wg_commit();
     wg_wait<0>();
@@ -533,13 +534,11 @@ __device__ __forceinline__ void pass_a(unsigned char* sm, int nchunks, const flo
 #pragma unroll
     for (int kb = 0; kb < 8; ++kb) {
       uint32_t ah[4], al[4];
-#pragma unroll
-      for (int r = 0; r < 4; ++r) split2<TERMS == 3 ? 2 : 1>(G[8 * kb + 2 * r], G[8 * kb + 2 * r + 1], ah[r], al[r]);
+      acc_frags<TERMS>(G, kb, ah, al);
       const Op b = kmaj(aV, kTile, 64);
       pin(ah, al);
       wg_fence();
-      if (kb == 0) rs_terms<TERMS, 0, true>(Rk, ah, al, od(sm, b, kb, 0), od(sm, b, kb, 1));
-      else rs_terms<TERMS, 0, false>(Rk, ah, al, od(sm, b, kb, 0), od(sm, b, kb, 1));
+      rs_kstep<TERMS, 0>(Rk, ah, al, sm, b, kb);
     }
     wg_commit();
     wg_wait<0>();
