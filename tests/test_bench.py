@@ -7,7 +7,7 @@ import sys
 import bench
 from conftest import ROOT
 
-STORED = os.path.join(ROOT, "docs", "bench-2026-12-02-s16.json")
+STORED = os.path.join(ROOT, "docs", "bench-2026-12-03-s30.json")
 
 
 def shapes_only():
