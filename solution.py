@@ -5043,6 +5043,25 @@ extern "C" int gr_execute_backward(const gr::Plan* pl, const gr::Problem* pr, fl
 }
 """
 
+# A chunk's decay products by columns, shared by chunk_bwd_sm90's tables and dev/bwd_fp32_passB.py: L[t][s] =
+# prod_{r=s+1..t} g_r (t > s; 1 at t = s), packed lower triangle at lp(t, s).
+GATE_COLUMNS_SRC = r"""
+__device__ __forceinline__ int lp(int t, int s) { return (t * (t + 1) >> 1) + s; }
+// Columns s and s + 1 of L by running products over one uniform loop in t (g_t is (t < 32 ? ga : gb) of lane t % 32
+// of the calling warp); r0, r1 end as L[63][s], L[63][s + 1].
+__device__ __forceinline__ void l_columns(float* L, float ga, float gb, int s, float& r0, float& r1) {
+  r0 = 1.f;
+  r1 = 1.f;
+#pragma unroll 8
+  for (int t = 0; t < 64; ++t) {
+    const float gt = __shfl_sync(0xffffffffu, t < 32 ? ga : gb, t & 31);
+    r0 = t > s ? r0 * gt : r0;
+    r1 = t > s + 1 ? r1 * gt : r1;
+    if (t >= s) L[lp(t, s)] = r0;
+    if (t >= s + 1) L[lp(t, s + 1)] = r1;
+  }
+}
+"""
 # chunk_bwd_sm90's wgmma forms beyond WGMMA_FORMS (n, RS, B MN-major, zero, kind, A MN-major).
 BWD_SM90_FORMS = ((64, False, 0, False, "bf16", 1), (64, False, 1, False, "bf16", 1), (64, False, 1, True),
                   (64, False, 1, False), (128, True, 1, False), (32, False, 0, True), (32, False, 0, False),
@@ -5121,7 +5140,7 @@ static_assert(kMQL == kMQH + 8192 && kMDL == kMDH + 8192 && kMDH == kMQH + 16384
 // dgate's term (d) [4][64] at 1672 (a consumer's warp wl at [wl], its column half), then the non-finite flags (ints)
 // [buf][warp] at 1928 (buffer 0's)
 // L[t][s] (s <= t) at lp(t, s) of its buffer; every (t, s < 64) is inside it (a select may load the slot it discards).
-__device__ __forceinline__ int lp(int t, int s) { return (t * (t + 1) >> 1) + s; }
+""" + GATE_COLUMNS_SRC + r"""
 __device__ __forceinline__ float* tables(unsigned char* sm, int ch) {
   return reinterpret_cast<float*>(sm + kTab + (ch & 1) * kTabBuf);
 }
@@ -5730,15 +5749,8 @@ __device__ __forceinline__ void build_tables(unsigned char* sm, int ch, float g,
   const float ga = tab[320 + lane], gb = tab[352 + lane];  // g_t = (t < 32 ? ga : gb) of lane t % 32
   if (tid < 32) {
     const int s = 2 * lane;
-    float r0 = 1.f, r1 = 1.f;  // running products L[t][s], L[t][s + 1]
-#pragma unroll 8
-    for (int t = 0; t < 64; ++t) {
-      const float gt = __shfl_sync(0xffffffffu, t < 32 ? ga : gb, t & 31);
-      r0 = t > s ? r0 * gt : r0;
-      r1 = t > s + 1 ? r1 * gt : r1;
-      if (t >= s) L[lp(t, s)] = r0;
-      if (t >= s + 1) L[lp(t, s + 1)] = r1;
-    }
+    float r0, r1;
+    l_columns(L, ga, gb, s, r0, r1);
     tab[128 + s] = r0;  // w_s = L[63][s]
     tab[129 + s] = r1;
     tab[256 + s] = tab[192 + s] * r0;  // beta_s w_s
