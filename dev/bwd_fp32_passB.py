@@ -344,6 +344,7 @@ int pb_attrs(int* res) { return func_attrs((const void*)passb_kernel, res); }
 
 HOST_SRC = r"""
 #include <torch/extension.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 #include <vector>
@@ -366,9 +367,14 @@ void passb(const at::Tensor& q, const at::Tensor& k, const at::Tensor& dy, const
   TORCH_CHECK(q.dim() == 4 && q.size(3) == 128 && k.sizes() == q.sizes() && dy.sizes() == q.sizes() &&
               dv.sizes() == q.sizes(), "q, k, dy, dv (B, T, H, 128)");
   const int B = (int)q.size(0), T = (int)q.size(1), H = (int)q.size(2);
-  TORCH_CHECK(gate.numel() == (int64_t)B * T * H && beta.numel() == gate.numel(), "gate, beta (B, T, H)");
-  TORCH_CHECK(dfinal.numel() == 0 || dfinal.numel() == (int64_t)B * H * 16384, "dfinal (B, H, 128, 128)");
-  TORCH_CHECK(ds0.numel() == 0 || ds0.numel() == (int64_t)B * H * 16384, "ds0 (B, H, 128, 128)");
+  TORCH_CHECK(gate.dim() == 3 && gate.size(0) == B && gate.size(1) == T && gate.size(2) == H &&
+              beta.sizes() == gate.sizes(), "gate, beta (B, T, H)");
+  const std::vector<int64_t> st{B, H, 128, 128};
+  TORCH_CHECK(dfinal.numel() == 0 || dfinal.sizes() == at::IntArrayRef(st), "dfinal (B, H, 128, 128)");
+  TORCH_CHECK(ds0.numel() == 0 || ds0.sizes() == at::IntArrayRef(st), "ds0 (B, H, 128, 128)");
+  for (const at::Tensor* t : {&k, &dy, &gate, &beta, &dfinal, &dv, &ds0})
+    TORCH_CHECK(t->numel() == 0 || t->device() == q.device(), "every tensor on q's device");
+  const c10::cuda::OptionalCUDAGuard guard(q.device());  // (the opt-in and the launch on q's device)
   TORCH_CHECK(T > 0, "T > 0 (T = 0: dS_0 = d_final_state, no launch)");
   check(pb::pb_run(f32(q), f32(k), f32(dy), f32(gate), f32(beta), dfinal.numel() ? f32(dfinal) : nullptr,
                    const_cast<float*>(f32(dv)), ds0.numel() ? const_cast<float*>(f32(ds0)) : nullptr, B, T, H,
@@ -393,6 +399,14 @@ def build_module():
     print_build(summary, launch_regs=168, split_kernels="passb_kernel")
     RESULT["build"] = summary
     return mod
+
+
+def require_split_registers(mod):
+    """The setmaxnreg split (40 / 232) assumes the kernel launches at 168 registers: with fewer, the consumers'
+    setmaxnreg.inc waits forever. Checked on the device before any launch."""
+    regs = mod.passb_attrs()[0]
+    if regs != 168:
+        sys.exit(f"passb_kernel has {regs} registers, not 168: its setmaxnreg split would hang; not launched")
 
 
 def run_kernel(mod, q, k, gate, beta, dy, dsT=None, want_ds0=True):
@@ -601,6 +615,7 @@ def main():
     if args.build_only:
         return
     RESULT.update(device=torch.cuda.get_device_name(0), torch=torch.__version__)
+    require_split_registers(mod)
     if args.check or not args.bench:
         device_check(mod, args)
         save_result()
