@@ -5043,9 +5043,10 @@ extern "C" int gr_execute_backward(const gr::Plan* pl, const gr::Problem* pr, fl
 }
 """
 
-# A chunk's decay products by columns, shared by chunk_bwd_sm90's tables and dev/bwd_fp32_passB.py: L[t][s] =
-# prod_{r=s+1..t} g_r (t > s; 1 at t = s), packed lower triangle at lp(t, s).
-GATE_COLUMNS_SRC = r"""
+# A chunk's decay products L[t][s] = prod_{r=s+1..t} g_r (t > s; 1 at t = s), packed lower triangle at lp(t, s), by
+# columns, and the pairs of Lx (L shifted down a row) by rows: chunk_bwd_sm90's tables, shared with the float32
+# dev passes (dev/bwd_fp32_passA.py, dev/bwd_fp32_passB.py).
+DECAY_TABLES_SRC = r"""
 __device__ __forceinline__ int lp(int t, int s) { return (t * (t + 1) >> 1) + s; }
 // Columns s and s + 1 of L by running products over one uniform loop in t (g_t is (t < 32 ? ga : gb) of lane t % 32
 // of the calling warp); r0, r1 end as L[63][s], L[63][s + 1].
@@ -5059,6 +5060,18 @@ __device__ __forceinline__ void l_columns(float* L, float ga, float gb, int s, f
     r1 = t > s + 1 ? r1 * gt : r1;
     if (t >= s) L[lp(t, s)] = r0;
     if (t >= s + 1) L[lp(t, s + 1)] = r1;
+  }
+}
+// Lx[t][s] = L[t-1][s] for s < t, else 0, by WG0 (128 threads): thread tid takes row t = tid % 64, columns
+// 32 (tid / 64) + 2 k (k < 16); put(x0, x1, off) gets columns s, s + 1 and their byte offset in a bf16 tile
+// [s / 8][t][8].
+template <typename Put>
+__device__ __forceinline__ void lx_pairs(const float* L, int tid, Put&& put) {
+  const int t = tid & 63, s0 = 32 * (tid >> 6);
+#pragma unroll 4
+  for (int k = 0; k < 16; ++k) {
+    const int s = s0 + 2 * k;
+    put(s < t ? L[lp(t - 1, s)] : 0.f, s + 1 < t ? L[lp(t - 1, s + 1)] : 0.f, (s >> 3) * 1024 + t * 16 + (s & 7) * 2);
   }
 }
 """
@@ -5140,7 +5153,7 @@ static_assert(kMQL == kMQH + 8192 && kMDL == kMDH + 8192 && kMDH == kMQH + 16384
 // dgate's term (d) [4][64] at 1672 (a consumer's warp wl at [wl], its column half), then the non-finite flags (ints)
 // [buf][warp] at 1928 (buffer 0's)
 // L[t][s] (s <= t) at lp(t, s) of its buffer; every (t, s < 64) is inside it (a select may load the slot it discards).
-""" + GATE_COLUMNS_SRC + r"""
+""" + DECAY_TABLES_SRC + r"""
 __device__ __forceinline__ float* tables(unsigned char* sm, int ch) {
   return reinterpret_cast<float*>(sm + kTab + (ch & 1) * kTabBuf);
 }
@@ -5771,17 +5784,12 @@ __device__ __forceinline__ void build_tables(unsigned char* sm, int ch, float g,
 // Lx of chunk ch (Lx[t][s] = L[t-1][s] for s < t, else 0; bf16 hi / lo at [s / 8][t][8]) from its L, by all of WG0:
 // row t = tid % 64, columns 32 (tid / 64) ..; then the fence that makes it visible to wgmma.
 __device__ __forceinline__ void build_lx(unsigned char* sm, int ch) {
-  const int tid = threadIdx.x, t = tid & 63, s0 = 32 * (tid >> 6);
-  const float* L = ltab(sm, ch);
-#pragma unroll 4
-  for (int k = 0; k < 16; ++k) {
-    const int s = s0 + 2 * k;
+  lx_pairs(ltab(sm, ch), threadIdx.x, [&](float x0, float x1, int off) {
     uint32_t hi, lo;
-    split_bf16x2<false>(s < t ? L[lp(t - 1, s)] : 0.f, s + 1 < t ? L[lp(t - 1, s + 1)] : 0.f, hi, lo);
-    const int off = (s >> 3) * 1024 + t * 16 + (s & 7) * 2;
+    split_bf16x2<false>(x0, x1, hi, lo);
     *reinterpret_cast<uint32_t*>(sm + kLxH + off) = hi;
     *reinterpret_cast<uint32_t*>(sm + kLxL + off) = lo;
-  }
+  });
   fence_async_smem();
 }
 

@@ -101,7 +101,7 @@ struct Params {
   int T, H, nck;
 };
 
-GATE_COLUMNS
+DECAY_TABLES
 __device__ __forceinline__ float* ltab(unsigned char* sm, int ch) {
   return reinterpret_cast<float*>(sm + kTab + (ch & 1) * kTabBuf);
 }
@@ -392,7 +392,7 @@ FUNCTIONS = ["passb", "passb_attrs"]
 def build_module():
     cuda = CUDA_SRC.replace("WGMMA_FORMS", probe.wgmma_forms())
     cuda = cuda.replace("WGMMA_SYNC", solution_constant("WGMMA_SYNC_SRC"))
-    cuda = cuda.replace("GATE_COLUMNS", solution_constant("GATE_COLUMNS_SRC"))
+    cuda = cuda.replace("DECAY_TABLES", solution_constant("DECAY_TABLES_SRC"))
     cuda = cuda.replace("PROBE_KSTEP", probe_kstep_src()).replace("FUNC_ATTRS", FUNC_ATTRS_SRC)
     cuda = cuda.replace("PROBE_HELPERS", PROBE_HELPERS_SRC + BF16_TILE_SRC)
     mod, summary = build("bwd_fp32_passB", HOST_SRC, cuda, FUNCTIONS, "pb")
