@@ -1,6 +1,8 @@
 """Pass A of the float32 Hopper backward (docs/training-design.md 8.2 "Two passes", 8.4 option (b)): dq, dk, dgate,
 dbeta, sm_90a, one standalone dev script run from the repository root. Pass B (dev/bwd_fp32_passB.py) makes dv and
-dS_0; this file reuses its tables, splits, cases and the probe's k-step helpers by import.
+dS_0; this file reuses its tables, splits and state load (its CUDA text) by import, and with it
+dev/bwd_fp32_common.py's: the CUDA preamble and kernel entry, the host helpers, the build, the chunk models' products,
+padding and tables, the cases, the check loops and the command line.
 
 What it computes, for float32 q, k, v, dy (B, T, H, 128), gate, beta (B, T, H), all contiguous, the checkpoints ckpt
 (B H, ceil(T / 64), 128, 128) float32 (S at each 64-step chunk start, [dk][dv]) and an optional d_final_state
@@ -43,7 +45,6 @@ with the emulation standing in for the kernel, for its plumbing only. --build-on
 80 B spilled (values hoisted above the chunk loop, reloaded once a chunk), no ptxas wgmma warning (the #177 lines
 are the probe's unused helpers). The kernel itself has not run.
 """
-import argparse
 import math
 import os
 import sys
@@ -52,19 +53,15 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # dev/ (pass B, the probe, the split emulation)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # dev/ (pass B, the shared part, the split emulation)
+import bwd_fp32_common as common  # noqa: E402
 import bwd_fp32_passB as passb  # noqa: E402
-import bwd_fp32_probe as probe  # noqa: E402
 import fp32_split_emulation as emu  # noqa: E402
 import naive  # noqa: E402
+from bwd_fp32_common import rel  # noqa: E402
 from timing import kernelbench_time  # noqa: E402
-from tools.common import save  # noqa: E402
-from tools.sm90_build import (BF16_TILE_SRC, FUNC_ATTRS_SRC, PROBE_HELPERS_SRC, build, print_build,  # noqa: E402
-                              solution_constant)
 
 torch.set_grad_enabled(False)
-RESULT = {}
-CASES, make_case, rel = passb.cases, passb.make_case, passb.rel  # pass B's cases: the same inputs, seeds and metric
 
 
 # ---------------------------------------------------------------------------------------------
@@ -90,30 +87,16 @@ def pass_a_model(q, k, v, gate, beta, dy, ckpt, dsT=None, emulate=None):
     """(dq, dk (B, T, H, D), dgate, dbeta (B, T, H)) from the checkpoints ckpt (B, H, nck, D, D); emulate None
     (float64), "rn" or "rz" (float32, bf16 x3 products)."""
     f = torch.float64 if emulate is None else torch.float32
+    mm = common.model_mm(emulate)
     if emulate is None:
-        def mm(a, b, acc=None):
-            return a @ b if acc is None else acc + a @ b
-
         def pair(x):  # a tile as the row dots read it
             return x
     else:
-        def mm(a, b, acc=None):
-            emu.RZ = emulate == "rz"
-            out = emu.mm(a, b, "bf16x3", acc=acc)
-            emu.RZ = False
-            return out
-
         def pair(x):  # hi + lo of the shared-memory pair (within 2^-17 of x)
             hi, lo = emu.split_bf16(x, 2)
             return hi + lo
-    q, k, v, dy = (x.to(f).transpose(1, 2) for x in (q, k, v, dy))  # (B, H, T, D)
-    gate, beta = (x.to(f).transpose(1, 2) for x in (gate, beta))  # (B, H, T)
-    B, H, T, D = q.shape
-    nck = math.ceil(T / 64)
-    pad = nck * 64 - T  # the last chunk's rows past T: zero rows, gate 1, beta 0
-    q, k, v, dy = (torch.nn.functional.pad(x, (0, 0, 0, pad)) for x in (q, k, v, dy))
-    gate = torch.nn.functional.pad(gate, (0, pad), value=1.0)
-    beta = torch.nn.functional.pad(beta, (0, pad), value=0.0)
+    B, T, H, D = q.shape
+    (q, k, v, dy), gate, beta, nck = common.model_inputs((q, k, v, dy), gate, beta, f)  # (B, H, 64 nck, D), (B, H, ..)
     ckpt = ckpt.to(f)
     G = torch.zeros(B, H, D, D, dtype=f) if dsT is None else dsT.to(f).clone()
     dq, dk = torch.zeros(B, H, nck * 64, D, dtype=f), torch.zeros(B, H, nck * 64, D, dtype=f)
@@ -125,12 +108,7 @@ def pass_a_model(q, k, v, gate, beta, dy, ckpt, dsT=None, emulate=None):
         Q, K, V, dY, g, bt = q[:, :, sl], k[:, :, sl], v[:, :, sl], dy[:, :, sl], gate[:, :, sl], beta[:, :, sl]
         S = ckpt[:, :, ch]
         # tables by running products (WG0's, chunk_bwd_sm90's): L[t][s] = L[t-1][s] g_t, A[t] = A[t-1] g_t
-        L = naive.decay_matrix(g)
-        A = torch.empty_like(g)
-        run = torch.ones_like(g[..., 0])
-        for t in range(64):
-            run = run * g[..., t]
-            A[..., t] = run
+        L, A = common.chunk_tables(g)
         Ah = torch.cat([torch.ones_like(A[..., :1]), A[..., :-1]], -1)  # A[t - 1]
         w = L[..., 63, :]
         Lx = torch.zeros_like(L)
@@ -165,33 +143,15 @@ def pass_a_model(q, k, v, gate, beta, dy, ckpt, dsT=None, emulate=None):
 
 
 def passb_src(start, end):
-    """Pass B's CUDA text from the line starting `start` up to `end` (its tables, barriers, row addressing and
-    put_pair), so that both passes build the same tables and splits."""
+    """Pass B's CUDA text from the line starting `start` up to `end` (its tables, barriers, row addressing, state
+    load and put_pair), so that both passes build the same tables and splits."""
     src = passb.CUDA_SRC
     a = src.index(start)
     return src[a:src.index(end, a)]
 
 
+# The kernel's CUDA text after bwd_fp32_common's CUDA_PREAMBLE (namespace pa).
 CUDA_SRC = r"""
-#include <cuda_runtime.h>
-#include <cuda_bf16.h>
-#include <cstdint>
-
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define GR_WGMMA 1
-#endif
-
-namespace pa {
-namespace {
-
-WGMMA_SYNC
-
-WGMMA_FORMS
-
-PROBE_HELPERS
-
-PROBE_KSTEP
-
 // Shared memory (bytes). Pairs (hi at off, lo at off + kTile; [d / 8][t][8]): q, k, v, dy. The weights' pairs MQ,
 // MD ([s / 8][row][8], lo at + kW), Lx's pair ([s / 8][t][8], one buffer: WG0 rewrites it once the consumers have
 // read it, barrier 4); two table buffers (pass B's: L packed, A, w, beta, beta w); the gates; two buffers of the
@@ -226,19 +186,15 @@ __device__ __forceinline__ void lx_free_arrive() { asm volatile("barrier.arrive 
 __device__ __forceinline__ void lx_free_wait() { asm volatile("barrier.sync 4, 384;\n" ::: "memory"); }
 
 // WG0: Lx of chunk ch (Lx[t][s] = L[t-1][s] for s < t, else 0; pair [s / 8][t][8]) from its L (chunk_bwd_sm90's
-// build_lx): row t = tid % 64, columns 32 (tid / 64) ..; then the fence that makes it visible to wgmma.
+// build_lx, by solution.py's lx_pairs): row t = tid % 64, columns 32 (tid / 64) ..; then the fence that makes it
+// visible to wgmma.
 __device__ __forceinline__ void build_lx(unsigned char* sm, int ch) {
-  const int tid = threadIdx.x, t = tid & 63, s0 = 32 * (tid >> 6);
-  const float* L = ltab(sm, ch);
-#pragma unroll 4
-  for (int k = 0; k < 16; ++k) {
-    const int s = s0 + 2 * k;
+  lx_pairs(ltab(sm, ch), threadIdx.x, [&](float x0, float x1, int off) {
     uint32_t hi, lo;
-    split2<2>(s < t ? L[lp(t - 1, s)] : 0.f, s + 1 < t ? L[lp(t - 1, s + 1)] : 0.f, hi, lo);
-    const int off = (s >> 3) * 1024 + t * 16 + (s & 7) * 2;
+    split2<2>(x0, x1, hi, lo);
     *reinterpret_cast<uint32_t*>(sm + kLx + off) = hi;
     *reinterpret_cast<uint32_t*>(sm + kLx + kW + off) = lo;
-  }
+  });
   fence_async_smem();
 }
 // WG0: chunk ch's q, k, v, dy rows and its checkpoint (64 KB) into L2 a chunk ahead of the consumers' loads (12
@@ -408,18 +364,7 @@ __device__ __forceinline__ void consumer(const Params& p, unsigned char* sm_in, 
   const int lt_in = threadIdx.x - 128;
   const int64_t b = bh / p.H, h = bh - b * p.H;
   float G[64];
-  {
-    const int g = (lt_in & 31) >> 2, q = lt_in & 3, ir = 64 * c + 16 * ((lt_in >> 5) & 3) + g;
-#pragma unroll
-    for (int n = 0; n < 16; ++n)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        float2 x = make_float2(0.f, 0.f);
-        if (p.dfinal) x = *reinterpret_cast<const float2*>(p.dfinal + bh * 16384 + (ir + 8 * hh) * 128 + 8 * n + 2 * q);
-        G[4 * n + 2 * hh] = x.x;
-        G[4 * n + 2 * hh + 1] = x.y;
-      }
-  }
+  load_g(G, p.dfinal, bh, 64 * c + 16 * ((lt_in >> 5) & 3) + ((lt_in & 31) >> 2), lt_in & 3);  // (rows ir, ir + 8)
   sync_all();  // (0) the last chunk's tables and Lx
   for (int ch = p.nck - 1; ch >= 0; --ch) {
     // sm and the thread's index made opaque each chunk: the loop-invariant descriptors and offsets derived from them,
@@ -569,58 +514,28 @@ __device__ __forceinline__ void aux(const Params& p, unsigned char* sm, int64_t 
   dgate_dbeta(p, sm, b, h, 0);
 }
 
-__global__ void __launch_bounds__(384, 1) passa_kernel(const Params p) {
-#if defined(__CUDA_ARCH__) && !defined(GR_WGMMA)
-  __trap();
-#endif
-  extern __shared__ __align__(1024) unsigned char sm[];
-  const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0);
-  if (wg == 0) {
-    maxnreg_dec<kAuxRegs>();
-    aux(p, sm, blockIdx.x);
-    return;
-  }
-  maxnreg_inc<kConsRegs>();
-  consumer(p, sm, wg - 1, blockIdx.x);
-}
-
-FUNC_ATTRS
-
-}  // namespace
+// The kernel (its roles and setmaxnreg split), launch_kernel and func_attrs: bwd_fp32_common's, spliced here.
+KERNEL_ENTRY
 
 int pa_run(const float* q, const float* k, const float* v, const float* dy, const float* gate, const float* beta,
            const float* ckpt, const float* dfinal, float* dq, float* dk, float* dgate, float* dbeta, int B, int T,
            int H, cudaStream_t s) {
-  const Params p{q, k, v, dy, gate, beta, ckpt, dfinal, dq, dk, dgate, dbeta, T, H, (T + 63) / 64};
-  cudaError_t e = cudaFuncSetAttribute(passa_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  if (e != cudaSuccess) return (int)e;
-  passa_kernel<<<B * H, 384, kSmem, s>>>(p);
-  return (int)cudaGetLastError();
+  return launch_kernel(Params{q, k, v, dy, gate, beta, ckpt, dfinal, dq, dk, dgate, dbeta, T, H, (T + 63) / 64},
+                       B * H, s);
 }
 int pa_attrs(int* res) { return func_attrs((const void*)passa_kernel, res); }
 int pa_smem() { return kSmem; }
 }  // namespace pa
 """
 
+# The host text after bwd_fp32_common's HOST_PREAMBLE (check, f32, kernel_attrs).
 HOST_SRC = r"""
-#include <torch/extension.h>
-#include <c10/cuda/CUDAStream.h>
-#include <cuda_runtime_api.h>
-#include <vector>
 namespace pa {
 int pa_run(const float* q, const float* k, const float* v, const float* dy, const float* gate, const float* beta,
            const float* ckpt, const float* dfinal, float* dq, float* dk, float* dgate, float* dbeta, int B, int T,
            int H, cudaStream_t s);
 int pa_attrs(int* res);
 int pa_smem();
-}
-static void check(int e, const char* what) {
-  TORCH_CHECK(e == 0, what, ": ", cudaGetErrorString((cudaError_t)e));
-}
-static const float* f32(const at::Tensor& t) {
-  TORCH_CHECK(t.is_cuda() && t.scalar_type() == at::kFloat && t.is_contiguous(), "contiguous float32 CUDA tensor");
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "16-byte aligned");
-  return t.data_ptr<float>();
 }
 // q, k, v, dy, dq, dk (B, T, H, 128); gate, beta, dgate, dbeta (B, T, H); ckpt (B H, nck, 128, 128): S at each
 // 64-step chunk start; dfinal (B, H, 128, 128) or empty (zero).
@@ -641,27 +556,19 @@ void passa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const 
                    const_cast<float*>(f32(dgate)), const_cast<float*>(f32(dbeta)), B, T, H,
                    c10::cuda::getCurrentCUDAStream()), "pass A launch");
 }
-std::vector<int64_t> passa_attrs() {
-  int r[4] = {0, 0, 0, 0};
-  check(pa::pa_attrs(r), "pass A attributes");
-  return {r[0], r[1], r[2], r[3], pa::pa_smem()};
+std::vector<int64_t> passa_attrs() {  // (kernel_attrs', then the dynamic shared memory)
+  std::vector<int64_t> r = kernel_attrs(pa::pa_attrs, "pass A attributes");
+  r.push_back(pa::pa_smem());
+  return r;
 }
 """
 FUNCTIONS = ["passa", "passa_attrs"]
 
 
 def build_module():
-    cuda = CUDA_SRC.replace("WGMMA_FORMS", probe.wgmma_forms())
-    cuda = cuda.replace("WGMMA_SYNC", solution_constant("WGMMA_SYNC_SRC"))
-    cuda = cuda.replace("DECAY_TABLES", solution_constant("DECAY_TABLES_SRC"))
-    cuda = cuda.replace("PASSB_TABLES", passb_src("__device__ __forceinline__ float* ltab", "// WG0: chunk ch's q, k"))
-    cuda = cuda.replace("PASSB_PUT_PAIR", passb_src("// 8 fp32 values to a pair's hi and lo", "// The consumers (lt"))
-    cuda = cuda.replace("PROBE_KSTEP", passb.probe_kstep_src()).replace("FUNC_ATTRS", FUNC_ATTRS_SRC)
-    cuda = cuda.replace("PROBE_HELPERS", PROBE_HELPERS_SRC + BF16_TILE_SRC)
-    mod, summary = build("bwd_fp32_passA", HOST_SRC, cuda, FUNCTIONS, "pa")
-    print_build(summary, launch_regs=168, split_kernels="passa_kernel")
-    RESULT["build"] = summary
-    return mod
+    splices = (("PASSB_TABLES", passb_src("__device__ __forceinline__ float* ltab", "// WG0: chunk ch's q, k")),
+               ("PASSB_PUT_PAIR", passb_src("// 8 fp32 values to a pair's hi and lo", "// The consumers (lt")))
+    return common.build_module("bwd_fp32_passA", "pa", "passa_kernel", CUDA_SRC, HOST_SRC, FUNCTIONS, splices)
 
 
 NAMES = ("dq", "dk", "dgate", "dbeta")
@@ -673,31 +580,30 @@ def reference(q, k, v, gate, beta, dy, dsT):
     return out[0], out[1], out[3], out[4]
 
 
-def cpu_check(args):
-    rows, worst = [], 0.0
-    print(f"{'case':34s} {'dS_T':4s} model dq / dk / dgate / dbeta          bf16 x3 emulated, RN | RZ (worst of 4)")
-    for n, (shape, gname, with_dsT) in enumerate(CASES()):
-        q, k, v, gate, beta, dy, dsT = make_case(shape, gname, with_dsT, seed=100 + n)
-        ref = reference(q, k, v, gate, beta, dy, dsT)
-        ck = checkpoints(k, v, gate, beta)
-        model = pass_a_model(q, k, v, gate, beta, dy, ck, dsT)
-        row = {"shape": shape, "gate": gname, "dsT": with_dsT}
-        row.update({f"model_{x}": rel(m, r) for x, m, r in zip(NAMES, model, ref)})
-        worst = max([worst] + [row[f"model_{x}"] for x in NAMES])
-        ck32 = ck.float()  # the device's checkpoints: float64, rounded once
-        for mode in ("rn", "rz"):
-            em = pass_a_model(q, k, v, gate, beta, dy, ck32, dsT, emulate=mode)
-            row.update({f"emu_{mode}_{x}": rel(m, r) for x, m, r in zip(NAMES, em, ref)})
-        rows.append(row)
-        print(f"{str(shape) + ' ' + gname:34s} {'yes' if with_dsT else 'no':4s} "
-              + " ".join(f"{row[f'model_{x}']:.1e}" for x in NAMES) + "    "
-              + " ".join(f"{row[f'emu_rn_{x}']:.1e}" for x in NAMES) + " | "
-              + " ".join(f"{row[f'emu_rz_{x}']:.1e}" for x in NAMES), flush=True)
-    emu_worst = {x: max(max(r[f"emu_rn_{x}"], r[f"emu_rz_{x}"]) for r in rows) for x in NAMES}
-    print(f"model against naive: worst rel-L2 {worst:.2e} (float64; ~1e-12 or below expected)")
-    print("bf16 x3 emulation against naive, worst rel-L2 per gradient (the device's expected error; bar 1e-5): "
-          + ", ".join(f"{x} {emu_worst[x]:.2e}" for x in NAMES))
-    RESULT["cpu_check"] = {"rows": rows, "model_worst": worst, "emulated_worst": emu_worst}
+def cpu_row(row):
+    return (f"{str(row['shape']) + ' ' + row['gate']:34s} {'yes' if row['dsT'] else 'no':4s} "
+            + " ".join(f"{row[f'model_{x}']:.1e}" for x in NAMES) + "    "
+            + " ".join(f"{row[f'emu_rn_{x}']:.1e}" for x in NAMES) + " | "
+            + " ".join(f"{row[f'emu_rz_{x}']:.1e}" for x in NAMES))
+
+
+def emulated_worst(rows):
+    worst = {x: max(max(r[f"emu_rn_{x}"], r[f"emu_rz_{x}"]) for r in rows) for x in NAMES}
+    return worst, ("bf16 x3 emulation against naive, worst rel-L2 per gradient (the device's expected error; bar "
+                   "1e-5): " + ", ".join(f"{x} {worst[x]:.2e}" for x in NAMES))
+
+
+def models(q, k, v, gate, beta, dy, dsT):
+    """A case's chunk model as model(emulate), from the float64 checkpoints (float64) or those rounded once to
+    float32 (emulated: the device's checkpoints)."""
+    ck = checkpoints(k, v, gate, beta)
+    ck32 = ck.float()
+    return lambda emulate: pass_a_model(q, k, v, gate, beta, dy, ck if emulate is None else ck32, dsT, emulate=emulate)
+
+
+def cpu_check():
+    header = f"{'case':34s} {'dS_T':4s} model dq / dk / dgate / dbeta          bf16 x3 emulated, RN | RZ (worst of 4)"
+    common.cpu_check(NAMES, header, reference, models, cpu_row, emulated_worst)
 
 
 def run_kernel(mod, q, k, v, gate, beta, dy, ckpt, dsT=None):
@@ -708,43 +614,30 @@ def run_kernel(mod, q, k, v, gate, beta, dy, ckpt, dsT=None):
     return dq, dk, dgate, dbeta
 
 
-def device_check(mod, args):
-    rows, worst = [], 0.0
-    for n, (shape, gname, with_dsT) in enumerate(CASES()):
-        q, k, v, gate, beta, dy, dsT = make_case(shape, gname, with_dsT, seed=100 + n)
-        ref = reference(q, k, v, gate, beta, dy, dsT)
-        dev = [x.cuda().contiguous() for x in (q, k, v, gate, beta, dy)]
-        ck = checkpoints(*[dev[i] for i in (1, 2, 3, 4)])  # float64 on the GPU, then rounded once
-        B, T, H, _ = q.shape
-        ck32 = ck.float().reshape(B * H, -1, 128, 128).contiguous()
-        out = [x.cpu() for x in run_kernel(mod, *dev, ck32, dsT.cuda() if dsT is not None else None)]
-        torch.cuda.synchronize()
-        row = {"shape": shape, "gate": gname, "dsT": with_dsT, "finite": all(bool(x.isfinite().all()) for x in out)}
-        row.update({x: rel(o, r) for x, o, r in zip(NAMES, out, ref)})
-        row["ok"] = row["finite"] and all(row[x] < 1e-5 for x in NAMES)
-        note = ""
-        if row["finite"] and not row["ok"]:
-            # over the bar: is the bf16 x3 scheme itself over it here (T = 1: single dot products; a gradient made of
-            # cancelling terms), and is the kernel within 2x of the scheme's emulation?
-            em = pass_a_model(q, k, v, gate, beta, dy, ck.cpu().float(), dsT, emulate="rz")
-            row.update({f"emu_rz_{x}": rel(m, r) for x, m, r in zip(NAMES, em, ref)})
-            row["as_emulated"] = all(row[x] < 1e-5 or (row[f"emu_rz_{x}"] >= 1e-5 and row[x] < 2 * row[f"emu_rz_{x}"])
-                                     for x in NAMES)
-            note = "  (emulated " + " ".join(f"{row[f'emu_rz_{x}']:.1e}" for x in NAMES) + \
-                   f": {'as the scheme' if row['as_emulated'] else 'WORSE than the scheme'})"
-        worst = max([worst] + [row[x] for x in NAMES]) if row["finite"] else float("inf")
-        rows.append(row)
-        print(f"{str(shape) + ' ' + gname:34s} dS_T {'yes' if with_dsT else 'no ':3s}  "
-              + "  ".join(f"{x} {row[x]:.2e}" for x in NAMES)
-              + f"  finite {row['finite']}  {'ok' if row['ok'] else 'OVER'}{note}", flush=True)
-    ok = all(r["ok"] for r in rows)
-    scheme = all(r["ok"] or r.get("as_emulated", False) for r in rows)
-    verdict = "PASS" if ok else "PASS but for the scheme's own error (see OVER rows)" if scheme else "FAIL"
-    print(f"check: worst rel-L2 {worst:.2e} against the 1e-5 bar: {verdict}")
-    RESULT["check"] = {"rows": rows, "worst": worst, "pass": ok, "verdict": verdict}
+def measure(mod, q, k, v, gate, beta, dy, dsT):
+    """One case of --check: the kernel's row ({finite, dq, dk, dgate, dbeta}) and a thunk of the RZ emulation's
+    errors."""
+    ref = reference(q, k, v, gate, beta, dy, dsT)
+    dev = [x.cuda().contiguous() for x in (q, k, v, gate, beta, dy)]
+    ck = checkpoints(*[dev[i] for i in (1, 2, 3, 4)])  # float64 on the GPU, then rounded once
+    B, T, H, _ = q.shape
+    ck32 = ck.float().reshape(B * H, -1, 128, 128).contiguous()
+    out = [x.cpu() for x in run_kernel(mod, *dev, ck32, dsT.cuda() if dsT is not None else None)]
+    torch.cuda.synchronize()
+    row = {"finite": all(bool(x.isfinite().all()) for x in out)}
+    row.update({x: rel(o, r) for x, o, r in zip(NAMES, out, ref)})
+
+    def emulated():  # (the same checkpoints, rounded once on the host)
+        em = pass_a_model(q, k, v, gate, beta, dy, ck.cpu().float(), dsT, emulate="rz")
+        return [rel(m, r) for m, r in zip(em, ref)]
+    return row, emulated
 
 
-def bench(mod, args):
+def device_check(mod):
+    common.device_check(mod, NAMES, NAMES, measure, lambda row: " ".join(f"{row[f'emu_rz_{x}']:.1e}" for x in NAMES))
+
+
+def bench(mod, trials):
     B, T, H = 16, 4096, 32
     gen = torch.Generator(device="cuda").manual_seed(5)
     q, k, v, dy = (torch.randn(B, T, H, 128, device="cuda", generator=gen) for _ in range(4))
@@ -755,50 +648,14 @@ def bench(mod, args):
     dsT = torch.randn(B, H, 128, 128, device="cuda", generator=gen)
     dq, dk = torch.empty_like(q), torch.empty_like(q)
     dgate, dbeta = torch.empty_like(gate), torch.empty_like(gate)
-    st = kernelbench_time(mod.passa, (q, k, v, dy, gate, beta, ckpt, dsT, dq, dk, dgate, dbeta), trials=args.trials,
+    st = kernelbench_time(mod.passa, (q, k, v, dy, gate, beta, ckpt, dsT, dq, dk, dgate, dbeta), trials=trials,
                           warmup=3, flush=True)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    chunks_per_sm = B * H * nck / sms
-    us = st["median"] * 1e3 / chunks_per_sm
-    regs, local = mod.passa_attrs()[:2]
     finite = all(bool(x.isfinite().all()) for x in (dq, dk, dgate, dbeta))
-    print(f"bench ({B}, {T}, {H}, 128): median {st['median']:.3f} ms over {args.trials} calls (L2 flushed), "
-          f"{chunks_per_sm:.1f} chunks an SM ({sms} SMs): {us:.3f} us a 64-step chunk and SM "
-          f"({regs} regs, {local} B local); finite {finite}", flush=True)
-    RESULT["bench"] = {"shape": [B, T, H, 128], "ms": st, "sms": sms, "chunks_per_sm": chunks_per_sm,
-                       "us_per_chunk_sm": us, "registers": regs, "local_bytes": local, "finite": finite}
-
-
-def save_result():
-    """$OUT/bwd_fp32_passA.json where OUT is set (the device call); nothing written into the tree otherwise."""
-    if "OUT" in os.environ:
-        save("bwd_fp32_passA.json", RESULT)
-
-
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--cpu-check", action="store_true", help="the chunk model against naive; no GPU, no build")
-    ap.add_argument("--build-only", action="store_true", help="compile, print the ptxas report; no GPU")
-    ap.add_argument("--check", action="store_true", help="device: dq, dk, dgate, dbeta against float64 naive")
-    ap.add_argument("--bench", action="store_true", help="device: the kernel's time at (16, 4096, 32, 128)")
-    ap.add_argument("--trials", type=int, default=20, help="timed calls in --bench")
-    args = ap.parse_args()
-    if args.cpu_check:
-        cpu_check(args)
-        save_result()
-        return
-    mod = build_module()
-    if args.build_only:
-        return
-    RESULT.update(device=torch.cuda.get_device_name(0), torch=torch.__version__)
-    if args.check or not args.bench:
-        device_check(mod, args)
-        save_result()
-    if args.bench:
-        bench(mod, args)
-    save_result()
-    print(f"results: {os.path.join(os.environ.get('OUT', '.'), 'bwd_fp32_passA.json')}", flush=True)
+    common.bench_report(st, (B, T, H), mod.passa_attrs, trials, finite)
+    common.RESULT["bench"]["finite"] = finite  # (pass A's record has it too)
 
 
 if __name__ == "__main__":
-    main()
+    common.main(__doc__, "bwd_fp32_passA.json", "device: dq, dk, dgate, dbeta against float64 naive", cpu_check,
+                build_module, device_check, bench,
+                before_launch=common.split_registers_guard("passa_attrs", "passa_kernel"))

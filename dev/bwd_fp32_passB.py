@@ -1,5 +1,7 @@
 """Pass B of the float32 Hopper backward (docs/training-design.md 8.2 "Two passes", 8.4 option (b)): dv and the state
-gradient's chain, sm_90a, one standalone dev script run from the repository root.
+gradient's chain, sm_90a, one standalone dev script run from the repository root. What it shares with pass A (the CUDA
+preamble and kernel entry, the host helpers, the build, the chunk models' products, padding and tables, the cases,
+the check loops, the command line) is dev/bwd_fp32_common.py's.
 
 What it computes, for float32 q, k, gate, beta, dy of (B, T, H, 128) / (B, T, H) contiguous (v is not needed) and an
 optional d_final_state (B, H, 128, 128): dv (B, T, H, 128) float32 and, optionally, dS_0 (B, H, 128, 128), the
@@ -33,8 +35,6 @@ is a single q.k product and its relative error follows that dot's cancellation: 
 a case as OVER with the emulation beside it). --build-only: 168 registers, no stack, no spills, no ptxas wgmma
 warning (the #177 lines are the probe's unused helpers). The kernel itself has not run.
 """
-import argparse
-import math
 import os
 import sys
 
@@ -42,48 +42,16 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # dev/ (the probe, the split emulation)
-import bwd_fp32_probe as probe  # noqa: E402
-import fp32_split_emulation as emu  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # dev/ (the shared part)
+import bwd_fp32_common as common  # noqa: E402
 import naive  # noqa: E402
+from bwd_fp32_common import rel  # noqa: E402
 from timing import kernelbench_time  # noqa: E402
-from tools.common import save  # noqa: E402
-from tools.sm90_build import (BF16_TILE_SRC, FUNC_ATTRS_SRC, PROBE_HELPERS_SRC, build, print_build,  # noqa: E402
-                              solution_constant)
 
 torch.set_grad_enabled(False)
-RESULT = {}
 
-
-def probe_kstep_src():
-    """The probe's k-step helpers (ss_terms, Op, kmaj, mnmaj, ss_product, consumers_sync, ...): its CUDA text between
-    the two markers, so that both scripts issue the same three-term forms."""
-    src = probe.CUDA_SRC
-    a = src.index("// One k-step of a product in TERMS terms")
-    b = src.index("// =============================== P1")
-    return src[a:b]
-
-
+# The kernel's CUDA text after bwd_fp32_common's CUDA_PREAMBLE (namespace pb).
 CUDA_SRC = r"""
-#include <cuda_runtime.h>
-#include <cuda_bf16.h>
-#include <cstdint>
-
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define GR_WGMMA 1
-#endif
-
-namespace pb {
-namespace {
-
-WGMMA_SYNC
-
-WGMMA_FORMS
-
-PROBE_HELPERS
-
-PROBE_KSTEP
-
 // Shared memory (bytes). Pairs (hi at off, lo at off + kTile; [d / 8][t][8]): q, qA (q_t A[t]), k, dy; G's pair
 // ([j / 8][i][8], hi then lo 32 KB each); MP's pair ([s / 8][u][8], lo at + kW); two table buffers; the gates.
 constexpr int kTile = 16384, kW = 8192;
@@ -111,6 +79,19 @@ __device__ __forceinline__ void sync_all() { asm volatile("barrier.sync 2, 384;\
 __device__ __forceinline__ void wg0_sync() { asm volatile("barrier.sync 5, 128;\n" ::: "memory"); }
 __device__ __forceinline__ const float* row_of(const float* x, const Params& p, int64_t b, int64_t h, int t) {
   return x + ((b * p.T + t) * p.H + h) * 128;
+}
+// The state gradient's rows ir, ir + 8 (m64n128 accumulator layout: columns 8 n + 2 q (+1)) at the start: (b, h) =
+// bh's d_final_state, or zero where dfinal is nullptr.
+__device__ __forceinline__ void load_g(float (&G)[64], const float* dfinal, int64_t bh, int ir, int q) {
+#pragma unroll
+  for (int n = 0; n < 16; ++n)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float2 x = make_float2(0.f, 0.f);
+      if (dfinal) x = *reinterpret_cast<const float2*>(dfinal + bh * 16384 + (ir + 8 * hh) * 128 + 8 * n + 2 * q);
+      G[4 * n + 2 * hh] = x.x;
+      G[4 * n + 2 * hh + 1] = x.y;
+    }
 }
 
 // WG0: chunk ch's tables into buffer ch & 1, as chunk_bwd_sm90's build_tables: lane l of warp 0 runs columns 2 l,
@@ -231,15 +212,7 @@ __device__ __forceinline__ void consumer(const Params& p, unsigned char* sm, int
   const int ir = 64 * c + 16 * wl + g;
   const int64_t b = bh / p.H, h = bh - b * p.H;
   float G[64];
-#pragma unroll
-  for (int n = 0; n < 16; ++n)
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      float2 x = make_float2(0.f, 0.f);
-      if (p.dfinal) x = *reinterpret_cast<const float2*>(p.dfinal + bh * 16384 + (ir + 8 * hh) * 128 + 8 * n + 2 * q);
-      G[4 * n + 2 * hh] = x.x;
-      G[4 * n + 2 * hh + 1] = x.y;
-    }
+  load_g(G, p.dfinal, bh, ir, q);
   put_g(sm, G, ir, q);
   fence_async_smem();
   sync_all();  // (0) G's pair; the last chunk's tables
@@ -311,55 +284,23 @@ __device__ __forceinline__ void aux(const Params& p, unsigned char* sm, int64_t 
   }
 }
 
-__global__ void __launch_bounds__(384, 1) passb_kernel(const Params p) {
-#if defined(__CUDA_ARCH__) && !defined(GR_WGMMA)
-  __trap();
-#endif
-  extern __shared__ __align__(1024) unsigned char sm[];
-  const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0);
-  if (wg == 0) {
-    maxnreg_dec<kAuxRegs>();
-    aux(p, sm, blockIdx.x);
-    return;
-  }
-  maxnreg_inc<kConsRegs>();
-  consumer(p, sm, wg - 1, blockIdx.x);
-}
-
-FUNC_ATTRS
-
-}  // namespace
+// The kernel (its roles and setmaxnreg split), launch_kernel and func_attrs: bwd_fp32_common's, spliced here.
+KERNEL_ENTRY
 
 int pb_run(const float* q, const float* k, const float* dy, const float* gate, const float* beta, const float* dfinal,
            float* dv, float* ds0, int B, int T, int H, cudaStream_t s) {
-  const Params p{q, k, dy, gate, beta, dfinal, dv, ds0, T, H, (T + 63) / 64};
-  cudaError_t e = cudaFuncSetAttribute(passb_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  if (e != cudaSuccess) return (int)e;
-  passb_kernel<<<B * H, 384, kSmem, s>>>(p);
-  return (int)cudaGetLastError();
+  return launch_kernel(Params{q, k, dy, gate, beta, dfinal, dv, ds0, T, H, (T + 63) / 64}, B * H, s);
 }
 int pb_attrs(int* res) { return func_attrs((const void*)passb_kernel, res); }
 }  // namespace pb
 """
 
+# The host text after bwd_fp32_common's HOST_PREAMBLE (check, f32, kernel_attrs).
 HOST_SRC = r"""
-#include <torch/extension.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <cuda_runtime_api.h>
-#include <vector>
 namespace pb {
 int pb_run(const float* q, const float* k, const float* dy, const float* gate, const float* beta, const float* dfinal,
            float* dv, float* ds0, int B, int T, int H, cudaStream_t s);
 int pb_attrs(int* res);
-}
-static void check(int e, const char* what) {
-  TORCH_CHECK(e == 0, what, ": ", cudaGetErrorString((cudaError_t)e));
-}
-static const float* f32(const at::Tensor& t) {
-  TORCH_CHECK(t.is_cuda() && t.scalar_type() == at::kFloat && t.is_contiguous(), "contiguous float32 CUDA tensor");
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "16-byte aligned");
-  return t.data_ptr<float>();
 }
 // q, k, dy (B, T, H, 128); gate, beta (B, T, H); dfinal, ds0 (B, H, 128, 128) or empty (zero / not wanted).
 void passb(const at::Tensor& q, const at::Tensor& k, const at::Tensor& dy, const at::Tensor& gate,
@@ -380,33 +321,13 @@ void passb(const at::Tensor& q, const at::Tensor& k, const at::Tensor& dy, const
                    const_cast<float*>(f32(dv)), ds0.numel() ? const_cast<float*>(f32(ds0)) : nullptr, B, T, H,
                    c10::cuda::getCurrentCUDAStream()), "pass B launch");
 }
-std::vector<int64_t> passb_attrs() {
-  int r[4] = {0, 0, 0, 0};
-  check(pb::pb_attrs(r), "pass B attributes");
-  return {r[0], r[1], r[2], r[3]};
-}
+std::vector<int64_t> passb_attrs() { return kernel_attrs(pb::pb_attrs, "pass B attributes"); }
 """
 FUNCTIONS = ["passb", "passb_attrs"]
 
 
 def build_module():
-    cuda = CUDA_SRC.replace("WGMMA_FORMS", probe.wgmma_forms())
-    cuda = cuda.replace("WGMMA_SYNC", solution_constant("WGMMA_SYNC_SRC"))
-    cuda = cuda.replace("DECAY_TABLES", solution_constant("DECAY_TABLES_SRC"))
-    cuda = cuda.replace("PROBE_KSTEP", probe_kstep_src()).replace("FUNC_ATTRS", FUNC_ATTRS_SRC)
-    cuda = cuda.replace("PROBE_HELPERS", PROBE_HELPERS_SRC + BF16_TILE_SRC)
-    mod, summary = build("bwd_fp32_passB", HOST_SRC, cuda, FUNCTIONS, "pb")
-    print_build(summary, launch_regs=168, split_kernels="passb_kernel")
-    RESULT["build"] = summary
-    return mod
-
-
-def require_split_registers(mod):
-    """The setmaxnreg split (40 / 232) assumes the kernel launches at 168 registers: with fewer, the consumers'
-    setmaxnreg.inc waits forever. Checked on the device before any launch."""
-    regs = mod.passb_attrs()[0]
-    if regs != 168:
-        sys.exit(f"passb_kernel has {regs} registers, not 168: its setmaxnreg split would hang; not launched")
+    return common.build_module("bwd_fp32_passB", "pb", "passb_kernel", CUDA_SRC, HOST_SRC, FUNCTIONS)
 
 
 def run_kernel(mod, q, k, gate, beta, dy, dsT=None, want_ds0=True):
@@ -420,41 +341,21 @@ def run_kernel(mod, q, k, gate, beta, dy, dsT=None, want_ds0=True):
 
 # ---------------------------------------------------------------------------------------------
 # The chunk model: the kernel's tables and chunk formulas, plainly; float64, or float32 with the products as the
-# kernel's bf16 x3 wgmma sequences (dev/fp32_split_emulation.py's mm: each k-step and term's exact partial added to an
-# fp32 accumulator, rounded to nearest or, with rz, truncated).
+# kernel's bf16 x3 wgmma sequences (bwd_fp32_common's model_mm).
 # ---------------------------------------------------------------------------------------------
 def pass_b_model(q, k, gate, beta, dy, dsT=None, emulate=None):
     """(dv (B, T, H, D), dS_0 (B, H, D, D)); emulate None (float64), "rn" or "rz" (float32, bf16 x3 products)."""
     f = torch.float64 if emulate is None else torch.float32
-    if emulate is None:
-        def mm(a, b, acc=None):
-            return a @ b if acc is None else acc + a @ b
-    else:
-        def mm(a, b, acc=None):
-            emu.RZ = emulate == "rz"
-            out = emu.mm(a, b, "bf16x3", acc=acc)
-            emu.RZ = False
-            return out
-    q, k, dy = (x.to(f).transpose(1, 2) for x in (q, k, dy))  # (B, H, T, D)
-    gate, beta = (x.to(f).transpose(1, 2) for x in (gate, beta))  # (B, H, T)
-    B, H, T, D = q.shape
-    nck = math.ceil(T / 64)
-    pad = nck * 64 - T  # the last chunk's rows past T: zero rows, gate 1, beta 0
-    q, k, dy = (torch.nn.functional.pad(x, (0, 0, 0, pad)) for x in (q, k, dy))
-    gate = torch.nn.functional.pad(gate, (0, pad), value=1.0)
-    beta = torch.nn.functional.pad(beta, (0, pad), value=0.0)
+    mm = common.model_mm(emulate)
+    B, T, H, D = q.shape
+    (q, k, dy), gate, beta, nck = common.model_inputs((q, k, dy), gate, beta, f)  # (B, H, 64 nck, D), (B, H, 64 nck)
     G = torch.zeros(B, H, D, D, dtype=f) if dsT is None else dsT.to(f).clone()
     dv = torch.zeros(B, H, nck * 64, D, dtype=f)
     mask = torch.ones(64, 64, dtype=torch.bool).tril()  # s <= u
     for ch in range(nck - 1, -1, -1):
         sl = slice(64 * ch, 64 * ch + 64)
         Q, K, dY, g, bt = q[:, :, sl], k[:, :, sl], dy[:, :, sl], gate[:, :, sl], beta[:, :, sl]
-        L = naive.decay_matrix(g)  # L[t][s] = L[t-1][s] g_t, running products in f
-        A = torch.empty_like(g)
-        run = torch.ones_like(g[..., 0])
-        for t in range(64):  # A[t] = A[t-1] g_t, in order (as the kernel's warp 1)
-            run = run * g[..., t]
-            A[..., t] = run
+        L, A = common.chunk_tables(g)  # L[t][s] = L[t-1][s] g_t, A[t] = A[t-1] g_t, running products in f
         w = L[..., 63, :]
         bw = bt * w
         QK = mm(Q, K.transpose(-1, -2))
@@ -468,47 +369,9 @@ def pass_b_model(q, k, gate, beta, dy, dsT=None, emulate=None):
 
 
 # ---------------------------------------------------------------------------------------------
-# Cases (--cpu-check and --check): shapes x gate classes (tests/test_backward.py's GATE_CASES), dS_T on every other
-# case, and the gate-1.002 stress case.
+# --cpu-check, --check and --bench on bwd_fp32_common's cases, loops and report.
 # ---------------------------------------------------------------------------------------------
-SHAPES = [(1, 1, 2), (1, 63, 2), (2, 64, 1), (1, 130, 2), (1, 300, 2)]  # (B, T, H)
-GATES = {"sigmoid": None, "zero": 0.0, "zeros-at-steps": None, "negative": (-1.0, 0.0), "above1": (1.0, 1.05),
-         "near1": (1 - 1e-4, 1 + 1e-4), "one": 1.0}
-ZERO_STEPS = (0, 63, 64, 127)
-STRESS = ((1, 2100, 2), "const 1.002")
-
-
-def cases():
-    out = [(s, gname) for s in SHAPES for gname in GATES] + [STRESS]
-    return [(s, gname, i % 2 == 1) for i, (s, gname) in enumerate(out)]
-
-
-def make_case(shape, gname, with_dsT, seed):
-    gen = torch.Generator().manual_seed(seed)
-    B, T, H = shape
-    q, k, v, dy = (torch.randn(B, T, H, 128, generator=gen) for _ in range(4))
-    beta = torch.sigmoid(torch.randn(B, T, H, generator=gen))
-    if gname == "const 1.002":
-        gate = torch.full((B, T, H), 1.002)
-    else:
-        spec = GATES[gname]
-        if spec is None:
-            gate = torch.sigmoid(torch.randn(B, T, H, generator=gen))
-        elif isinstance(spec, float):
-            gate = torch.full((B, T, H), spec)
-        else:
-            gate = spec[0] + (spec[1] - spec[0]) * torch.rand(B, T, H, generator=gen)
-        if gname == "zeros-at-steps":
-            gate[:, [t for t in ZERO_STEPS if t < T]] = 0.0
-    dsT = torch.randn(B, H, 128, 128, generator=gen) if with_dsT else None
-    return q, k, v, gate, beta, dy, dsT
-
-
-def rel(x, ref):
-    """Relative L2 error (absolute where the reference is exactly zero, e.g. dS_0 at a zero first gate)."""
-    err = (x.double().cpu() - ref.double()).norm().item()
-    n = ref.double().norm().item()
-    return err / n if n > 0 else err
+NAMES = ("dv", "ds0")
 
 
 def reference(q, k, v, gate, beta, dy, dsT):
@@ -517,62 +380,44 @@ def reference(q, k, v, gate, beta, dy, dsT):
     return out[2], out[5]
 
 
-def cpu_check(args):
-    rows, worst = [], 0.0
-    print(f"{'case':34s} {'dS_T':5s} {'model dv':>9s} {'model dS0':>9s}   bf16 x3 emulated (RN / RZ): dv, dS0")
-    for n, (shape, gname, with_dsT) in enumerate(cases()):
-        q, k, v, gate, beta, dy, dsT = make_case(shape, gname, with_dsT, seed=100 + n)
-        rdv, rds0 = reference(q, k, v, gate, beta, dy, dsT)
-        mdv, mds0 = pass_b_model(q, k, gate, beta, dy, dsT)
-        row = {"shape": shape, "gate": gname, "dsT": with_dsT, "model_dv": rel(mdv, rdv), "model_ds0": rel(mds0, rds0)}
-        worst = max(worst, row["model_dv"], row["model_ds0"])
-        for mode in ("rn", "rz"):
-            edv, eds0 = pass_b_model(q, k, gate, beta, dy, dsT, emulate=mode)
-            row[f"emu_{mode}_dv"], row[f"emu_{mode}_ds0"] = rel(edv, rdv), rel(eds0, rds0)
-        rows.append(row)
-        print(f"{str(shape) + ' ' + gname:34s} {'yes' if with_dsT else 'no':5s} {row['model_dv']:9.2e} "
-              f"{row['model_ds0']:9.2e}   {row['emu_rn_dv']:.2e} / {row['emu_rz_dv']:.2e}, "
-              f"{row['emu_rn_ds0']:.2e} / {row['emu_rz_ds0']:.2e}", flush=True)
-    emu_worst = max(max(r["emu_rn_dv"], r["emu_rn_ds0"], r["emu_rz_dv"], r["emu_rz_ds0"]) for r in rows)
-    print(f"model against naive: worst rel-L2 {worst:.2e} (float64; ~1e-12 or below expected)")
-    print(f"bf16 x3 emulation against naive: worst rel-L2 {emu_worst:.2e} (the device's expected error; bar 1e-5)")
-    RESULT["cpu_check"] = {"rows": rows, "model_worst": worst, "emulated_worst": emu_worst}
+def cpu_row(row):
+    return (f"{str(row['shape']) + ' ' + row['gate']:34s} {'yes' if row['dsT'] else 'no':5s} "
+            f"{row['model_dv']:9.2e} {row['model_ds0']:9.2e}   {row['emu_rn_dv']:.2e} / {row['emu_rz_dv']:.2e}, "
+            f"{row['emu_rn_ds0']:.2e} / {row['emu_rz_ds0']:.2e}")
 
 
-def device_check(mod, args):
-    rows, worst = [], 0.0
-    for n, (shape, gname, with_dsT) in enumerate(cases()):
-        q, k, v, gate, beta, dy, dsT = make_case(shape, gname, with_dsT, seed=100 + n)
-        rdv, rds0 = reference(q, k, v, gate, beta, dy, dsT)
-        dev = [x.cuda().contiguous() for x in (q, k, gate, beta, dy)]
-        dv, ds0 = run_kernel(mod, *dev, dsT.cuda() if dsT is not None else None)
-        torch.cuda.synchronize()
-        dv, ds0 = dv.cpu(), ds0.cpu()
-        row = {"shape": shape, "gate": gname, "dsT": with_dsT, "dv": rel(dv, rdv), "ds0": rel(ds0, rds0),
-               "finite": bool(dv.isfinite().all() and ds0.isfinite().all())}
-        row["ok"] = row["finite"] and row["dv"] < 1e-5 and row["ds0"] < 1e-5
-        note = ""
-        if row["finite"] and not row["ok"]:
-            # over the bar: is the bf16 x3 scheme itself over it here (T = 1: dv_0 is one q.k dot product, whose
-            # relative error grows with its cancellation), and is the kernel within 2x of the scheme's emulation?
-            edv, eds0 = pass_b_model(q, k, gate, beta, dy, dsT, emulate="rz")
-            row["emu_rz_dv"], row["emu_rz_ds0"] = rel(edv, rdv), rel(eds0, rds0)
-            row["as_emulated"] = all(row[x] < 1e-5 or (row[f"emu_rz_{x}"] >= 1e-5 and row[x] < 2 * row[f"emu_rz_{x}"])
-                                     for x in ("dv", "ds0"))
-            note = f"  (emulated dv {row['emu_rz_dv']:.2e}, dS0 {row['emu_rz_ds0']:.2e}: " \
-                   f"{'as the scheme' if row['as_emulated'] else 'WORSE than the scheme'})"
-        worst = max(worst, row["dv"], row["ds0"]) if row["finite"] else float("inf")
-        rows.append(row)
-        print(f"{str(shape) + ' ' + gname:34s} dS_T {'yes' if with_dsT else 'no ':3s}  dv {row['dv']:.2e}  "
-              f"dS0 {row['ds0']:.2e}  finite {row['finite']}  {'ok' if row['ok'] else 'OVER'}{note}", flush=True)
-    ok = all(r["ok"] for r in rows)
-    scheme = all(r["ok"] or r.get("as_emulated", False) for r in rows)
-    verdict = "PASS" if ok else "PASS but for the scheme's own error (see OVER rows)" if scheme else "FAIL"
-    print(f"check: worst rel-L2 {worst:.2e} against the 1e-5 bar: {verdict}")
-    RESULT["check"] = {"rows": rows, "worst": worst, "pass": ok, "verdict": verdict}
+def emulated_worst(rows):
+    worst = max(max(r["emu_rn_dv"], r["emu_rn_ds0"], r["emu_rz_dv"], r["emu_rz_ds0"]) for r in rows)
+    return worst, f"bf16 x3 emulation against naive: worst rel-L2 {worst:.2e} (the device's expected error; bar 1e-5)"
 
 
-def bench(mod, args):
+def models(q, k, v, gate, beta, dy, dsT):
+    """A case's chunk model as model(emulate) (pass B needs no v)."""
+    return lambda emulate: pass_b_model(q, k, gate, beta, dy, dsT, emulate=emulate)
+
+
+def cpu_check():
+    header = f"{'case':34s} {'dS_T':5s} {'model dv':>9s} {'model dS0':>9s}   bf16 x3 emulated (RN / RZ): dv, dS0"
+    common.cpu_check(NAMES, header, reference, models, cpu_row, emulated_worst)
+
+
+def measure(mod, q, k, v, gate, beta, dy, dsT):
+    """One case of --check: the kernel's row ({dv, ds0, finite}) and a thunk of the RZ emulation's errors."""
+    rdv, rds0 = reference(q, k, v, gate, beta, dy, dsT)
+    dev = [x.cuda().contiguous() for x in (q, k, gate, beta, dy)]
+    dv, ds0 = run_kernel(mod, *dev, dsT.cuda() if dsT is not None else None)
+    torch.cuda.synchronize()
+    dv, ds0 = dv.cpu(), ds0.cpu()
+    row = {"dv": rel(dv, rdv), "ds0": rel(ds0, rds0), "finite": bool(dv.isfinite().all() and ds0.isfinite().all())}
+    return row, lambda: [rel(e, r) for e, r in zip(pass_b_model(q, k, gate, beta, dy, dsT, emulate="rz"), (rdv, rds0))]
+
+
+def device_check(mod):
+    common.device_check(mod, NAMES, ("dv", "dS0"), measure,
+                        lambda row: f"dv {row['emu_rz_dv']:.2e}, dS0 {row['emu_rz_ds0']:.2e}")
+
+
+def bench(mod, trials):
     B, T, H = 16, 4096, 32
     gen = torch.Generator(device="cuda").manual_seed(5)
     q, k, dy = (torch.randn(B, T, H, 128, device="cuda", generator=gen) for _ in range(3))
@@ -581,49 +426,10 @@ def bench(mod, args):
     dsT = torch.randn(B, H, 128, 128, device="cuda", generator=gen)
     dv = torch.empty_like(q)
     ds0 = torch.empty(B, H, 128, 128, device="cuda")
-    st = kernelbench_time(mod.passb, (q, k, dy, gate, beta, dsT, dv, ds0), trials=args.trials, warmup=3, flush=True)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    chunks_per_sm = B * H * math.ceil(T / 64) / sms
-    us = st["median"] * 1e3 / chunks_per_sm
-    regs, local = mod.passb_attrs()[:2]
-    print(f"bench ({B}, {T}, {H}, 128): median {st['median']:.3f} ms over {args.trials} calls (L2 flushed), "
-          f"{chunks_per_sm:.1f} chunks an SM ({sms} SMs): {us:.3f} us a 64-step chunk and SM "
-          f"({regs} regs, {local} B local); finite {bool(dv.isfinite().all())}", flush=True)
-    RESULT["bench"] = {"shape": [B, T, H, 128], "ms": st, "sms": sms, "chunks_per_sm": chunks_per_sm,
-                       "us_per_chunk_sm": us, "registers": regs, "local_bytes": local}
-
-
-def save_result():
-    """$OUT/bwd_fp32_passB.json where OUT is set (the device call); nothing written into the tree otherwise."""
-    if "OUT" in os.environ:
-        save("bwd_fp32_passB.json", RESULT)
-
-
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--cpu-check", action="store_true", help="the chunk model against naive; no GPU, no build")
-    ap.add_argument("--build-only", action="store_true", help="compile, print the ptxas report; no GPU")
-    ap.add_argument("--check", action="store_true", help="device: dv and dS_0 against float64 naive")
-    ap.add_argument("--bench", action="store_true", help="device: the kernel's time at (16, 4096, 32, 128)")
-    ap.add_argument("--trials", type=int, default=20, help="timed calls in --bench")
-    args = ap.parse_args()
-    if args.cpu_check:
-        cpu_check(args)
-        save_result()
-        return
-    mod = build_module()
-    if args.build_only:
-        return
-    RESULT.update(device=torch.cuda.get_device_name(0), torch=torch.__version__)
-    require_split_registers(mod)
-    if args.check or not args.bench:
-        device_check(mod, args)
-        save_result()
-    if args.bench:
-        bench(mod, args)
-    save_result()
-    print(f"results: {os.path.join(os.environ.get('OUT', '.'), 'bwd_fp32_passB.json')}", flush=True)
+    st = kernelbench_time(mod.passb, (q, k, dy, gate, beta, dsT, dv, ds0), trials=trials, warmup=3, flush=True)
+    common.bench_report(st, (B, T, H), mod.passb_attrs, trials, bool(dv.isfinite().all()))
 
 
 if __name__ == "__main__":
-    main()
+    common.main(__doc__, "bwd_fp32_passB.json", "device: dv and dS_0 against float64 naive", cpu_check, build_module,
+                device_check, bench, before_launch=common.split_registers_guard("passb_attrs", "passb_kernel"))

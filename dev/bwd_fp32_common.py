@@ -1,0 +1,332 @@
+"""What the two dev passes of the float32 Hopper backward share (dev/bwd_fp32_passA.py, dev/bwd_fp32_passB.py): the
+CUDA preamble and the kernel's entry (the warpgroups' roles and setmaxnreg split, the launch), the host helpers, the
+build, the chunk models' products, padding and tables, the test cases and metric, the --cpu-check and --check loops
+with their verdict, --bench's report, the result file and the command line. Not a script: each pass imports it and
+is run itself, from the repository root (each pass's docstring says what its commands do):
+
+    python3 dev/bwd_fp32_passB.py --cpu-check | --build-only | --check | --bench [--trials N]
+    python3 dev/bwd_fp32_passA.py --cpu-check | --build-only | --check | --bench [--trials N]
+"""
+import argparse
+import math
+import os
+import sys
+
+import torch
+
+import bwd_fp32_probe as probe
+import fp32_split_emulation as emu
+import naive
+from tools.common import save
+from tools.sm90_build import BF16_TILE_SRC, FUNC_ATTRS_SRC, PROBE_HELPERS_SRC, build, print_build, solution_constant
+
+RESULT = {}  # this run's results (one pass a process), saved as the pass's JSON
+
+
+def probe_kstep_src():
+    """The probe's k-step helpers (ss_terms, Op, kmaj, mnmaj, ss_product, consumers_sync, ...): its CUDA text between
+    the two markers, so that both passes issue the same three-term forms."""
+    src = probe.CUDA_SRC
+    a = src.index("// One k-step of a product in TERMS terms")
+    b = src.index("// =============================== P1")
+    return src[a:b]
+
+
+# The head of a pass's CUDA text, up to its own constants: the includes, GR_WGMMA where wgmma exists (sm_90a), the
+# pass's namespace (NAMESPACE) and the helpers spliced in by build_module.
+CUDA_PREAMBLE = r"""
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cstdint>
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define GR_WGMMA 1
+#endif
+
+namespace NAMESPACE {
+namespace {
+
+WGMMA_SYNC
+
+WGMMA_FORMS
+
+PROBE_HELPERS
+
+PROBE_KSTEP
+"""
+
+# Where a pass writes KERNEL_ENTRY, after its aux (WG0) and consumer: the kernel (KERNEL_NAME), WG0 down to
+# kAuxRegs registers, the two consumer warpgroups up to kConsRegs (the warpgroup index read from lane 0, so that the
+# compiler sees it uniform), a trap where compiled without wgmma; launch_kernel, one CTA of 384 threads a (b, h)
+# with kSmem of opt-in shared memory; func_attrs; the anonymous namespace's end.
+KERNEL_ENTRY = r"""__global__ void __launch_bounds__(384, 1) KERNEL_NAME(const Params p) {
+#if defined(__CUDA_ARCH__) && !defined(GR_WGMMA)
+  __trap();
+#endif
+  extern __shared__ __align__(1024) unsigned char sm[];
+  const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0);
+  if (wg == 0) {
+    maxnreg_dec<kAuxRegs>();
+    aux(p, sm, blockIdx.x);
+    return;
+  }
+  maxnreg_inc<kConsRegs>();
+  consumer(p, sm, wg - 1, blockIdx.x);
+}
+
+int launch_kernel(const Params& p, int ctas, cudaStream_t s) {
+  cudaError_t e = cudaFuncSetAttribute(KERNEL_NAME, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (e != cudaSuccess) return (int)e;
+  KERNEL_NAME<<<ctas, 384, kSmem, s>>>(p);
+  return (int)cudaGetLastError();
+}
+
+FUNC_ATTRS
+
+}  // namespace"""
+
+# The head of a pass's host text: check (a CUDA error code to a Python exception), f32 (a tensor's float pointer,
+# checked: contiguous float32 on CUDA, 16-byte aligned for the kernel's float4 loads) and kernel_attrs (the kernel's
+# registers, local bytes, threads, static shared memory from a pass's *_attrs).
+HOST_PREAMBLE = r"""
+#include <torch/extension.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#include <vector>
+static void check(int e, const char* what) {
+  TORCH_CHECK(e == 0, what, ": ", cudaGetErrorString((cudaError_t)e));
+}
+static const float* f32(const at::Tensor& t) {
+  TORCH_CHECK(t.is_cuda() && t.scalar_type() == at::kFloat && t.is_contiguous(), "contiguous float32 CUDA tensor");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "16-byte aligned");
+  return t.data_ptr<float>();
+}
+static std::vector<int64_t> kernel_attrs(int (*attrs)(int*), const char* what) {
+  int r[4] = {0, 0, 0, 0};
+  check(attrs(r), what);
+  return {r[0], r[1], r[2], r[3]};
+}
+"""
+
+
+def build_module(name, namespace, kernel, cuda_src, host_src, functions, splices=()):
+    """Compiles a pass (CUDA_PREAMBLE + cuda_src, HOST_PREAMBLE + host_src), its ptxas report printed and kept in
+    RESULT["build"]; splices: the pass's own (placeholder, text) pairs, replaced after DECAY_TABLES."""
+    cuda = CUDA_PREAMBLE.replace("NAMESPACE", namespace) + cuda_src
+    cuda = cuda.replace("KERNEL_ENTRY", KERNEL_ENTRY.replace("KERNEL_NAME", kernel))
+    cuda = cuda.replace("WGMMA_FORMS", probe.wgmma_forms())
+    cuda = cuda.replace("WGMMA_SYNC", solution_constant("WGMMA_SYNC_SRC"))
+    cuda = cuda.replace("DECAY_TABLES", solution_constant("DECAY_TABLES_SRC"))
+    for placeholder, text in splices:
+        cuda = cuda.replace(placeholder, text)
+    cuda = cuda.replace("PROBE_KSTEP", probe_kstep_src()).replace("FUNC_ATTRS", FUNC_ATTRS_SRC)
+    cuda = cuda.replace("PROBE_HELPERS", PROBE_HELPERS_SRC + BF16_TILE_SRC)
+    mod, summary = build(name, HOST_PREAMBLE + host_src, cuda, functions, namespace)
+    print_build(summary, launch_regs=168, split_kernels=kernel)
+    RESULT["build"] = summary
+    return mod
+
+
+# ---------------------------------------------------------------------------------------------
+# The chunk models' common parts (each pass's model: its kernel's tables and chunk formulas, plainly): the products,
+# float64 or float32 as the kernels' bf16 x3 wgmma sequences; the inputs padded to whole chunks; a chunk's tables.
+# ---------------------------------------------------------------------------------------------
+def model_mm(emulate):
+    """mm(a, b, acc=None) = acc + a b: float64 (emulate None), or float32 with dev/fp32_split_emulation.py's bf16 x3
+    mm (each k-step and term's exact partial added to an fp32 accumulator, rounded to nearest with "rn" or truncated
+    with "rz")."""
+    if emulate is None:
+        def mm(a, b, acc=None):
+            return a @ b if acc is None else acc + a @ b
+        return mm
+
+    def mm(a, b, acc=None):
+        emu.RZ = emulate == "rz"
+        out = emu.mm(a, b, "bf16x3", acc=acc)
+        emu.RZ = False
+        return out
+    return mm
+
+
+def model_inputs(rows, gate, beta, f):
+    """(rows, gate, beta, nck): the rows (B, T, H, D) as (B, H, 64 nck, D), gate and beta (B, T, H) as (B, H, 64 nck),
+    in dtype f; the last chunk's rows past T are zero rows, their gates 1, betas 0 (as the kernels')."""
+    rows = [x.to(f).transpose(1, 2) for x in rows]
+    gate, beta = (x.to(f).transpose(1, 2) for x in (gate, beta))
+    T = gate.shape[-1]
+    nck = math.ceil(T / 64)
+    pad = nck * 64 - T
+    rows = [torch.nn.functional.pad(x, (0, 0, 0, pad)) for x in rows]
+    gate = torch.nn.functional.pad(gate, (0, pad), value=1.0)
+    beta = torch.nn.functional.pad(beta, (0, pad), value=0.0)
+    return rows, gate, beta, nck
+
+
+def chunk_tables(g):
+    """(L, A) of a chunk's gates g (B, H, 64): L[t][s] = L[t-1][s] g_t and A[t] = A[t-1] g_t, running products in
+    g's dtype in the kernels' order (WG0's build_tables)."""
+    L = naive.decay_matrix(g)
+    A = torch.empty_like(g)
+    run = torch.ones_like(g[..., 0])
+    for t in range(64):
+        run = run * g[..., t]
+        A[..., t] = run
+    return L, A
+
+
+# ---------------------------------------------------------------------------------------------
+# Cases (--cpu-check and --check of both passes): shapes x gate classes (tests/test_backward.py's GATE_CASES), dS_T
+# on every other case, and the gate-1.002 stress case.
+# ---------------------------------------------------------------------------------------------
+SHAPES = [(1, 1, 2), (1, 63, 2), (2, 64, 1), (1, 130, 2), (1, 300, 2)]  # (B, T, H)
+GATES = {"sigmoid": None, "zero": 0.0, "zeros-at-steps": None, "negative": (-1.0, 0.0), "above1": (1.0, 1.05),
+         "near1": (1 - 1e-4, 1 + 1e-4), "one": 1.0}
+ZERO_STEPS = (0, 63, 64, 127)
+STRESS = ((1, 2100, 2), "const 1.002")
+
+
+def cases():
+    out = [(s, gname) for s in SHAPES for gname in GATES] + [STRESS]
+    return [(s, gname, i % 2 == 1) for i, (s, gname) in enumerate(out)]
+
+
+def make_case(shape, gname, with_dsT, seed):
+    gen = torch.Generator().manual_seed(seed)
+    B, T, H = shape
+    q, k, v, dy = (torch.randn(B, T, H, 128, generator=gen) for _ in range(4))
+    beta = torch.sigmoid(torch.randn(B, T, H, generator=gen))
+    if gname == "const 1.002":
+        gate = torch.full((B, T, H), 1.002)
+    else:
+        spec = GATES[gname]
+        if spec is None:
+            gate = torch.sigmoid(torch.randn(B, T, H, generator=gen))
+        elif isinstance(spec, float):
+            gate = torch.full((B, T, H), spec)
+        else:
+            gate = spec[0] + (spec[1] - spec[0]) * torch.rand(B, T, H, generator=gen)
+        if gname == "zeros-at-steps":
+            gate[:, [t for t in ZERO_STEPS if t < T]] = 0.0
+    dsT = torch.randn(B, H, 128, 128, generator=gen) if with_dsT else None
+    return q, k, v, gate, beta, dy, dsT
+
+
+def rel(x, ref):
+    """Relative L2 error (absolute where the reference is exactly zero, e.g. dS_0 at a zero first gate)."""
+    err = (x.double().cpu() - ref.double()).norm().item()
+    n = ref.double().norm().item()
+    return err / n if n > 0 else err
+
+
+def cpu_check(names, header, reference, models, line, emulated_worst):
+    """--cpu-check: at every case, a pass's chunk model (float64) and its bf16 x3 emulation (RN, RZ) against the
+    reference, per gradient of `names`. models(case) gives model(emulate) of the case's inputs; line(row) prints a
+    row; emulated_worst(rows) gives the emulation's worst (recorded) and the line that says it."""
+    rows, worst = [], 0.0
+    print(header)
+    for n, (shape, gname, with_dsT) in enumerate(cases()):
+        case = make_case(shape, gname, with_dsT, seed=100 + n)
+        ref = reference(*case)
+        model = models(*case)
+        row = {"shape": shape, "gate": gname, "dsT": with_dsT}
+        row.update({f"model_{x}": rel(m, r) for x, m, r in zip(names, model(None), ref)})
+        worst = max([worst] + [row[f"model_{x}"] for x in names])
+        for mode in ("rn", "rz"):
+            row.update({f"emu_{mode}_{x}": rel(m, r) for x, m, r in zip(names, model(mode), ref)})
+        rows.append(row)
+        print(line(row), flush=True)
+    emu_worst, emu_line = emulated_worst(rows)
+    print(f"model against naive: worst rel-L2 {worst:.2e} (float64; ~1e-12 or below expected)")
+    print(emu_line)
+    RESULT["cpu_check"] = {"rows": rows, "model_worst": worst, "emulated_worst": emu_worst}
+
+
+def device_check(mod, names, labels, measure, emulated_text):
+    """--check: at every case, measure(mod, case) gives the kernel's row (rel-L2 per gradient of `names`, printed
+    as `labels`, and "finite", in the pass's order) and a thunk of the case's RZ emulation errors; the 1e-5 bar, and
+    where a row is over it, whether the bf16 x3 scheme itself is (emulated_text(row) prints the emulation's errors)."""
+    rows, worst = [], 0.0
+    for n, (shape, gname, with_dsT) in enumerate(cases()):
+        measured, emulated = measure(mod, *make_case(shape, gname, with_dsT, seed=100 + n))
+        row = {"shape": shape, "gate": gname, "dsT": with_dsT, **measured}
+        row["ok"] = row["finite"] and all(row[x] < 1e-5 for x in names)
+        note = ""
+        if row["finite"] and not row["ok"]:
+            # over the bar: is the bf16 x3 scheme itself over it here (T = 1: single dot products, whose relative
+            # error grows with their cancellation), and is the kernel within 2x of the scheme's emulation?
+            row.update({f"emu_rz_{x}": e for x, e in zip(names, emulated())})
+            row["as_emulated"] = all(row[x] < 1e-5 or (row[f"emu_rz_{x}"] >= 1e-5 and row[x] < 2 * row[f"emu_rz_{x}"])
+                                     for x in names)
+            note = f"  (emulated {emulated_text(row)}: " \
+                   f"{'as the scheme' if row['as_emulated'] else 'WORSE than the scheme'})"
+        worst = max([worst] + [row[x] for x in names]) if row["finite"] else float("inf")
+        rows.append(row)
+        print(f"{str(shape) + ' ' + gname:34s} dS_T {'yes' if with_dsT else 'no ':3s}  "
+              + "  ".join(f"{label} {row[x]:.2e}" for x, label in zip(names, labels))
+              + f"  finite {row['finite']}  {'ok' if row['ok'] else 'OVER'}{note}", flush=True)
+    ok = all(r["ok"] for r in rows)
+    scheme = all(r["ok"] or r.get("as_emulated", False) for r in rows)
+    verdict = "PASS" if ok else "PASS but for the scheme's own error (see OVER rows)" if scheme else "FAIL"
+    print(f"check: worst rel-L2 {worst:.2e} against the 1e-5 bar: {verdict}")
+    RESULT["check"] = {"rows": rows, "worst": worst, "pass": ok, "verdict": verdict}
+
+
+def bench_report(st, shape, attrs, trials, finite):
+    """--bench's line and RESULT["bench"]: kernelbench_time's stats st of one call at shape (B, T, H) as us a
+    64-step chunk and SM; attrs, the kernel's attributes function (registers, local bytes first)."""
+    B, T, H = shape
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    chunks_per_sm = B * H * math.ceil(T / 64) / sms
+    us = st["median"] * 1e3 / chunks_per_sm
+    regs, local = attrs()[:2]
+    print(f"bench ({B}, {T}, {H}, 128): median {st['median']:.3f} ms over {trials} calls (L2 flushed), "
+          f"{chunks_per_sm:.1f} chunks an SM ({sms} SMs): {us:.3f} us a 64-step chunk and SM "
+          f"({regs} regs, {local} B local); finite {finite}", flush=True)
+    RESULT["bench"] = {"shape": [B, T, H, 128], "ms": st, "sms": sms, "chunks_per_sm": chunks_per_sm,
+                       "us_per_chunk_sm": us, "registers": regs, "local_bytes": local}
+
+
+def save_result(json_name):
+    """$OUT/json_name where OUT is set (the device call); nothing written into the tree otherwise."""
+    if "OUT" in os.environ:
+        save(json_name, RESULT)
+
+
+def split_registers_guard(attrs, kernel, regs=168):
+    """main's before_launch for a kernel with a setmaxnreg split: it assumes the launch gives `regs` registers a
+    thread; with fewer, the consumers' setmaxnreg.inc waits forever (a hang). attrs: the module's attributes
+    function."""
+    def guard(mod):
+        got = getattr(mod, attrs)()[0]
+        if got != regs:
+            sys.exit(f"{kernel} has {got} registers, not {regs}: its setmaxnreg split would hang; not launched")
+    return guard
+
+
+def main(doc, json_name, check_help, cpu_check, build_module, device_check, bench, before_launch=None):
+    """A pass's command line (its module docstring doc); before_launch(mod), where given, may refuse the launch."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--cpu-check", action="store_true", help="the chunk model against naive; no GPU, no build")
+    ap.add_argument("--build-only", action="store_true", help="compile, print the ptxas report; no GPU")
+    ap.add_argument("--check", action="store_true", help=check_help)
+    ap.add_argument("--bench", action="store_true", help="device: the kernel's time at (16, 4096, 32, 128)")
+    ap.add_argument("--trials", type=int, default=20, help="timed calls in --bench")
+    args = ap.parse_args()
+    if args.cpu_check:
+        cpu_check()
+        save_result(json_name)
+        return
+    mod = build_module()
+    if args.build_only:
+        return
+    RESULT.update(device=torch.cuda.get_device_name(0), torch=torch.__version__)
+    if before_launch is not None:
+        before_launch(mod)
+    if args.check or not args.bench:
+        device_check(mod)
+        save_result(json_name)
+    if args.bench:
+        bench(mod, args.trials)
+    save_result(json_name)
+    print(f"results: {os.path.join(os.environ.get('OUT', '.'), json_name)}", flush=True)
