@@ -4,8 +4,8 @@ build, the chunk models' products, padding and tables, the test cases and metric
 with their verdict, --bench's report, the result file and the command line. Not a script: each pass imports it and
 is run itself, from the repository root (each pass's docstring says what its commands do):
 
-    python3 dev/bwd_fp32_passB.py --cpu-check | --build-only | --check | --bench [--trials N]
-    python3 dev/bwd_fp32_passA.py --cpu-check | --build-only | --check | --bench [--trials N]
+    python3 dev/bwd_fp32_passB.py --cpu-check [--split b|d] | --build-only | --check | --bench [--trials N]
+    python3 dev/bwd_fp32_passA.py --cpu-check [--split b|d] | --build-only | --check | --bench [--trials N]
 """
 import argparse
 import math
@@ -130,12 +130,18 @@ def build_module(name, namespace, kernel, cuda_src, host_src, functions, splices
 
 # ---------------------------------------------------------------------------------------------
 # The chunk models' common parts (each pass's model: its kernel's tables and chunk formulas, plainly): the products,
-# float64 or float32 as the kernels' bf16 x3 wgmma sequences; the inputs padded to whole chunks; a chunk's tables.
+# float64 or float32 as wgmma sequences of a split scheme (the kernels' bf16 x3, or (d)'s scaled fp16 x3); the tiles
+# as the row dots read them; the inputs padded to whole chunks; a chunk's tables.
 # ---------------------------------------------------------------------------------------------
-def model_mm(emulate):
-    """mm(a, b, acc=None) = acc + a b: float64 (emulate None), or float32 with dev/fp32_split_emulation.py's bf16 x3
-    mm (each k-step and term's exact partial added to an fp32 accumulator, rounded to nearest with "rn" or truncated
-    with "rz")."""
+# --split: training-design 8.4's scheme -> (fp32_split_emulation's mode, the label the outputs print)
+SPLITS = {"b": ("bf16x3", "bf16 x3"), "d": ("fp16x3s", "scaled fp16 x3")}
+
+
+def model_mm(emulate, split="b"):
+    """mm(a, b, acc=None) = acc + a b: float64 (emulate None), or float32 with dev/fp32_split_emulation.py's mm in
+    split's scheme (b: bf16 hi / lo; d: fp16 hi / lo after a power-of-two scale per row of a and column of b; three
+    terms; each k-step and term's exact partial added to an fp32 accumulator, rounded to nearest with "rn" or
+    truncated with "rz")."""
     if emulate is None:
         def mm(a, b, acc=None):
             return a @ b if acc is None else acc + a @ b
@@ -143,10 +149,31 @@ def model_mm(emulate):
 
     def mm(a, b, acc=None):
         emu.RZ = emulate == "rz"
-        out = emu.mm(a, b, "bf16x3", acc=acc)
+        out = emu.mm(a, b, SPLITS[split][0], acc=acc)
         emu.RZ = False
         return out
     return mm
+
+
+def model_pair(emulate, split="b"):
+    """pair(x): a tile x (rows along the last dimension) as a row dot reads it: x itself (float64), or the hi + lo of
+    its shared-memory pair: bf16 (b: within 2^-17 of x) or fp16 after a power-of-two scale per row (d: as
+    fp32_split_emulation's fp16x3s splits a row of A, within about 2^-22 of x), times the scale."""
+    if emulate is None:
+        return lambda x: x
+    if split == "b":
+        def pair(x):
+            hi, lo = emu.split_bf16(x, 2)
+            return hi + lo
+        return pair
+
+    def pair(x):
+        s = emu.pow2_scale(x, -1)  # float64 (..., rows, 1): the row's max |x| to 2^15
+        xs = (x.double() / s).float()
+        hi = xs.half().float()
+        lo = (xs - hi).half().float()
+        return ((hi + lo).double() * s).float()  # hi + lo exact in float32 (22 bits); the power of two exact
+    return pair
 
 
 def model_inputs(rows, gate, beta, f):
@@ -219,10 +246,11 @@ def rel(x, ref):
     return err / n if n > 0 else err
 
 
-def cpu_check(names, header, reference, models, line, emulated_worst):
-    """--cpu-check: at every case, a pass's chunk model (float64) and its bf16 x3 emulation (RN, RZ) against the
-    reference, per gradient of `names`. models(case) gives model(emulate) of the case's inputs; line(row) prints a
-    row; emulated_worst(rows) gives the emulation's worst (recorded) and the line that says it."""
+def cpu_check(names, header, reference, models, line, emulated_worst, split="b"):
+    """--cpu-check: at every case, a pass's chunk model (float64) and its emulation in split's scheme (RN, RZ)
+    against the reference, per gradient of `names`. models(case) gives model(emulate, split) of the case's inputs;
+    line(row) prints a row; emulated_worst(rows, label) gives the emulation's worst (recorded) and the line that says
+    it (label: the scheme's, SPLITS')."""
     rows, worst = [], 0.0
     print(header)
     for n, (shape, gname, with_dsT) in enumerate(cases()):
@@ -230,16 +258,16 @@ def cpu_check(names, header, reference, models, line, emulated_worst):
         ref = reference(*case)
         model = models(*case)
         row = {"shape": shape, "gate": gname, "dsT": with_dsT}
-        row.update({f"model_{x}": rel(m, r) for x, m, r in zip(names, model(None), ref)})
+        row.update({f"model_{x}": rel(m, r) for x, m, r in zip(names, model(None, split), ref)})
         worst = max([worst] + [row[f"model_{x}"] for x in names])
         for mode in ("rn", "rz"):
-            row.update({f"emu_{mode}_{x}": rel(m, r) for x, m, r in zip(names, model(mode), ref)})
+            row.update({f"emu_{mode}_{x}": rel(m, r) for x, m, r in zip(names, model(mode, split), ref)})
         rows.append(row)
         print(line(row), flush=True)
-    emu_worst, emu_line = emulated_worst(rows)
+    emu_worst, emu_line = emulated_worst(rows, SPLITS[split][1])
     print(f"model against naive: worst rel-L2 {worst:.2e} (float64; ~1e-12 or below expected)")
     print(emu_line)
-    RESULT["cpu_check"] = {"rows": rows, "model_worst": worst, "emulated_worst": emu_worst}
+    RESULT["cpu_check"] = {"rows": rows, "model_worst": worst, "emulated_worst": emu_worst, "split": split}
 
 
 def device_check(mod, names, labels, measure, emulated_text):
@@ -312,9 +340,14 @@ def main(doc, json_name, check_help, cpu_check, build_module, device_check, benc
     ap.add_argument("--check", action="store_true", help=check_help)
     ap.add_argument("--bench", action="store_true", help="device: the kernel's time at (16, 4096, 32, 128)")
     ap.add_argument("--trials", type=int, default=20, help="timed calls in --bench")
+    ap.add_argument("--split", choices=sorted(SPLITS), default="b",
+                    help="--cpu-check's emulated scheme (training-design 8.4): b, bf16 x3 (the kernels'); d, fp16 x3 "
+                         "with power-of-two scales")
     args = ap.parse_args()
+    if args.split != "b" and not args.cpu_check:  # the kernels run (b); --check's emulation beside them must too
+        ap.error("--split d is --cpu-check's only")
     if args.cpu_check:
-        cpu_check()
+        cpu_check(args.split)
         save_result(json_name)
         return
     mod = build_module()

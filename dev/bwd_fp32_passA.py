@@ -26,8 +26,10 @@ Design (per (b, h) one CTA of 384 threads, chunks of 64 steps backwards, chunk_b
   Shared memory 216,640 B: pairs q, k, v, dy (32 KB each), MQ, MD (16 KB each), Lx (16 KB), two table buffers, the
   gates, two partial buffers.
 
-    python3 dev/bwd_fp32_passA.py --cpu-check    (no GPU, no build: the float64 chunk model against
-                                                  naive.chunked_backward_naive, and the bf16 x3 emulation's error)
+    python3 dev/bwd_fp32_passA.py --cpu-check [--split b|d]   (no GPU, no build: the float64 chunk model against
+                                  naive.chunked_backward_naive, and the emulation's error: b, the kernel's bf16 x3
+                                  (default); d, 8.4's fallback, fp16 x3 with power-of-two scales, every product and
+                                  the row dots' pairs)
     python3 dev/bwd_fp32_passA.py --build-only   (no GPU; CUDA_HOME=/usr/local/cuda TORCH_CUDA_ARCH_LIST=9.0a)
     python3 dev/bwd_fp32_passA.py --check        (device: the four gradients against float64, the 1e-5 bar)
     python3 dev/bwd_fp32_passA.py --bench [--trials N]   (device: (16, 4096, 32, 128), us a chunk and SM)
@@ -53,10 +55,9 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # dev/ (pass B, the shared part, the split emulation)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # dev/ (pass B, the shared part)
 import bwd_fp32_common as common  # noqa: E402
 import bwd_fp32_passB as passb  # noqa: E402
-import fp32_split_emulation as emu  # noqa: E402
 import naive  # noqa: E402
 from bwd_fp32_common import rel  # noqa: E402
 from timing import kernelbench_time  # noqa: E402
@@ -66,8 +67,9 @@ torch.set_grad_enabled(False)
 
 # ---------------------------------------------------------------------------------------------
 # The chunk model: the kernel's tables and chunk formulas, plainly; float64, or float32 with the products as the
-# kernel's bf16 x3 wgmma sequences (fp32_split_emulation's mm, each k-step and term's exact partial added to an fp32
-# accumulator, rounded to nearest or, rz, truncated) and the row dots on the tiles' hi + lo, as the kernel's.
+# kernel's bf16 x3 wgmma sequences, or (d)'s (fp32_split_emulation's mm, each k-step and term's exact partial added
+# to an fp32 accumulator, rounded to nearest or, rz, truncated) and the row dots on the tiles' hi + lo, as the
+# kernel's (bwd_fp32_common's model_mm and model_pair).
 # ---------------------------------------------------------------------------------------------
 def checkpoints(k, v, gate, beta):
     """S at each 64-step chunk start, (B, H, nck, D, D) float64, by the forward recurrence a step at a time (on k's
@@ -83,18 +85,12 @@ def checkpoints(k, v, gate, beta):
     return torch.stack(out, 2)
 
 
-def pass_a_model(q, k, v, gate, beta, dy, ckpt, dsT=None, emulate=None):
+def pass_a_model(q, k, v, gate, beta, dy, ckpt, dsT=None, emulate=None, split="b"):
     """(dq, dk (B, T, H, D), dgate, dbeta (B, T, H)) from the checkpoints ckpt (B, H, nck, D, D); emulate None
-    (float64), "rn" or "rz" (float32, bf16 x3 products)."""
+    (float64), "rn" or "rz" (float32, the products and pairs in split's scheme: b bf16 x3, d scaled fp16 x3)."""
     f = torch.float64 if emulate is None else torch.float32
-    mm = common.model_mm(emulate)
-    if emulate is None:
-        def pair(x):  # a tile as the row dots read it
-            return x
-    else:
-        def pair(x):  # hi + lo of the shared-memory pair (within 2^-17 of x)
-            hi, lo = emu.split_bf16(x, 2)
-            return hi + lo
+    mm = common.model_mm(emulate, split)
+    pair = common.model_pair(emulate, split)  # a tile as the row dots read it
     B, T, H, D = q.shape
     (q, k, v, dy), gate, beta, nck = common.model_inputs((q, k, v, dy), gate, beta, f)  # (B, H, 64 nck, D), (B, H, ..)
     ckpt = ckpt.to(f)
@@ -587,23 +583,25 @@ def cpu_row(row):
             + " ".join(f"{row[f'emu_rz_{x}']:.1e}" for x in NAMES))
 
 
-def emulated_worst(rows):
+def emulated_worst(rows, label):
     worst = {x: max(max(r[f"emu_rn_{x}"], r[f"emu_rz_{x}"]) for r in rows) for x in NAMES}
-    return worst, ("bf16 x3 emulation against naive, worst rel-L2 per gradient (the device's expected error; bar "
+    return worst, (f"{label} emulation against naive, worst rel-L2 per gradient (the device's expected error; bar "
                    "1e-5): " + ", ".join(f"{x} {worst[x]:.2e}" for x in NAMES))
 
 
 def models(q, k, v, gate, beta, dy, dsT):
-    """A case's chunk model as model(emulate), from the float64 checkpoints (float64) or those rounded once to
+    """A case's chunk model as model(emulate, split), from the float64 checkpoints (float64) or those rounded once to
     float32 (emulated: the device's checkpoints)."""
     ck = checkpoints(k, v, gate, beta)
     ck32 = ck.float()
-    return lambda emulate: pass_a_model(q, k, v, gate, beta, dy, ck if emulate is None else ck32, dsT, emulate=emulate)
+    return lambda emulate, split: pass_a_model(q, k, v, gate, beta, dy, ck if emulate is None else ck32, dsT,
+                                               emulate=emulate, split=split)
 
 
-def cpu_check():
-    header = f"{'case':34s} {'dS_T':4s} model dq / dk / dgate / dbeta          bf16 x3 emulated, RN | RZ (worst of 4)"
-    common.cpu_check(NAMES, header, reference, models, cpu_row, emulated_worst)
+def cpu_check(split):
+    label = common.SPLITS[split][1]
+    header = f"{'case':34s} {'dS_T':4s} model dq / dk / dgate / dbeta          {label} emulated, RN | RZ (worst of 4)"
+    common.cpu_check(NAMES, header, reference, models, cpu_row, emulated_worst, split)
 
 
 def run_kernel(mod, q, k, v, gate, beta, dy, ckpt, dsT=None):

@@ -21,8 +21,9 @@ Design (per (b, h) one CTA of 384 threads, chunks of 64 steps backwards, chunk_b
     place; G's pair rewritten for the next chunk's KG. G starts as d_final_state or zero.
   Shared memory 231,936 B: pairs q, qA, k, dy (32 KB each), G (64 KB), MP (16 KB), two table buffers, the gates.
 
-    python3 dev/bwd_fp32_passB.py --cpu-check    (no GPU, no build: the float64 chunk model against
-                                                  naive.chunked_backward_naive, and the bf16 x3 emulation's error)
+    python3 dev/bwd_fp32_passB.py --cpu-check [--split b|d]   (no GPU, no build: the float64 chunk model against
+                                  naive.chunked_backward_naive, and the emulation's error: b, the kernel's bf16 x3
+                                  (default); d, 8.4's fallback, fp16 x3 with power-of-two scales, every product)
     python3 dev/bwd_fp32_passB.py --build-only   (no GPU; CUDA_HOME=/usr/local/cuda TORCH_CUDA_ARCH_LIST=9.0a)
     python3 dev/bwd_fp32_passB.py --check        (device: dv and dS_0 against float64, the 1e-5 bar)
     python3 dev/bwd_fp32_passB.py --bench [--trials N]   (device: (16, 4096, 32, 128), us a chunk and SM)
@@ -341,12 +342,13 @@ def run_kernel(mod, q, k, gate, beta, dy, dsT=None, want_ds0=True):
 
 # ---------------------------------------------------------------------------------------------
 # The chunk model: the kernel's tables and chunk formulas, plainly; float64, or float32 with the products as the
-# kernel's bf16 x3 wgmma sequences (bwd_fp32_common's model_mm).
+# kernel's bf16 x3 wgmma sequences, or (d)'s (bwd_fp32_common's model_mm).
 # ---------------------------------------------------------------------------------------------
-def pass_b_model(q, k, gate, beta, dy, dsT=None, emulate=None):
-    """(dv (B, T, H, D), dS_0 (B, H, D, D)); emulate None (float64), "rn" or "rz" (float32, bf16 x3 products)."""
+def pass_b_model(q, k, gate, beta, dy, dsT=None, emulate=None, split="b"):
+    """(dv (B, T, H, D), dS_0 (B, H, D, D)); emulate None (float64), "rn" or "rz" (float32, the products in split's
+    scheme: b bf16 x3, d scaled fp16 x3)."""
     f = torch.float64 if emulate is None else torch.float32
-    mm = common.model_mm(emulate)
+    mm = common.model_mm(emulate, split)
     B, T, H, D = q.shape
     (q, k, dy), gate, beta, nck = common.model_inputs((q, k, dy), gate, beta, f)  # (B, H, 64 nck, D), (B, H, 64 nck)
     G = torch.zeros(B, H, D, D, dtype=f) if dsT is None else dsT.to(f).clone()
@@ -386,19 +388,20 @@ def cpu_row(row):
             f"{row['emu_rn_ds0']:.2e} / {row['emu_rz_ds0']:.2e}")
 
 
-def emulated_worst(rows):
+def emulated_worst(rows, label):
     worst = max(max(r["emu_rn_dv"], r["emu_rn_ds0"], r["emu_rz_dv"], r["emu_rz_ds0"]) for r in rows)
-    return worst, f"bf16 x3 emulation against naive: worst rel-L2 {worst:.2e} (the device's expected error; bar 1e-5)"
+    return worst, f"{label} emulation against naive: worst rel-L2 {worst:.2e} (the device's expected error; bar 1e-5)"
 
 
 def models(q, k, v, gate, beta, dy, dsT):
-    """A case's chunk model as model(emulate) (pass B needs no v)."""
-    return lambda emulate: pass_b_model(q, k, gate, beta, dy, dsT, emulate=emulate)
+    """A case's chunk model as model(emulate, split) (pass B needs no v)."""
+    return lambda emulate, split: pass_b_model(q, k, gate, beta, dy, dsT, emulate=emulate, split=split)
 
 
-def cpu_check():
-    header = f"{'case':34s} {'dS_T':5s} {'model dv':>9s} {'model dS0':>9s}   bf16 x3 emulated (RN / RZ): dv, dS0"
-    common.cpu_check(NAMES, header, reference, models, cpu_row, emulated_worst)
+def cpu_check(split):
+    label = common.SPLITS[split][1]
+    header = f"{'case':34s} {'dS_T':5s} {'model dv':>9s} {'model dS0':>9s}   {label} emulated (RN / RZ): dv, dS0"
+    common.cpu_check(NAMES, header, reference, models, cpu_row, emulated_worst, split)
 
 
 def measure(mod, q, k, v, gate, beta, dy, dsT):
