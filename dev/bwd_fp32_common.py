@@ -18,7 +18,7 @@ import bwd_fp32_probe as probe
 import fp32_split_emulation as emu
 import naive
 from tools.common import save
-from tools.sm90_build import BF16_TILE_SRC, FUNC_ATTRS_SRC, PROBE_HELPERS_SRC, build, print_build, solution_constant
+from tools.sm90_build import BF16_TILE_SRC, PROBE_HELPERS_SRC, build, print_build, probe_cuda, solution_constant
 
 RESULT = {}  # this run's results (one pass a process), saved as the pass's JSON
 
@@ -34,26 +34,6 @@ def probe_kstep_src():
 
 # The head of a pass's CUDA text, up to its own constants: the includes, GR_WGMMA where wgmma exists (sm_90a), the
 # pass's namespace (NAMESPACE) and the helpers spliced in by build_module.
-CUDA_PREAMBLE = r"""
-#include <cuda_runtime.h>
-#include <cuda_bf16.h>
-#include <cstdint>
-
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define GR_WGMMA 1
-#endif
-
-namespace NAMESPACE {
-namespace {
-
-WGMMA_SYNC
-
-WGMMA_FORMS
-
-PROBE_HELPERS
-
-PROBE_KSTEP
-"""
 
 # Where a pass writes KERNEL_ENTRY, after its aux (WG0) and consumer: the kernel (KERNEL_NAME), WG0 down to
 # kAuxRegs registers, the two consumer warpgroups up to kConsRegs (the warpgroup index read from lane 0, so that the
@@ -111,17 +91,15 @@ static std::vector<int64_t> kernel_attrs(int (*attrs)(int*), const char* what) {
 
 
 def build_module(name, namespace, kernel, cuda_src, host_src, functions, splices=()):
-    """Compiles a pass (CUDA_PREAMBLE + cuda_src, HOST_PREAMBLE + host_src), its ptxas report printed and kept in
-    RESULT["build"]; splices: the pass's own (placeholder, text) pairs, replaced after DECAY_TABLES."""
-    cuda = CUDA_PREAMBLE.replace("NAMESPACE", namespace) + cuda_src
-    cuda = cuda.replace("KERNEL_ENTRY", KERNEL_ENTRY.replace("KERNEL_NAME", kernel))
-    cuda = cuda.replace("WGMMA_FORMS", probe.wgmma_forms())
-    cuda = cuda.replace("WGMMA_SYNC", solution_constant("WGMMA_SYNC_SRC"))
+    """Compiles a pass (tools/sm90_build.probe_cuda's head, the probe's k-step helpers and cuda_src; HOST_PREAMBLE +
+    host_src), its ptxas report printed and kept in RESULT["build"]; splices: the pass's own (placeholder, text)
+    pairs, replaced after DECAY_TABLES."""
+    body = "PROBE_KSTEP\n" + cuda_src.replace("KERNEL_ENTRY", KERNEL_ENTRY.replace("KERNEL_NAME", kernel))
+    cuda = probe_cuda(namespace, probe.wgmma_forms(), body, PROBE_HELPERS_SRC + BF16_TILE_SRC)
     cuda = cuda.replace("DECAY_TABLES", solution_constant("DECAY_TABLES_SRC"))
     for placeholder, text in splices:
         cuda = cuda.replace(placeholder, text)
-    cuda = cuda.replace("PROBE_KSTEP", probe_kstep_src()).replace("FUNC_ATTRS", FUNC_ATTRS_SRC)
-    cuda = cuda.replace("PROBE_HELPERS", PROBE_HELPERS_SRC + BF16_TILE_SRC)
+    cuda = cuda.replace("PROBE_KSTEP", probe_kstep_src())
     mod, summary = build(name, HOST_PREAMBLE + host_src, cuda, functions, namespace)
     print_build(summary, launch_regs=168, split_kernels=kernel)
     RESULT["build"] = summary

@@ -146,7 +146,7 @@ def passb_src(start, end):
     return src[a:src.index(end, a)]
 
 
-# The kernel's CUDA text after bwd_fp32_common's CUDA_PREAMBLE (namespace pa).
+# The kernel's CUDA text after tools/sm90_build.probe_cuda's head and the probe's k-step helpers (namespace pa).
 CUDA_SRC = r"""
 // Shared memory (bytes). Pairs (hi at off, lo at off + kTile; [d / 8][t][8]): q, k, v, dy. The weights' pairs MQ,
 // MD ([s / 8][row][8], lo at + kW), Lx's pair ([s / 8][t][8], one buffer: WG0 rewrites it once the consumers have

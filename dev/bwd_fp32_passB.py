@@ -51,7 +51,7 @@ from timing import kernelbench_time  # noqa: E402
 
 torch.set_grad_enabled(False)
 
-# The kernel's CUDA text after bwd_fp32_common's CUDA_PREAMBLE (namespace pb).
+# The kernel's CUDA text after tools/sm90_build.probe_cuda's head and the probe's k-step helpers (namespace pb).
 CUDA_SRC = r"""
 // Shared memory (bytes). Pairs (hi at off, lo at off + kTile; [d / 8][t][8]): q, qA (q_t A[t]), k, dy; G's pair
 // ([j / 8][i][8], hi then lo 32 KB each); MP's pair ([s / 8][u][8], lo at + kW); two table buffers; the gates.

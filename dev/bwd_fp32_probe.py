@@ -73,8 +73,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # dev/ (the spli
 import fp32_split_emulation as emu  # noqa: E402
 from timing import kernelbench_time  # noqa: E402
 from tools.common import save  # noqa: E402
-from tools.sm90_build import (BF16_TILE_SRC, FUNC_ATTRS_SRC, PROBE_HELPERS_SRC, build, print_build,  # noqa: E402
-                              run_probes, solution_constant, solution_function)
+from tools.sm90_build import (BF16_TILE_SRC, PROBE_HELPERS_SRC, build, print_build, probe_cuda,  # noqa: E402
+                              run_probes, solution_function)
 
 torch.set_grad_enabled(True)  # (the emulation module turns it off at import; nothing here needs either)
 
@@ -113,24 +113,9 @@ def wgmma_forms():
     return "".join(src)
 
 
+# After tools/sm90_build.probe_cuda's head (namespace fp; cuda_fp16.h too; sm_desc, desc_at, dummy; BF16_TILE_SRC:
+# split2, kdesc, mdesc).
 CUDA_SRC = r"""
-#include <cuda_runtime.h>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cstdint>
-
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define GR_WGMMA 1
-#endif
-
-namespace fp {
-namespace {
-
-WGMMA_SYNC
-
-WGMMA_FORMS
-
-PROBE_HELPERS  // (tools/sm90_build.py: sm_desc, desc_at, dummy; BF16_TILE_SRC: split2, kdesc, mdesc)
 
 // One k-step of a product in TERMS terms (3: hi hi + hi lo + lo hi; 1: hi hi); FIRST: d = (not +=) the first.
 template <int TERMS, int TA, int TB, bool FIRST, int R>
@@ -1028,8 +1013,8 @@ def main():
         RESULT["P1"] = probe_p1(None, args)
         summary_table()
         return
-    cuda = CUDA_SRC.replace("WGMMA_FORMS", wgmma_forms()).replace("WGMMA_SYNC", solution_constant("WGMMA_SYNC_SRC"))
-    cuda = cuda.replace("FUNC_ATTRS", FUNC_ATTRS_SRC).replace("PROBE_HELPERS", PROBE_HELPERS_SRC + BF16_TILE_SRC)
+    cuda = probe_cuda("fp", wgmma_forms(), CUDA_SRC, PROBE_HELPERS_SRC + BF16_TILE_SRC,
+                      ("cuda_runtime.h", "cuda_bf16.h", "cuda_fp16.h"))
     mod, summary = build("bwd_fp32_probe", HOST_SRC, cuda, FUNCTIONS, "fp")
     print_build(summary, launch_regs=168, split_kernels="p2_kernel")
     RESULT["build"] = summary

@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 from timing import kernelbench_time  # noqa: E402
 from tools.common import save  # noqa: E402
-from tools.sm90_build import (BF16_TILE_SRC, PROBE_HELPERS_SRC, build, print_build, solution_constant,  # noqa: E402
+from tools.sm90_build import (BF16_TILE_SRC, PROBE_HELPERS_SRC, build, print_build, probe_cuda,  # noqa: E402
                                solution_function)
 
 
@@ -45,23 +45,9 @@ FORMS = [(64, False, 0, 0, True), (64, False, 0, 0, False), (64, False, 1, 0, Fa
          (128, True, 0, 1, False)]
 WGMMA_SRC = "".join(wgmma_bf16(*f) for f in FORMS)
 
+# After tools/sm90_build.probe_cuda's head (namespace bp; sm_desc, desc_at, dummy; BF16_TILE_SRC: split2, kdesc,
+# mdesc).
 CUDA_SRC = r"""
-#include <cuda_runtime.h>
-#include <cuda_bf16.h>
-#include <cstdint>
-
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define GR_WGMMA 1
-#endif
-
-namespace bp {
-namespace {
-
-WGMMA_SYNC
-
-WGMMA_FORMS
-
-PROBE_HELPERS  // (tools/sm90_build.py: sm_desc, desc_at, dummy; BF16_TILE_SRC: split2, kdesc, mdesc)
 // Dummy shared memory (scale x a hash), then the async-proxy fence and a block barrier.
 __device__ __forceinline__ void fill_dummy(unsigned char* sm, int bytes, uint32_t salt, float scale) {
   float* f = reinterpret_cast<float*>(sm);
@@ -273,8 +259,7 @@ def main():
     ap.add_argument("--trials", type=int, default=10)
     ap.add_argument("--build-only", action="store_true")
     args = ap.parse_args()
-    cuda = CUDA_SRC.replace("WGMMA_FORMS", WGMMA_SRC).replace("WGMMA_SYNC", solution_constant("WGMMA_SYNC_SRC"))
-    cuda = cuda.replace("PROBE_HELPERS", PROBE_HELPERS_SRC + BF16_TILE_SRC)
+    cuda = probe_cuda("bp", WGMMA_SRC, CUDA_SRC, PROBE_HELPERS_SRC + BF16_TILE_SRC)
     mod, summary = build("bwd_sm90_probe", HOST_SRC, cuda, ["peak", "b1"], "bp")
     print_build(summary)
     res = {"build": summary}

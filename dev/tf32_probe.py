@@ -59,8 +59,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 from timing import kernelbench_time, rel_l2  # noqa: E402
 from tools.common import save  # noqa: E402
-from tools.sm90_build import (FUNC_ATTRS_SRC, PROBE_HELPERS_SRC, build, print_build, run_probes,  # noqa: E402
-                               solution_constant, tf32_wgmma_src)
+from tools.sm90_build import (build, print_build, probe_cuda, run_probes, tf32_wgmma_src)  # noqa: E402
 
 RESULT = {}
 
@@ -72,25 +71,9 @@ RESULT = {}
 
 WGMMA_SRC = tf32_wgmma_src()  # SS and RS forms, N = 64 and 128, and rs_terms
 
+# After tools/sm90_build.probe_cuda's head (namespace tp; cuda.h for CUtensorMap, cudaTypedefs.h for
+# PFN_cuTensorMapEncodeTiled_v12000; solution.py's warpgroup helpers; sm_desc, desc_at, dummy).
 CUDA_SRC = r"""
-#include <cuda.h>          // CUtensorMap and its enums
-#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled_v12000
-#include <cuda_runtime.h>
-#include <cstdint>
-
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define GR_WGMMA 1
-#endif
-
-namespace tp {
-namespace {
-
-WGMMA_FORMS
-
-WGMMA_SYNC  // (solution.py's warpgroup helpers: wgmma fence / commit / wait, setmaxnreg, fence_async_smem,
-            //  acc_fence, wg_barrier)
-
-PROBE_HELPERS  // (tools/sm90_build.py: sm_desc, desc_at, dummy)
 
 // TF32 round to nearest, ties away (the split's hi; the A3 probe checks its low 13 bits are zero).
 __device__ __forceinline__ uint32_t tf32_rna(float x) {
@@ -1180,8 +1163,7 @@ def main():
     unknown = only - {name for name, _ in PROBES}
     if unknown:
         ap.error(f"unknown probes {sorted(unknown)}")
-    cuda = CUDA_SRC.replace("WGMMA_FORMS", WGMMA_SRC).replace("WGMMA_SYNC", solution_constant("WGMMA_SYNC_SRC"))
-    cuda = cuda.replace("FUNC_ATTRS", FUNC_ATTRS_SRC).replace("PROBE_HELPERS", PROBE_HELPERS_SRC)
+    cuda = probe_cuda("tp", WGMMA_SRC, CUDA_SRC, includes=("cuda.h", "cudaTypedefs.h", "cuda_runtime.h"))
     mod, summary = build("tf32_probe", HOST_SRC, cuda, FUNCTIONS, "tp", verbose=args.verbose_build)
     print_build(summary)
     RESULT["build"] = summary

@@ -79,6 +79,17 @@ __device__ __forceinline__ uint64_t mdesc(const unsigned char* sm, int off, int 
 """
 
 
+def probe_cuda(namespace, forms, body, helpers=PROBE_HELPERS_SRC, includes=("cuda_runtime.h", "cuda_bf16.h")):
+    """A dev kernel's CUDA text, its head written once: the includes, GR_WGMMA where the target has wgmma (sm_90a;
+    it gates solution.py's wgmma helpers), the namespaces `namespace` and an anonymous one (body closes both),
+    solution.py's warpgroup helpers (WGMMA_SYNC_SRC), the wgmma forms, the helpers (PROBE_HELPERS_SRC, and
+    BF16_TILE_SRC where the kernel splits bf16 tiles), then body, whose FUNC_ATTRS becomes FUNC_ATTRS_SRC."""
+    head = "".join(f"#include <{h}>\n" for h in includes + ("cstdint",))
+    return (f"{head}\n#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n#define GR_WGMMA 1\n#endif\n\n"
+            f"namespace {namespace} {{\nnamespace {{\n\n{solution_constant('WGMMA_SYNC_SRC')}\n{forms}\n{helpers}\n"
+            + body.replace("FUNC_ATTRS", FUNC_ATTRS_SRC))
+
+
 def solution_constant(name):
     """A string constant of solution.py (e.g. WGMMA_SYNC_SRC: the warpgroup fence, commit, wait and the
     setmaxnreg moves), read from its source text."""
