@@ -385,6 +385,15 @@ struct GateSeq {
   __device__ __forceinline__ float operator[](int64_t i) const {
     return f32 ? static_cast<const float*>(p)[i] : to_float(static_cast<const scalar_t*>(p)[i]);
   }
+  // Element i's bits, unconverted (a 16-bit dtype's in the low half; widen converts): a load whose first use is
+  // a chunk later leaves the warp free until then (operator[]'s conversion right after it waited for the load).
+  __device__ __forceinline__ uint32_t bits(int64_t i) const {
+    return f32 ? __float_as_uint(static_cast<const float*>(p)[i])
+               : (uint32_t)*reinterpret_cast<const unsigned short*>(static_cast<const scalar_t*>(p) + i);
+  }
+  __device__ __forceinline__ float widen(uint32_t x) const {
+    return f32 ? __uint_as_float(x) : to_float(*reinterpret_cast<const scalar_t*>(&x));
+  }
   // f(pointer in the stored dtype): one branch around a loop of loads, which then stay in flight together
   // (a branch a load, as operator[] has, serialized warp 0's gate loads; BENCHMARKS.md, ninth session)
   template <typename F>
@@ -2527,6 +2536,22 @@ __device__ __forceinline__ void wg_barrier(int wg) {  // the 128 threads of one 
   asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
 }
 """
+# The bf16 units' transposing store of accumulator blocks (the y staging and both bf16 checkpoint writers).
+STSM_SRC = r"""
+// Four 8 x 8 blocks of fp32 pairs rounded to bf16 and stored transposed by stmatrix: v[2 m], v[2 m + 1] are this
+// lane's pair of block m (its row g, columns 2 q, 2 q + 1 of an accumulator); a is the shared address of the row
+// this lane gives: row lane % 8 of block lane / 8, 16 bytes.
+__device__ __forceinline__ void stsm_x4_trans(uint32_t a, const float (&v)[8]) {
+  uint32_t x[4];
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * m], v[2 * m + 1]);
+    x[m] = *reinterpret_cast<const uint32_t*>(&h);
+  }
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(x[0]),
+               "r"(x[1]), "r"(x[2]), "r"(x[3]) : "memory");
+}
+"""
 # Shared-memory operands (the dev/ probes have their own copy).
 SM_DESC_SRC = r"""
 // A no-swizzle shared-memory matrix descriptor: start address, LBO (core matrices adjacent in K), SBO
@@ -2541,7 +2566,7 @@ __device__ __forceinline__ uint64_t sm_desc(const void* p, uint32_t lbo, uint32_
 """
 WGMMA_SRC = ("\n// ===================================== wgmma: the sm_90a units' instructions, generated ======\n"
              "#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n#define GR_WGMMA 1\n#endif\nnamespace gr {\nnamespace {\n" +
-             WGMMA_SYNC_SRC + SM_DESC_SRC + "".join(_wgmma(*f) for f in WGMMA_FORMS) +
+             WGMMA_SYNC_SRC + STSM_SRC + SM_DESC_SRC + "".join(_wgmma(*f) for f in WGMMA_FORMS) +
              "".join(_wgmma(n, True, 0, z, "tf32") for n in (64, 128) for z in (True, False)) + WGMMA_TF32_SRC +
              "}  // namespace\n}  // namespace gr\n")
 
@@ -3267,12 +3292,14 @@ __device__ __forceinline__ void chunk_sm90_bf16(const ChunkParams& p, const Sm90
         tma_tile(st + 2 * L::kQ, &maps.v, tb0 + t0, cb.h & maps.hm[2], bc & maps.bm[2], bar);
       }
     };
-    float ng0 = 1.f, ng1 = 1.f, nb0 = 0.f, nb1 = 0.f;  // the next chunk's gates and betas (every aux warp)
+    // the next chunk's gates and betas (every aux warp), as loaded bits: converted when used, a chunk later
+    uint32_t ng0, ng1, nb0, nb1;
     auto load_gates = [&](int c) {
       const int t0 = sb + 64 * c, tc = min(64, se - t0), s = 2 * lane;
-      ng0 = 1.f; ng1 = 1.f; nb0 = 0.f; nb1 = 0.f;
-      if (s < tc) { ng0 = cb.gate[(int64_t)(t0 + s) * p.sg.t]; nb0 = cb.beta[(int64_t)(t0 + s) * p.sb.t]; }
-      if (s + 1 < tc) { ng1 = cb.gate[(int64_t)(t0 + s + 1) * p.sg.t]; nb1 = cb.beta[(int64_t)(t0 + s + 1) * p.sb.t]; }
+      ng0 = s < tc ? cb.gate.bits((int64_t)(t0 + s) * p.sg.t) : 0u;  // (past T: gate 1, beta 0, set at use)
+      nb0 = s < tc ? cb.beta.bits((int64_t)(t0 + s) * p.sb.t) : 0u;
+      ng1 = s + 1 < tc ? cb.gate.bits((int64_t)(t0 + s + 1) * p.sg.t) : 0u;
+      nb1 = s + 1 < tc ? cb.beta.bits((int64_t)(t0 + s + 1) * p.sb.t) : 0u;
     };
     stage(0);
     stage(1);
@@ -3312,7 +3339,11 @@ __device__ __forceinline__ void chunk_sm90_bf16(const ChunkParams& p, const Sm90
         for (int kb = 1; kb < NKB; ++kb) wgmma_ss64(P, desc_at(dq, 2048 * kb), desc_at(dk, 2048 * kb), 1);
         wg_commit();
       }
-      write_tables64<float>(tb, ng0, ng1, nb0, nb1, wl, lane);  // while P runs
+      {  // while P runs
+        const int tc = min(64, se - (sb + 64 * c)), s = 2 * lane;
+        write_tables64<float>(tb, s < tc ? cb.gate.widen(ng0) : 1.f, s + 1 < tc ? cb.gate.widen(ng1) : 1.f,
+                              s < tc ? cb.beta.widen(nb0) : 0.f, s + 1 < tc ? cb.beta.widen(nb1) : 0.f, wl, lane);
+      }
       if (c + 1 < nch) load_gates(c + 1);
       wg_barrier(0);  // the tables written
       if (outputs) {
@@ -3378,17 +3409,15 @@ __device__ __forceinline__ void chunk_sm90_bf16(const ChunkParams& p, const Sm90
       for (int r = 0; r < 2; ++r) {  // dk rows 64 r ..
 #pragma unroll
         for (int m = 0; m < 4; ++m) {  // matrices (n, hh) = (8 r + 2 m + (mi >> 1), mi & 1)
-          uint32_t x[4];
+          float v[8];
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int i = 4 * (8 * r + 2 * m + (e >> 1)) + 2 * (e & 1);
-            const __nv_bfloat162 v = __floats2bfloat162_rn(S[i], S[i + 1]);
-            x[e] = *reinterpret_cast<const uint32_t*>(&v);
+            v[2 * e] = S[i];
+            v[2 * e + 1] = S[i + 1];
           }
           const int dk = 8 * (2 * m + (mi >> 1)) + j, hh = (mi & 1) ^ ((j >> 2) & 1);  // (within the 64 rows)
-          const uint32_t a = (uint32_t)__cvta_generic_to_shared(st + dk * 32 + hh * 16);
-          asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(x[0]),
-                       "r"(x[1]), "r"(x[2]), "r"(x[3]) : "memory");
+          stsm_x4_trans((uint32_t)__cvta_generic_to_shared(st + dk * 32 + hh * 16), v);
         }
         __syncwarp();
 #pragma unroll
@@ -3499,11 +3528,20 @@ __device__ __forceinline__ void chunk_sm90_bf16(const ChunkParams& p, const Sm90
       }
       // y: this warpgroup's 64 columns staged in the core-matrix layout, then one TMA store (the buffer's
       // previous store, two chunks back, has read it: its thread waited before this chunk's FULL barrier).
+      // Staged by stmatrix: Y^T's 8 x 8 blocks (dv rows, t columns) land transposed, as t rows of 8 dv (16 bytes),
+      // four blocks an instruction instead of a 2-byte store an element.
       unsigned char* ys = sm + L::kY + ((c & 1) * 2 + cw) * L::kYBuf;
 #pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        const int dv = 16 * wl + g + 8 * ((i >> 1) & 1), t = 8 * (i >> 2) + 2 * qd + (i & 1);
-        *reinterpret_cast<bf16*>(ys + cm_off(t, dv)) = __float2bfloat16_rn(Y[i]);
+      for (int k = 0; k < 4; ++k) {  // blocks m: (n, hh) = (2 k + (m >> 1), m & 1)
+        float v[8];
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          const int i = 4 * (2 * k + (m >> 1)) + 2 * (m & 1);  // Y[i]: dv = 16 wl + g + 8 hh, t = 8 n + 2 qd
+          v[2 * m] = Y[i];
+          v[2 * m + 1] = Y[i + 1];
+        }
+        const int mi = lane >> 3, n = 2 * k + (mi >> 1), hh = mi & 1;
+        stsm_x4_trans((uint32_t)__cvta_generic_to_shared(ys + cm_off(8 * n + (lane & 7), 16 * wl + 8 * hh)), v);
       }
       fence_async_smem();
       wg_barrier(wg);
@@ -5953,17 +5991,15 @@ __global__ void __launch_bounds__(384, 1) chunk_bwd_sm90_ckpt_kernel(const Param
       const int j = lane & 7, mi = lane >> 3;  // this lane's address: row j of matrix mi of each x4
 #pragma unroll
       for (int n2 = 0; n2 < 8; ++n2) {  // matrices (n, hh) = (2 n2 + (mi >> 1), mi & 1)
-        uint32_t r[4];
+        float v[8];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int x = 4 * (2 * n2 + (i >> 1)) + 2 * (i & 1);
-          const __nv_bfloat162 v = __floats2bfloat162_rn(S[x], S[x + 1]);
-          r[i] = *reinterpret_cast<const uint32_t*>(&v);
+          v[2 * i] = S[x];
+          v[2 * i + 1] = S[x + 1];
         }
         const int dk = 8 * (2 * n2 + (mi >> 1)) + j, hh = (mi & 1) ^ ((j >> 2) & 1);
-        const uint32_t a = (uint32_t)__cvta_generic_to_shared(st + dk * 32 + hh * 16);
-        asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(r[0]),
-                     "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
+        stsm_x4_trans((uint32_t)__cvta_generic_to_shared(st + dk * 32 + hh * 16), v);
       }
       __syncwarp();
       bf16* d = reinterpret_cast<bf16*>(p.ckpt) + (bh * nck + ch) * 16384 + 64 * c + 16 * wl;
