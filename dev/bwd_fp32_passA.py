@@ -563,7 +563,7 @@ FUNCTIONS = ["passa", "passa_attrs"]
 
 def build_module():
     splices = (("PASSB_TABLES", passb_src("__device__ __forceinline__ float* ltab", "// WG0: chunk ch's q, k")),
-               ("PASSB_PUT_PAIR", passb_src("// 8 fp32 values to a pair's hi and lo", "// The consumers (lt")))
+               ("PASSB_PUT_PAIR", passb_src("// 8 fp32 values to a pair's hi and lo", "// The loads overlap the chunk before")))
     return common.build_module("bwd_fp32_passA", "pa", "passa_kernel", CUDA_SRC, HOST_SRC, FUNCTIONS, splices)
 
 

@@ -11,9 +11,11 @@ Design (per (b, h) one CTA of 384 threads, chunks of 64 steps backwards, chunk_b
   - tables (WG0, fp32 direct products, never a division: gates may be 0, negative or > 1): L[t][s] =
     prod_{r=s+1..t} g_r (packed lower triangle, chunk_bwd_sm90's lp), A[t] = prod_{r<=t} g_r, w_s = L[63][s], beta,
     beta w; built for chunk ch - 1 during chunk ch (two buffers), with an L2 prefetch of chunk ch - 1's rows;
-  - the consumers (two warpgroups, setmaxnreg 232; WG0 40), at each chunk's top: q, k, dy fp32 rows from global,
-    split on load into bf16 pairs (hi = RN(x), lo = RN(x - hi)), and q scaled by A[t] (fp32) split into a fourth
-    pair qA, so that G's update is an SS product with no fragments built in registers;
+  - the consumers (two warpgroups, setmaxnreg 232; WG0 40): q, k, dy fp32 rows land by cp.async in their own
+    pair's space during the chunk before, as soon as it has read that pair (q after QK, k after KG, dy after U);
+    the top splits q and k in place into bf16 pairs (hi = RN(x), lo = RN(x - hi)), and q scaled by A[t] (fp32) into
+    a fourth pair qA, so that G's update is an SS product with no fragments built in registers; dy is split while
+    KG runs (thirty-first session; before it, every chunk's rows were loaded from global memory at its top);
   - every product three bf16 wgmma terms a k-step (hh + hl + lh): QK (consumer c its columns s = 32 c ..), MP[u][s]
     = L[u][s] beta_s QK[u][s] for s <= u (split, shared memory); KG = K G (B = G's pair, columns j = 64 c ..),
     dv = diag(beta w) KG + MP^T dY; U = (diag(A) Q)^T dY from zero (rows i = 64 c ..) and G = fmaf(A_63, G, U):
@@ -149,28 +151,43 @@ __device__ __forceinline__ void put_pair(unsigned char* dst, const float4& a, co
   *reinterpret_cast<uint4*>(dst) = hi;
   *reinterpret_cast<uint4*>(dst + kTile) = lo;
 }
-// The consumers (lt 0..255): chunk ch's q, k, dy rows split on load into their pairs, and q A[t] into qA's. Thread
-// lt owns row t = 8 (lt / 32) + lt % 8 and the 8-column pieces kc = (lt / 8) % 4 + 4 m of each tile: a warp reads 8
-// rows x 128 B and stores 16 B pieces that cover all banks once a wavefront (no conflicts). All 24 loads first.
-__device__ __forceinline__ void load_split(const Params& p, unsigned char* sm, const float* L, int64_t b, int64_t h,
-                                           int ch, int lt) {
+// The loads overlap the chunk before: a tile's raw fp32 rows (64 x 512 B, the size of its pair) land by cp.async
+// in its own pair's space once the chunk before has read that pair (q after QK, k after KG, dy after U), and the
+// next top splits them in place. Row t's 16-byte piece c at t 512 + 16 (c ^ (t % 8)): the split's reads (8 rows, one
+// piece, a quarter warp) hit every bank once. Rows past T: zero-filled (source size 0).
+__device__ __forceinline__ uint32_t raw_off(int t, int c16) { return (uint32_t)(t * 512 + ((c16 ^ (t & 7)) << 4)); }
+__device__ __forceinline__ void issue_raw(const Params& p, unsigned char* sm, int base, const float* x, int64_t b,
+                                          int64_t h, int ch, int lt) {
+  const int c16 = lt & 31;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int t = (lt >> 5) + 8 * i;
+    const bool valid = ch * 64 + t < p.T;
+    const float* src = row_of(x, p, b, h, valid ? ch * 64 + t : 0) + 4 * c16;
+    const uint32_t dst = (uint32_t)__cvta_generic_to_shared(sm + base + raw_off(t, c16));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+  }
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void raw_wait() {  // this thread's groups but the newest N have landed
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// Thread lt's share of a raw tile: row t = 8 (lt / 32) + lt % 8, 8-column pieces kc = (lt / 8) % 4 + 4 m.
+__device__ __forceinline__ void read_raw(const unsigned char* sm, int base, int lt, float4 (&v)[4][2]) {
   const int t = 8 * (lt >> 5) + (lt & 7), kq = (lt >> 3) & 3;
-  const bool valid = ch * 64 + t < p.T;  // rows past T: zeros
-  float4 v[12][2];
 #pragma unroll
-  for (int m = 0; m < 12; ++m) {
-    const float4* src = reinterpret_cast<const float4*>(
-        row_of(m < 4 ? p.q : m < 8 ? p.k : p.dy, p, b, h, valid ? ch * 64 + t : 0) + 8 * (4 * (m & 3) + kq));
-    v[m][0] = valid ? __ldg(src) : make_float4(0.f, 0.f, 0.f, 0.f);
-    v[m][1] = valid ? __ldg(src + 1) : make_float4(0.f, 0.f, 0.f, 0.f);
-  }
-  const float a = L[kA + t];
+  for (int m = 0; m < 4; ++m)
 #pragma unroll
-  for (int m = 0; m < 12; ++m) {
-    const int off = (4 * (m & 3) + kq) * 1024 + t * 16;
-    put_pair(sm + (m < 4 ? kQ : m < 8 ? kK : kY) + off, v[m][0], v[m][1], 1.f);
-    if (m < 4) put_pair(sm + kQA + off, v[m][0], v[m][1], a);  // (q_t A[t] in fp32, then split: one rounding)
-  }
+    for (int e = 0; e < 2; ++e)
+      v[m][e] = *reinterpret_cast<const float4*>(sm + base + raw_off(t, 2 * (4 * m + kq) + e));
+}
+// ... and its pieces written back as the tile's pair ([d / 8][t][8]: a quarter warp's 8 rows x 16 B, no conflicts).
+__device__ __forceinline__ void write_pair(unsigned char* sm, int base, int lt, const float4 (&v)[4][2], float scale) {
+  const int t = 8 * (lt >> 5) + (lt & 7), kq = (lt >> 3) & 3;
+#pragma unroll
+  for (int m = 0; m < 4; ++m) put_pair(sm + base + (4 * m + kq) * 1024 + t * 16, v[m][0], v[m][1], scale);
 }
 // MP[u][s] = L[u][s] beta_s QK[u][s] (s <= u, else 0) from consumer c's 64 x 32 accumulator X (rows u = 16 wl + g
 // (+8), columns s = 32 c + 8 n + 2 q (+1)); split, stored [s / 8][u][8] (chunk_bwd_sm90's put_weights, its order of
@@ -213,15 +230,32 @@ __device__ __forceinline__ void consumer(const Params& p, unsigned char* sm, int
   const int ir = 64 * c + 16 * wl + g;
   const int64_t b = bh / p.H, h = bh - b * p.H;
   float G[64];
+  {  // the last chunk's raw rows (later chunks': issued during the chunk before)
+    const int cl = p.nck - 1;
+    issue_raw(p, sm, kQ, p.q, b, h, cl, lt);
+    issue_raw(p, sm, kK, p.k, b, h, cl, lt);
+    issue_raw(p, sm, kY, p.dy, b, h, cl, lt);
+  }
   load_g(G, p.dfinal, bh, ir, q);
   put_g(sm, G, ir, q);
   fence_async_smem();
   sync_all();  // (0) G's pair; the last chunk's tables
   for (int ch = p.nck - 1; ch >= 0; --ch) {
     const float* L = ltab(sm, ch);
-    load_split(p, sm, L, b, h, ch, lt);
+    {  // q and k: raw rows to pairs (qA = q A[t] in fp32, then split: one rounding); dy's may still be in flight
+      raw_wait<1>();
+      consumers_sync();  // (1a) every thread's q and k rows landed
+      float4 vq[4][2], vk[4][2];
+      read_raw(sm, kQ, lt, vq);
+      read_raw(sm, kK, lt, vk);
+      consumers_sync();  // (1b) the raw tiles read: their space becomes the pairs
+      const float a = L[kA + 8 * (lt >> 5) + (lt & 7)];
+      write_pair(sm, kQ, lt, vq, 1.f);
+      write_pair(sm, kQA, lt, vq, a);
+      write_pair(sm, kK, lt, vk, 1.f);
+    }
     fence_async_smem();
-    consumers_sync();  // (1) the chunk's pairs
+    consumers_sync();  // (1) q, qA and k's pairs
     {
       float X[16];  // QK[:, 32 c ..]: B = k's rows s = 32 c .. (K-major: LBO stays the tile's 1024)
       ss_product<3, 0, 0, 8, true>(X, sm, kmaj(kQ, kTile, 64), Op{kK + 512 * c, kK + 512 * c + kTile, 1024, 128, 2048});
@@ -229,12 +263,21 @@ __device__ __forceinline__ void consumer(const Params& p, unsigned char* sm, int
       acc_fence(X);
       put_mp(sm, X, L, c, wl, g, q);
     }
+    raw_wait<0>();
     fence_async_smem();
-    consumers_sync();  // (2) MP whole
+    consumers_sync();  // (2) MP whole; every thread's dy rows landed; both QKs have read q's pair
+    float4 vy[4][2];
+    read_raw(sm, kY, lt, vy);
+    consumers_sync();  // (2a) dy's raw tile read
+    if (ch > 0) issue_raw(p, sm, kQ, p.q, b, h, ch - 1, lt);
     float R[32];  // KG, then dv: rows s = 16 wl + g (+8), columns j = 64 c + 8 n + 2 q (+1)
     ss_product<3, 0, 1, 8, true>(R, sm, kmaj(kK, kTile, 64), mnmaj(kGH + 16384 * c, kGL - kGH, 128));
+    write_pair(sm, kY, lt, vy, 1.f);  // (while KG runs)
+    fence_async_smem();
     wg_wait<0>();
     acc_fence(R);
+    consumers_sync();  // (2b) dy's pair whole; both KGs have read k's pair
+    if (ch > 0) issue_raw(p, sm, kK, p.k, b, h, ch - 1, lt);
 #pragma unroll
     for (int i = 0; i < 32; ++i) R[i] *= L[kBW + 16 * wl + g + 8 * ((i >> 1) & 1)];  // diag(beta w) on rows s
     ss_product<3, 1, 1, 4, false>(R, sm, mnmaj(kMP, kW, 64), mnmaj(kY + 8192 * c, kTile, 64));  // += MP^T dY
@@ -257,10 +300,11 @@ __device__ __forceinline__ void consumer(const Params& p, unsigned char* sm, int
     const float a63 = L[kA + 63];
 #pragma unroll
     for (int i = 0; i < 64; ++i) G[i] = fmaf(a63, G[i], U[i]);  // one rounding: the join of 8.3
-    consumers_sync();  // (3) both consumers' KG have read G's pair
+    consumers_sync();  // (3) both consumers' KG have read G's pair, both Us dy's and qA's
+    if (ch > 0) issue_raw(p, sm, kY, p.dy, b, h, ch - 1, lt);
     put_g(sm, G, ir, q);
     fence_async_smem();
-    sync_all();  // (4) the chunk is done (the next top overwrites the pairs); WG0's tables of ch - 1
+    sync_all();  // (4) the chunk is done; WG0's tables of ch - 1
   }
   if (p.ds0 == nullptr) return;
 #pragma unroll
