@@ -37,8 +37,7 @@ bf16 x3 products (rounding to nearest or truncating) at 6.0-6.9e-6 (dv) and 4.2-
 is a single q.k product and its relative error follows that dot's cancellation: up to 1.9e-5 (--check reports such
 a case as OVER with the emulation beside it). --build-only: 168 registers, no stack, no spills, no ptxas wgmma
 warning (the #177 lines are the probe's unused helpers). On the device (thirty-first session): --check equal to the
-bf16 x3 emulation in every case; --bench 10.50 us a chunk at S4 with the loads at each chunk's top, 7.42 us with the
-loads overlapped (docs/bwd-fp32-passB*-s31.*).
+bf16 x3 emulation in every case; its timings, before and after the loads were overlapped, are in perf-notes.
 """
 import os
 import sys
