@@ -45,8 +45,8 @@ little), and T = 1, where dq, dk, dbeta are single products whose relative error
 to 6.0e-5 (--check reports such a case as OVER with the emulation beside it). --check's harness ran on the CPU
 with the emulation standing in for the kernel, for its plumbing only. --build-only: 168 registers, stack 80 B, 80 /
 80 B spilled (values hoisted above the chunk loop, reloaded once a chunk), no ptxas wgmma warning (the #177 lines
-are the probe's unused helpers). On the device (thirty-first session): --check equal to the bf16 x3 emulation in every case; timing and ncu
-profile in perf-notes.
+are the probe's unused helpers). On the device (thirty-first session): --check equal to the bf16 x3 emulation in
+every case; timing and ncu profile in perf-notes.
 """
 import math
 import os
