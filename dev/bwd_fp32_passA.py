@@ -15,14 +15,20 @@ Design (per (b, h) one CTA of 384 threads, chunks of 64 steps backwards, chunk_b
     next chunk's rows and checkpoint, dgate and dbeta a chunk behind from the consumers' double-buffered row-dot
     partials (chunk_bwd_sm90's dgate_dbeta: fixed-order sums, deterministic);
   - two consumer warpgroups (224 registers), consumer c holding G's rows i = 64 c .. (the state gradient after the
-    chunk) in registers: q, k, v, dy split on load into bf16 pairs (hi = RN(x), lo = RN(x - hi)); every product
+    chunk) in registers: k, v and dy's fp32 rows land by cp.async in their own pair's space during the chunk
+    before, as soon as it has read that pair (v after Rk^T, k after dbeta's row dots, dy once dy A[t] is made), and
+    the top splits them in place into bf16 pairs (hi = RN(x), lo = RN(x - hi)) while q's rows load from global
+    memory (q's pair is read until G's update); every product
     three bf16 wgmma terms a k-step (hh + hl + lh): Dd and QK's columns s = 32 c .. -> MQ, MD (split, shared) and
     E; M_c = E[:, s half] Lx[:, s half]^T (dgate's C^3 term split over the contraction: WG0 adds the two halves'
     column sums); R^T = S dY^T (S's fp32 rows from the checkpoint, split a k-step at a time; c0 = sum S o G from
     the same values), f's part, dq^T = R^T diag(A) + K^T MQ^T; Rk^T = G V^T (G split a k-step at a time), e's
     part, dkt^T = Rk^T diag(w) + Q^T MD, dbeta's part, dk = beta dkt; G's update in two N = 64 halves, each from
-    zero (A = q's fp32 rows times A[t], split), joined by G = fmaf(A_63, G, U) (wgmma's in-place accumulation
-    truncates: perf-notes, thirtieth session). The row dots read the pairs' hi + lo (within 2^-17).
+    zero, U = Q^T diag(A) dY (A = q's pair MN-major; B = dy A[t] as a pair in MQ / MD's space, from dy's pair times
+    A[t], split), joined by G = fmaf(A_63, G, U) (wgmma's in-place accumulation truncates: perf-notes, thirtieth
+    session). The row dots read the pairs' hi + lo (within 2^-17). (Thirty-first session: the loads overlapped and
+    G's update from shared memory; before, all four tiles loaded at the top and the update's A from q's fp32 rows
+    in L2, split a k-step at a time.)
   Shared memory 216,640 B: pairs q, k, v, dy (32 KB each), MQ, MD (16 KB each), Lx (16 KB), two table buffers, the
   gates, two partial buffers.
 
@@ -132,7 +138,7 @@ def pass_a_model(q, k, v, gate, beta, dy, ckpt, dsT=None, emulate=None, split="b
                  for c in (0, 1))
         dgate[:, :, sl] = (td + w * (Ah * c0[..., None] + (Lx @ (bt * e)[..., None])[..., 0])
                            + Ah * (L.transpose(-1, -2) @ f_[..., None])[..., 0])
-        U = mm((Q * A[..., :, None]).transpose(-1, -2), dY)  # from zero, joined by one FMA
+        U = mm(Q.transpose(-1, -2), pair(dY) * A[..., :, None])  # from zero (B: dy's pair times A[t]), one FMA
         a63 = A[..., 63, None, None]
         G = a63 * G + U if emulate is None else (a63.double() * G.double() + U.double()).float()
     return (dq[:, :, :T].transpose(1, 2), dk[:, :, :T].transpose(1, 2), dgate[:, :, :T].transpose(1, 2),
@@ -251,25 +257,49 @@ __device__ __forceinline__ void dgate_dbeta(const Params& p, unsigned char* sm, 
   if (x == 0 && t < tc) p.dgate[go + t * p.H] = td;
 }
 
-// The consumers (lt 0..255): chunk ch's rows of tiles TILE, TILE + 1 (0 q, 1 k, 2 v, 3 dy) split on load into their
-// pairs (pass B's load_split, two tiles a round: 64 registers of loads in flight beside G's 64).
-template <int TILE>
-__device__ __forceinline__ void load_split(const Params& p, unsigned char* sm, int64_t b, int64_t h, int ch, int lt) {
+// The consumers (lt 0..255): chunk ch's rows of x from global memory into registers (pass B's read_raw share: row
+// t = 8 (lt / 32) + lt % 8, 8-column pieces kc = (lt / 8) % 4 + 4 m); rows past T zeros. q's, at the top: its pair
+// is read until G's update, so q alone has no space to land in during the chunk before; its loads fly while k, v
+// and dy are split.
+__device__ __forceinline__ void load_rows(const float* x, const Params& p, int64_t b, int64_t h, int ch, int lt,
+                                          float4 (&v)[4][2]) {
+  asm volatile("" : "+l"(x));  // (opaque: its row addresses are not hoisted above the chunk loop into registers)
   const int t = 8 * (lt >> 5) + (lt & 7), kq = (lt >> 3) & 3;
-  const bool valid = ch * 64 + t < p.T;  // rows past T: zeros
-  float4 v[8][2];
+  const bool valid = ch * 64 + t < p.T;
 #pragma unroll
-  for (int m = 0; m < 8; ++m) {
-    const int tile = TILE + (m >> 2);
-    const float* x = tile == 0 ? p.q : tile == 1 ? p.k : tile == 2 ? p.v : p.dy;
-    const float4* src = reinterpret_cast<const float4*>(row_of(x, p, b, h, valid ? ch * 64 + t : 0) +
-                                                        8 * (4 * (m & 3) + kq));
+  for (int m = 0; m < 4; ++m) {
+    const float4* src = reinterpret_cast<const float4*>(row_of(x, p, b, h, valid ? ch * 64 + t : 0) + 8 * (4 * m + kq));
     v[m][0] = valid ? __ldg(src) : make_float4(0.f, 0.f, 0.f, 0.f);
     v[m][1] = valid ? __ldg(src + 1) : make_float4(0.f, 0.f, 0.f, 0.f);
   }
+}
+// A raw tile split in place into its pair: every thread's share read, then (barrier) written.
+__device__ __forceinline__ void split_in_place(unsigned char* sm, int base, int lt) {
+  float4 v[4][2];
+  read_raw(sm, base, lt, v);
+  consumers_sync();
+  write_pair(sm, base, lt, v, 1.f);
+}
+// dy A[t] (G's update's B, MN-major) as a pair at kMQ (lo at + kTile: MQ and MD's space, free after Q^T MD), from
+// dy's pair (hi + lo, within 2^-17 of dy: the row dots' operand) times A[t] in fp32, split; no second read of dy's
+// rows from L2 (that variant spilled 44 B and emulated no better: perf-notes, thirty-first session).
+__device__ __forceinline__ void put_dya(unsigned char* sm, const float* L, int lt) {
+  const int t = 8 * (lt >> 5) + (lt & 7), kq = (lt >> 3) & 3;
+  const float a = L[kA + t];
 #pragma unroll
-  for (int m = 0; m < 8; ++m)
-    put_pair(sm + (TILE + (m >> 2)) * 32768 + (4 * (m & 3) + kq) * 1024 + t * 16, v[m][0], v[m][1], 1.f);
+  for (int m = 0; m < 4; ++m) {
+    const int off = (4 * m + kq) * 1024 + t * 16;
+    const uint4 hi = *reinterpret_cast<const uint4*>(sm + kY + off);
+    const uint4 lo = *reinterpret_cast<const uint4*>(sm + kY + kTile + off);
+    const uint32_t hw[4] = {hi.x, hi.y, hi.z, hi.w}, lw[4] = {lo.x, lo.y, lo.z, lo.w};
+    float x[8];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {  // (a pair word: element 2 e in its low half)
+      x[2 * e] = __uint_as_float(hw[e] << 16) + __uint_as_float(lw[e] << 16);
+      x[2 * e + 1] = __uint_as_float(hw[e] & 0xffff0000u) + __uint_as_float(lw[e] & 0xffff0000u);
+    }
+    put_pair(sm + kMQ + off, make_float4(x[0], x[1], x[2], x[3]), make_float4(x[4], x[5], x[6], x[7]), a);
+  }
 }
 
 // acc = A B over KSTEPS k-steps, 3 terms, A fp32 values in registers split a k-step at a time (RS): load(kb, sv)
@@ -361,6 +391,12 @@ __device__ __forceinline__ void consumer(const Params& p, unsigned char* sm_in, 
   const int lt_in = threadIdx.x - 128;
   const int64_t b = bh / p.H, h = bh - b * p.H;
   float G[64];
+  {  // the last chunk's raw k, v, dy rows (later chunks': issued during the chunk before, as each pair is read)
+    const int cl = p.nck - 1;
+    issue_raw(p, sm_in, kK, p.k, b, h, cl, lt_in);
+    issue_raw(p, sm_in, kV, p.v, b, h, cl, lt_in);
+    issue_raw(p, sm_in, kY, p.dy, b, h, cl, lt_in);
+  }
   load_g(G, p.dfinal, bh, 64 * c + 16 * ((lt_in >> 5) & 3) + ((lt_in & 31) >> 2), lt_in & 3);  // (rows ir, ir + 8)
   sync_all();  // (0) the last chunk's tables and Lx
   for (int ch = p.nck - 1; ch >= 0; --ch) {
@@ -374,8 +410,16 @@ __device__ __forceinline__ void consumer(const Params& p, unsigned char* sm_in, 
     const int ir = 64 * c + 16 * wl + g, slot = 4 * c + wl;  // this thread's state rows ir, ir + 8
     const float* L = ltab(sm, ch);
     float* part = parts(sm, ch);
-    load_split<0>(p, sm, b, h, ch, lt);
-    load_split<2>(p, sm, b, h, ch, lt);
+    {  // q's loads first; k, v, dy landed by cp.async during the chunk before (the last chunk's: before the loop)
+      float4 vq[4][2];
+      load_rows(p.q, p, b, h, ch, lt, vq);
+      raw_wait<0>();
+      consumers_sync();  // (1a) every thread's raw rows landed
+      split_in_place(sm, kK, lt);
+      split_in_place(sm, kV, lt);
+      split_in_place(sm, kY, lt);
+      write_pair(sm, kQ, lt, vq, 1.f);
+    }
     fence_async_smem();
     consumers_sync();  // (1) the chunk's pairs
     {
@@ -449,6 +493,8 @@ __device__ __forceinline__ void consumer(const Params& p, unsigned char* sm_in, 
         for (int r = 0; r < 8; ++r) sv[r] = G[8 * kb + r];
       }, [](int, float (&)[8]) {});
       col_dots(sm, Rk, kK, ir, part + 512 + slot * 64, g, q);
+      consumers_sync();  // (4a) both Rk^Ts have read v's pair: the next chunk's v rows land there
+      if (ch > 0) issue_raw(p, sm, kV, p.v, b, h, ch - 1, lt);
 #pragma unroll
       for (int i = 0; i < 32; ++i) Rk[i] *= L[kWt + 8 * (i >> 2) + 2 * q + (i & 1)];  // diag(w) on columns s
       ss_product<3, 1, 1, 4, false>(Rk, sm, mnmaj(kQ + 8192 * c, kTile, 64), mnmaj(kMD, kW, 64));  // += Q^T MD
@@ -460,25 +506,21 @@ __device__ __forceinline__ void consumer(const Params& p, unsigned char* sm_in, 
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) c0 += __shfl_xor_sync(0xffffffffu, c0, o);
     if (lane == 0) part[1536 + slot] = c0;
-    // G's update in two N = 64 halves, each from zero: U = (diag(A) Q)^T dY (A = q^T fragments from q's fp32 rows in
-    // L2, times A[t] in fp32, split: one rounding, as pass B's qA; B = dy MN-major), G = fmaf(A_63, G, U): wgmma's
-    // in-place accumulation truncates (perf-notes, thirtieth session)
+    consumers_sync();  // (4b) both consumers past Q^T MD and dbeta's row dots: MQ, MD and k's pair are free
+    if (ch > 0) issue_raw(p, sm, kK, p.k, b, h, ch - 1, lt);
+    put_dya(sm, L, lt);
+    fence_async_smem();
+    consumers_sync();  // (4c) dy A[t]'s pair whole; dy's pair read: the next chunk's dy rows land there
+    if (ch > 0) issue_raw(p, sm, kY, p.dy, b, h, ch - 1, lt);
+    // G's update in two N = 64 halves, each from zero: U = Q^T diag(A) dY (A = q's pair, MN-major; B = dy A[t]'s
+    // pair, MN-major), G = fmaf(A_63, G, U): wgmma's in-place accumulation truncates (perf-notes, thirtieth session)
     const float a63 = L[kA + 63];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       float U[32];
-      rs_split<4, 1>(U, sm, mnmaj(kY + 8192 * half, kTile, 64), [&](int kb, float (&sv)[8]) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r)  // a_r: row ir + 8 (r & 1), steps t = 16 kb + 2 q + 8 (r >> 1) (+1)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int t = ch * 64 + 16 * kb + 2 * q + 8 * (r >> 1) + e;
-            sv[2 * r + e] = t < p.T ? __ldg(row_of(p.q, p, b, h, t) + ir + 8 * (r & 1)) : 0.f;
-          }
-      }, [&](int kb, float (&sv)[8]) {
-#pragma unroll
-        for (int r = 0; r < 8; ++r) sv[r] *= L[kA + 16 * kb + 2 * q + 8 * (r >> 2) + (r & 1)];
-      });
+      ss_product<3, 1, 1, 4, true>(U, sm, mnmaj(kQ + 8192 * c, kTile, 64), mnmaj(kMQ + 8192 * half, kTile, 64));
+      wg_wait<0>();
+      acc_fence(U);
 #pragma unroll
       for (int i = 0; i < 32; ++i) G[32 * half + i] = fmaf(a63, G[32 * half + i], U[i]);
     }
@@ -565,7 +607,7 @@ FUNCTIONS = ["passa", "passa_attrs"]
 def build_module():
     splices = (("PASSB_TABLES", passb_src("__device__ __forceinline__ float* ltab", "// WG0: chunk ch's q, k")),
                ("PASSB_PUT_PAIR", passb_src("// 8 fp32 values to a pair's hi and lo",
-                                            "// The loads overlap the chunk before")))
+                                            "// MP[u][s] = L[u][s] beta_s QK[u][s]")))
     return common.build_module("bwd_fp32_passA", "pa", "passa_kernel", CUDA_SRC, HOST_SRC, FUNCTIONS, splices)
 
 
