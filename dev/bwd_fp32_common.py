@@ -4,8 +4,8 @@ build, the chunk models' products, padding and tables, the test cases and metric
 with their verdict, --bench's report, the result file and the command line. Not a script: each pass imports it and
 is run itself, from the repository root (each pass's docstring says what its commands do):
 
-    python3 dev/bwd_fp32_passB.py --cpu-check [--split b|d] | --build-only | --check | --bench [--trials N]
-    python3 dev/bwd_fp32_passA.py --cpu-check [--split b|d] | --build-only | --check | --bench [--trials N]
+    python3 dev/bwd_fp32_passB.py --cpu-check [--split b|d|t] | --build-only | --check | --bench [--trials N]
+    python3 dev/bwd_fp32_passA.py --cpu-check [--split b|d|t] | --build-only | --check | --bench [--trials N]
 """
 import argparse
 import math
@@ -112,14 +112,15 @@ def build_module(name, namespace, kernel, cuda_src, host_src, functions, splices
 # as the row dots read them; the inputs padded to whole chunks; a chunk's tables.
 # ---------------------------------------------------------------------------------------------
 # --split: training-design 8.4's scheme -> (fp32_split_emulation's mode, the label the outputs print)
-SPLITS = {"b": ("bf16x3", "bf16 x3"), "d": ("fp16x3s", "scaled fp16 x3")}
+SPLITS = {"b": ("bf16x3", "bf16 x3"), "d": ("fp16x3s", "scaled fp16 x3"),
+          "t": ("fp16x3t", "tile-scaled fp16 x3")}
 
 
 def model_mm(emulate, split="b"):
     """mm(a, b, acc=None) = acc + a b: float64 (emulate None), or float32 with dev/fp32_split_emulation.py's mm in
-    split's scheme (b: bf16 hi / lo; d: fp16 hi / lo after a power-of-two scale per row of a and column of b; three
-    terms; each k-step and term's exact partial added to an fp32 accumulator, rounded to nearest with "rn" or
-    truncated with "rz")."""
+    split's scheme (b: bf16 hi / lo; d: fp16 hi / lo after a power-of-two scale per row of a and column of b; t: the
+    same with one scale a matrix; three terms; each k-step and term's exact partial added to an fp32 accumulator,
+    rounded to nearest with "rn" or truncated with "rz")."""
     if emulate is None:
         def mm(a, b, acc=None):
             return a @ b if acc is None else acc + a @ b
@@ -146,7 +147,8 @@ def model_pair(emulate, split="b"):
         return pair
 
     def pair(x):
-        s = emu.pow2_scale(x, -1)  # float64 (..., rows, 1): the row's max |x| to 2^15
+        # float64 (..., rows, 1): the row's max |x| to 2^15 (d), or the tile's (t)
+        s = emu.pow2_scale(x, -1) if split == "d" else emu.pow2_scale(emu.pow2_scale_in(x), -1)
         xs = (x.double() / s).float()
         hi = xs.half().float()
         lo = (xs - hi).half().float()
@@ -319,11 +321,11 @@ def main(doc, json_name, check_help, cpu_check, build_module, device_check, benc
     ap.add_argument("--bench", action="store_true", help="device: the kernel's time at (16, 4096, 32, 128)")
     ap.add_argument("--trials", type=int, default=20, help="timed calls in --bench")
     ap.add_argument("--split", choices=sorted(SPLITS), default="b",
-                    help="--cpu-check's emulated scheme (training-design 8.4): b, bf16 x3 (the kernels'); d, fp16 x3 "
-                         "with power-of-two scales")
+                    help="--cpu-check's emulated scheme (training-design 8.4, 8.6): b, bf16 x3 (the kernels'); d, "
+                         "fp16 x3 with power-of-two scales a row of A and a column of B; t, one scale a tile")
     args = ap.parse_args()
     if args.split != "b" and not args.cpu_check:  # the kernels run (b); --check's emulation beside them must too
-        ap.error("--split d is --cpu-check's only")
+        ap.error("--split d and t are --cpu-check's only")
     if args.cpu_check:
         cpu_check(args.split)
         save_result(json_name)

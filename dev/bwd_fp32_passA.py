@@ -32,10 +32,10 @@ Design (per (b, h) one CTA of 384 threads, chunks of 64 steps backwards, chunk_b
   Shared memory 216,640 B: pairs q, k, v, dy (32 KB each), MQ, MD (16 KB each), Lx (16 KB), two table buffers, the
   gates, two partial buffers.
 
-    python3 dev/bwd_fp32_passA.py --cpu-check [--split b|d]   (no GPU, no build: the float64 chunk model against
+    python3 dev/bwd_fp32_passA.py --cpu-check [--split b|d|t] (no GPU, no build: the float64 chunk model against
                                   naive.chunked_backward_naive, and the emulation's error: b, the kernel's bf16 x3
                                   (default); d, 8.4's fallback, fp16 x3 with power-of-two scales, every product and
-                                  the row dots' pairs)
+                                  the row dots' pairs; t, d with one scale a tile)
     python3 dev/bwd_fp32_passA.py --build-only   (no GPU; CUDA_HOME=/usr/local/cuda TORCH_CUDA_ARCH_LIST=9.0a)
     python3 dev/bwd_fp32_passA.py --check        (device: the four gradients against float64, the 1e-5 bar)
     python3 dev/bwd_fp32_passA.py --bench [--trials N]   (device: (16, 4096, 32, 128), us a chunk and SM)

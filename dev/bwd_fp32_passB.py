@@ -23,9 +23,10 @@ Design (per (b, h) one CTA of 384 threads, chunks of 64 steps backwards, chunk_b
     place; G's pair rewritten for the next chunk's KG. G starts as d_final_state or zero.
   Shared memory 231,936 B: pairs q, qA, k, dy (32 KB each), G (64 KB), MP (16 KB), two table buffers, the gates.
 
-    python3 dev/bwd_fp32_passB.py --cpu-check [--split b|d]   (no GPU, no build: the float64 chunk model against
+    python3 dev/bwd_fp32_passB.py --cpu-check [--split b|d|t] (no GPU, no build: the float64 chunk model against
                                   naive.chunked_backward_naive, and the emulation's error: b, the kernel's bf16 x3
-                                  (default); d, 8.4's fallback, fp16 x3 with power-of-two scales, every product)
+                                  (default); d, 8.4's fallback, fp16 x3 with power-of-two scales, every product;
+                                  t, d with one scale a tile)
     python3 dev/bwd_fp32_passB.py --build-only   (no GPU; CUDA_HOME=/usr/local/cuda TORCH_CUDA_ARCH_LIST=9.0a)
     python3 dev/bwd_fp32_passB.py --check        (device: dv and dS_0 against float64, the 1e-5 bar)
     python3 dev/bwd_fp32_passB.py --bench [--trials N]   (device: (16, 4096, 32, 128), us a chunk and SM)

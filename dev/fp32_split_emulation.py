@@ -16,6 +16,8 @@ accumulation rounding is unverified). Terms:
   fp16x3s  (d) fp16 hi / lo after a power-of-two scale per row of A and per column of B (max |x| to 2^15):
            hi.hi + hi.lo + lo.hi; the scales applied to the partial (optimistic: a kernel folds them into the
            accumulator)
+  fp16x3t  (d) with one power-of-two scale a whole operand tile (max |x| of the matrix to 2^15) instead of a row /
+           column's: a tile used on both sides of products needs one pair
   mixed    (d) bf16x3 everywhere except G's update and KG/Rk^T (the products on G, the chain) in bf16x6
 
 Reference: naive.chunked_backward_naive in float64 on the same (float32) inputs. Prints rel-L2 per gradient.
@@ -84,9 +86,20 @@ def terms(a, b, mode):
         ah, bh = a_.half().float(), b_.half().float()
         al, bl = (a_ - ah).half().float(), (b_ - bh).half().float()
         return [(ah, bh), (ah, bl), (al, bh)], 16, sa * sb
+    if mode == "fp16x3t":  # one scale a tile: max |x| of the whole (M, K) and (K, N) operand to 2^15
+        sa, sb = pow2_scale(pow2_scale_in(a), -1), pow2_scale(pow2_scale_in(b), -1)
+        a_, b_ = (a.double() / sa).float(), (b.double() / sb).float()
+        ah, bh = a_.half().float(), b_.half().float()
+        al, bl = (a_ - ah).half().float(), (b_ - bh).half().float()
+        return [(ah, bh), (ah, bl), (al, bh)], 16, sa * sb
     if mode == "f32":
         return [(a, b)], 16, None
     raise ValueError(mode)
+
+
+def pow2_scale_in(x):
+    """x's (..., M, K) as (..., 1, M K): pow2_scale over its last dimension is then one scale a matrix."""
+    return x.reshape(*x.shape[:-2], 1, -1)
 
 
 RZ = False
