@@ -47,12 +47,13 @@ T = 1, 63, 64, 130, 300 x seven gate classes, (1, 2100, 2) at gate 1.002, d_fina
 worst rel-L2 1.9e-14; the model in float32 with bf16 x3 products (rounding to nearest or truncating) and float32
 checkpoints at 4-9e-6 for T >= 63, but dgate at (1, 63, 2) above1: 1.2e-5 / 1.4e-5 (RN / RZ: mostly its C^3
 term, E = beta QK Dd: Dd or QK made exact in the emulation brings it to 8.1e-6 / 9.0e-6, the others change it
-little), and T = 1, where dq, dk, dbeta are single products whose relative error follows one dot's cancellation: up
-to 6.0e-5 (--check reports such a case as OVER with the emulation beside it). --check's harness ran on the CPU
-with the emulation standing in for the kernel, for its plumbing only. --build-only: 168 registers, stack 80 B, 80 /
-80 B spilled (values hoisted above the chunk loop, reloaded once a chunk), no ptxas wgmma warning (the #177 lines
-are the probe's unused helpers). On the device (thirty-first session): --check equal to the bf16 x3 emulation in
-every case; timing and ncu profile in perf-notes.
+little), dgate at (1, 130, 2) near1: 1.26e-5 / 1.24e-5 since G's update takes dy A[t] from dy's pair (8.9e-6 /
+9.6e-6 before), and T = 1, where dq, dk, dbeta are single products whose relative error follows one dot's
+cancellation: up to 6.0e-5 (--check reports such a case as OVER with the emulation beside it). --build-only: 168
+registers, 8 B spilled (a value hoisted above the chunk loop), no ptxas wgmma warning (the #177 lines are the
+probe's unused helpers). On the device (thirty-first session), the version before the overlapped loads (b95939e):
+--check equal to the bf16 x3 emulation in every case; its timing and ncu profile in perf-notes. This version has
+not run; a helper reviewed its barriers, cp.async groups, fences and layouts (no problem found).
 """
 import math
 import os
@@ -163,7 +164,7 @@ constexpr int kTile = 16384, kW = 8192;
 constexpr int kQ = 0, kK = 32768, kV = 65536, kY = 98304, kMQ = 131072, kMD = 147456, kLx = 163840, kTab = 180224;
 constexpr int kA = 2080, kWt = kA + 64, kBeta = kA + 128, kBW = kA + 192, kTabBuf = (kA + 256) * 4;
 static_assert(kK == kQ + 2 * kTile && kV == kK + 2 * kTile && kY == kV + 2 * kTile && kMQ == kY + 2 * kTile &&
-              kMD == kMQ + 2 * kW && kLx == kMD + 2 * kW && kTab == kLx + 2 * kW, "the pairs (load_split: tile 32 KB)");
+              kMD == kMQ + 2 * kW && kLx == kMD + 2 * kW && kTab == kLx + 2 * kW, "the pairs (a tile 32 KB)");
 constexpr int kGates = kTab + 2 * kTabBuf, kPart = kGates + 256;
 // partials (floats): f [8][64] at 0, e at 512, dbeta at 1024 (slot 4 c + warp), c0 [8] at 1536, the sums of f at
 // 1544 and of e at 1608, dgate's term (d) [8][64] at 1672 (slot 4 c + warp: consumer c's half of M's contraction)
