@@ -90,16 +90,20 @@ static std::vector<int64_t> kernel_attrs(int (*attrs)(int*), const char* what) {
 """
 
 
-def build_module(name, namespace, kernel, cuda_src, host_src, functions, splices=()):
+def build_module(name, namespace, kernel, cuda_src, host_src, functions, splices=(), split="b"):
     """Compiles a pass (tools/sm90_build.probe_cuda's head, the probe's k-step helpers and cuda_src; HOST_PREAMBLE +
     host_src), its ptxas report printed and kept in RESULT["build"]; splices: the pass's own (placeholder, text)
-    pairs, replaced after DECAY_TABLES."""
+    pairs, replaced after DECAY_TABLES. split "t" (a pass that has it: SPLIT_T in its text): every wgmma form on
+    fp16 operands instead of bf16, SPLIT_T true, the module name suffixed _t."""
     body = "PROBE_KSTEP\n" + cuda_src.replace("KERNEL_ENTRY", KERNEL_ENTRY.replace("KERNEL_NAME", kernel))
-    cuda = probe_cuda(namespace, probe.wgmma_forms(), body, PROBE_HELPERS_SRC + BF16_TILE_SRC)
+    forms = probe.wgmma_forms()
+    if split == "t":
+        forms, name = forms.replace(".bf16.bf16", ".f16.f16"), name + "_t"
+    cuda = probe_cuda(namespace, forms, body, PROBE_HELPERS_SRC + BF16_TILE_SRC)
     cuda = cuda.replace("DECAY_TABLES", solution_constant("DECAY_TABLES_SRC"))
     for placeholder, text in splices:
         cuda = cuda.replace(placeholder, text)
-    cuda = cuda.replace("PROBE_KSTEP", probe_kstep_src())
+    cuda = cuda.replace("PROBE_KSTEP", probe_kstep_src()).replace("SPLIT_T", "true" if split == "t" else "false")
     mod, summary = build(name, HOST_PREAMBLE + host_src, cuda, functions, namespace)
     print_build(summary, launch_regs=168, split_kernels=kernel)
     RESULT["build"] = summary
@@ -250,13 +254,13 @@ def cpu_check(names, header, reference, models, line, emulated_worst, split="b")
     RESULT["cpu_check"] = {"rows": rows, "model_worst": worst, "emulated_worst": emu_worst, "split": split}
 
 
-def device_check(mod, names, labels, measure, emulated_text):
+def device_check(mod, names, labels, measure, emulated_text, split="b"):
     """--check: at every case, measure(mod, case) gives the kernel's row (rel-L2 per gradient of `names`, printed
     as `labels`, and "finite", in the pass's order) and a thunk of the case's RZ emulation errors; the 1e-5 bar, and
     where a row is over it, whether the bf16 x3 scheme itself is (emulated_text(row) prints the emulation's errors)."""
     rows, worst = [], 0.0
     for n, (shape, gname, with_dsT) in enumerate(cases()):
-        measured, emulated = measure(mod, *make_case(shape, gname, with_dsT, seed=100 + n))
+        measured, emulated = measure(mod, *make_case(shape, gname, with_dsT, seed=100 + n), split=split)
         row = {"shape": shape, "gate": gname, "dsT": with_dsT, **measured}
         row["ok"] = row["finite"] and all(row[x] < 1e-5 for x in names)
         note = ""
@@ -312,8 +316,9 @@ def split_registers_guard(attrs, kernel, regs=168):
     return guard
 
 
-def main(doc, json_name, check_help, cpu_check, build_module, device_check, bench, before_launch=None):
-    """A pass's command line (its module docstring doc); before_launch(mod), where given, may refuse the launch."""
+def main(doc, json_name, check_help, cpu_check, build_module, device_check, bench, before_launch=None, splits="b"):
+    """A pass's command line (its module docstring doc); before_launch(mod), where given, may refuse the launch;
+    splits: the schemes its kernel is built in (--check, --bench and --build-only take --split among them)."""
     ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--cpu-check", action="store_true", help="the chunk model against naive; no GPU, no build")
     ap.add_argument("--build-only", action="store_true", help="compile, print the ptxas report; no GPU")
@@ -321,23 +326,25 @@ def main(doc, json_name, check_help, cpu_check, build_module, device_check, benc
     ap.add_argument("--bench", action="store_true", help="device: the kernel's time at (16, 4096, 32, 128)")
     ap.add_argument("--trials", type=int, default=20, help="timed calls in --bench")
     ap.add_argument("--split", choices=sorted(SPLITS), default="b",
-                    help="--cpu-check's emulated scheme (training-design 8.4, 8.6): b, bf16 x3 (the kernels'); d, "
-                         "fp16 x3 with power-of-two scales a row of A and a column of B; t, one scale a tile")
+                    help="the scheme (training-design 8.4, 8.6): b, bf16 x3; d, fp16 x3 with power-of-two scales a "
+                         "row of A and a column of B; t, one scale a tile. --cpu-check emulates any; the kernel is "
+                         f"built in {', '.join(splits)}")
     args = ap.parse_args()
-    if args.split != "b" and not args.cpu_check:  # the kernels run (b); --check's emulation beside them must too
-        ap.error("--split d and t are --cpu-check's only")
+    if args.split not in splits and not args.cpu_check:  # --check's emulation beside the kernel is the kernel's
+        ap.error(f"--split {args.split} is --cpu-check's only here (the kernel: {', '.join(splits)})")
     if args.cpu_check:
         cpu_check(args.split)
         save_result(json_name)
         return
-    mod = build_module()
+    RESULT["split"] = args.split
+    mod = build_module(args.split)
     if args.build_only:
         return
     RESULT.update(device=torch.cuda.get_device_name(0), torch=torch.__version__)
     if before_launch is not None:
         before_launch(mod)
     if args.check or not args.bench:
-        device_check(mod)
+        device_check(mod, args.split)
         save_result(json_name)
     if args.bench:
         bench(mod, args.trials)

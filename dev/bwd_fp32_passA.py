@@ -605,11 +605,11 @@ std::vector<int64_t> passa_attrs() {  // (kernel_attrs', then the dynamic shared
 FUNCTIONS = ["passa", "passa_attrs"]
 
 
-def build_module():
+def build_module(split="b"):
     splices = (("PASSB_TABLES", passb_src("__device__ __forceinline__ float* ltab", "// WG0: chunk ch's q, k")),
                ("PASSB_PUT_PAIR", passb_src("// 8 fp32 values to a pair's hi and lo",
-                                            "// MP[u][s] = L[u][s] beta_s QK[u][s]")))
-    return common.build_module("bwd_fp32_passA", "pa", "passa_kernel", CUDA_SRC, HOST_SRC, FUNCTIONS, splices)
+                                            "// Split t's tile scales")))
+    return common.build_module("bwd_fp32_passA", "pa", "passa_kernel", CUDA_SRC, HOST_SRC, FUNCTIONS, splices, split)
 
 
 NAMES = ("dq", "dk", "dgate", "dbeta")
@@ -657,7 +657,7 @@ def run_kernel(mod, q, k, v, gate, beta, dy, ckpt, dsT=None):
     return dq, dk, dgate, dbeta
 
 
-def measure(mod, q, k, v, gate, beta, dy, dsT):
+def measure(mod, q, k, v, gate, beta, dy, dsT, split="b"):
     """One case of --check: the kernel's row ({finite, dq, dk, dgate, dbeta}) and a thunk of the RZ emulation's
     errors."""
     ref = reference(q, k, v, gate, beta, dy, dsT)
@@ -671,13 +671,14 @@ def measure(mod, q, k, v, gate, beta, dy, dsT):
     row.update({x: rel(o, r) for x, o, r in zip(NAMES, out, ref)})
 
     def emulated():  # (the same checkpoints, rounded once on the host)
-        em = pass_a_model(q, k, v, gate, beta, dy, ck.cpu().float(), dsT, emulate="rz")
+        em = pass_a_model(q, k, v, gate, beta, dy, ck.cpu().float(), dsT, emulate="rz", split=split)
         return [rel(m, r) for m, r in zip(em, ref)]
     return row, emulated
 
 
-def device_check(mod):
-    common.device_check(mod, NAMES, NAMES, measure, lambda row: " ".join(f"{row[f'emu_rz_{x}']:.1e}" for x in NAMES))
+def device_check(mod, split="b"):
+    common.device_check(mod, NAMES, NAMES, measure, lambda row: " ".join(f"{row[f'emu_rz_{x}']:.1e}" for x in NAMES),
+                        split)
 
 
 def bench(mod, trials):

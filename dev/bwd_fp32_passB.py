@@ -21,13 +21,19 @@ Design (per (b, h) one CTA of 384 threads, chunks of 64 steps backwards, chunk_b
     dv = diag(beta w) KG + MP^T dY; U = (diag(A) Q)^T dY from zero (rows i = 64 c ..) and G = fmaf(A_63, G, U):
     wgmma's in-place accumulation truncates (perf-notes, thirtieth session), so G's chain never accumulates in
     place; G's pair rewritten for the next chunk's KG. G starts as d_final_state or zero.
-  Shared memory 231,936 B: pairs q, qA, k, dy (32 KB each), G (64 KB), MP (16 KB), two table buffers, the gates.
+  - --split t builds the kernel with training-design 8.6's scheme instead: the pairs fp16 hi / lo, each tile's values
+    times a power of two 2^-e that brings its max |x| near 2^15 (e from each warp's maximum, gathered through 8
+    slots across a barrier the chunk already has, and one more for MP), and each product's accumulator times
+    2^(e_A + e_B); the same products, on f16 wgmma forms. Its --check compares against that scheme's emulation.
+  Shared memory 232,192 B: pairs q, qA, k, dy (32 KB each), G (64 KB), MP (16 KB), two table buffers, the gates,
+  the tile scales' slots.
 
     python3 dev/bwd_fp32_passB.py --cpu-check [--split b|d|t] (no GPU, no build: the float64 chunk model against
                                   naive.chunked_backward_naive, and the emulation's error: b, the kernel's bf16 x3
                                   (default); d, 8.4's fallback, fp16 x3 with power-of-two scales, every product;
                                   t, d with one scale a tile)
-    python3 dev/bwd_fp32_passB.py --build-only   (no GPU; CUDA_HOME=/usr/local/cuda TORCH_CUDA_ARCH_LIST=9.0a)
+    python3 dev/bwd_fp32_passB.py --build-only [--split b|t]   (no GPU; CUDA_HOME=/usr/local/cuda
+                                  TORCH_CUDA_ARCH_LIST=9.0a; --check and --bench take --split too)
     python3 dev/bwd_fp32_passB.py --check        (device: dv and dS_0 against float64, the 1e-5 bar)
     python3 dev/bwd_fp32_passB.py --bench [--trials N]   (device: (16, 4096, 32, 128), us a chunk and SM)
   Results go to $OUT/bwd_fp32_passB.json.
@@ -39,6 +45,7 @@ is a single q.k product and its relative error follows that dot's cancellation: 
 a case as OVER with the emulation beside it). --build-only: 168 registers, no stack, no spills, no ptxas wgmma
 warning (the #177 lines are the probe's unused helpers). On the device (thirty-first session): --check equal to the
 bf16 x3 emulation in every case; its timings, before and after the loads were overlapped, are in perf-notes.
+--split t (written after that session's device time): compiled (168 registers, 32 / 40 B spilled), not run.
 """
 import os
 import sys
@@ -63,7 +70,8 @@ constexpr int kTile = 16384, kW = 8192;
 constexpr int kQ = 0, kQA = 32768, kK = 65536, kY = 98304, kGH = 131072, kGL = 163840, kMP = 196608, kTab = 212992;
 // a table buffer (floats): L packed (lp) at 0, then A, w, beta, beta w (chunk_bwd_sm90's tables without Ah, gate)
 constexpr int kA = 2080, kWt = kA + 64, kBeta = kA + 128, kBW = kA + 192, kTabBuf = (kA + 256) * 4;
-constexpr int kGates = kTab + 2 * kTabBuf, kSmem = kGates + 256;
+// kScl: the tile scales' slots (split t): a float per consumer warp and tile (q, qA, k, dy, G, MP).
+constexpr int kGates = kTab + 2 * kTabBuf, kScl = kGates + 256, kSmem = kScl + 256;
 static_assert(kSmem <= 232448, "fits the opt-in shared memory of an H200");
 constexpr int kAuxRegs = 40, kConsRegs = 232;
 static_assert(kAuxRegs * 128 + kConsRegs * 256 <= 65536, "the split fits the register file");
@@ -144,12 +152,25 @@ __device__ __forceinline__ void prefetch_chunk(const Params& p, int64_t b, int64
 }
 
 // 8 fp32 values to a pair's hi and lo (16 bytes each, lo kTile after hi), each times scale.
+// The pairs' scheme (training-design 8.4, 8.6; kT, set by the build): bf16 hi = RN(x), lo = RN(x - hi) (b), or
+// the same in fp16 (t), x already times its tile's power of two (tile_exp) so that the tile's max |x| is near 2^15.
+constexpr bool kT = SPLIT_T;
+__device__ __forceinline__ void psplit(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  if constexpr (kT) {
+    const __half2 h = __floats2half2_rn(x0, x1);
+    const __half2 l = __floats2half2_rn(x0 - __low2float(h), x1 - __high2float(h));
+    hi = *reinterpret_cast<const uint32_t*>(&h);
+    lo = *reinterpret_cast<const uint32_t*>(&l);
+  } else {
+    split2<2>(x0, x1, hi, lo);
+  }
+}
 __device__ __forceinline__ void put_pair(unsigned char* dst, const float4& a, const float4& b, float scale) {
   uint4 hi, lo;
-  split2<2>(a.x * scale, a.y * scale, hi.x, lo.x);
-  split2<2>(a.z * scale, a.w * scale, hi.y, lo.y);
-  split2<2>(b.x * scale, b.y * scale, hi.z, lo.z);
-  split2<2>(b.z * scale, b.w * scale, hi.w, lo.w);
+  psplit(a.x * scale, a.y * scale, hi.x, lo.x);
+  psplit(a.z * scale, a.w * scale, hi.y, lo.y);
+  psplit(b.x * scale, b.y * scale, hi.z, lo.z);
+  psplit(b.z * scale, b.w * scale, hi.w, lo.w);
   *reinterpret_cast<uint4*>(dst) = hi;
   *reinterpret_cast<uint4*>(dst + kTile) = lo;
 }
@@ -191,34 +212,76 @@ __device__ __forceinline__ void write_pair(unsigned char* sm, int base, int lt, 
 #pragma unroll
   for (int m = 0; m < 4; ++m) put_pair(sm + base + (4 * m + kq) * 1024 + t * 16, v[m][0], v[m][1], scale);
 }
+// Split t's tile scales: each consumer warp's max |x| of a tile into its slot, then, after a barrier, the tile's
+// exponent e (fp32_split_emulation's pow2_scale: e = ceil(log2 max) - 15, 0 for a zero tile; clamped so that 2^-e
+// stays a normal float); values are split times 2^-e and products' accumulators carry 2^(e_A + e_B).
+enum { sQ, sQA, sK, sY, sG, sMP };
+__device__ __forceinline__ void put_max(unsigned char* sm, int tile, int lt, float m) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if ((lt & 31) == 0) reinterpret_cast<float*>(sm + kScl)[8 * tile + (lt >> 5)] = m;
+}
+__device__ __forceinline__ int tile_exp(const unsigned char* sm, int tile) {
+  const float* sl = reinterpret_cast<const float*>(sm + kScl) + 8 * tile;
+  float m = sl[0];
+#pragma unroll
+  for (int w = 1; w < 8; ++w) m = fmaxf(m, sl[w]);
+  if (!(m > 0.f)) return 0;
+  int ex;
+  const float fr = frexpf(m, &ex);  // m = fr 2^ex, fr in [0.5, 1): ceil(log2 m) = ex, or ex - 1 at fr = 0.5
+  return max((fr == 0.5f ? ex - 1 : ex) - 15, -100);
+}
+// 2^e for one tile's exponent or its negation (|e| <= 113: a normal float); two tiles' scale is exp2i(a) exp2i(b).
+__device__ __forceinline__ float exp2i(int e) { return __int_as_float((127 + e) << 23); }
+__device__ __forceinline__ float max_abs(const float4 (&v)[4][2], float scale) {
+  float m = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+      m = fmaxf(m, fmaxf(fmaxf(fabsf(v[i][e].x * scale), fabsf(v[i][e].y * scale)),
+                         fmaxf(fabsf(v[i][e].z * scale), fabsf(v[i][e].w * scale))));
+  return m;
+}
 // MP[u][s] = L[u][s] beta_s QK[u][s] (s <= u, else 0) from consumer c's 64 x 32 accumulator X (rows u = 16 wl + g
 // (+8), columns s = 32 c + 8 n + 2 q (+1)); split, stored [s / 8][u][8] (chunk_bwd_sm90's put_weights, its order of
 // the products).
-__device__ __forceinline__ void put_mp(unsigned char* sm, const float (&X)[16], const float* L, int c, int wl, int g,
-                                       int q) {
+// mp_values: X becomes MP's values (X first times sc, QK's 2^(e_q + e_k)); put_mp stores them times scale.
+__device__ __forceinline__ void mp_values(float (&X)[16], const float* L, int c, int wl, int g, int q, float sc) {
 #pragma unroll
   for (int n = 0; n < 4; ++n)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int u = 16 * wl + g + 8 * hh, s = 32 * c + 8 * n + 2 * q;
-      const float x0 = s <= u ? X[4 * n + 2 * hh] * L[lp(u, s)] * L[kBeta + s] : 0.f;  // (every lp(u, s < 64) is
-      const float x1 = s + 1 <= u ? X[4 * n + 2 * hh + 1] * L[lp(u, s + 1)] * L[kBeta + s + 1] : 0.f;  // inside L)
+      float& x0 = X[4 * n + 2 * hh];
+      float& x1 = X[4 * n + 2 * hh + 1];
+      x0 = s <= u ? x0 * sc * L[lp(u, s)] * L[kBeta + s] : 0.f;  // (every lp(u, s < 64) is inside L)
+      x1 = s + 1 <= u ? x1 * sc * L[lp(u, s + 1)] * L[kBeta + s + 1] : 0.f;
+    }
+}
+__device__ __forceinline__ void put_mp(unsigned char* sm, const float (&X)[16], int c, int wl, int g, int q,
+                                       float scale) {
+#pragma unroll
+  for (int n = 0; n < 4; ++n)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int u = 16 * wl + g + 8 * hh, s = 32 * c + 8 * n + 2 * q;
       uint32_t hi, lo;
-      split2<2>(x0, x1, hi, lo);
+      psplit(X[4 * n + 2 * hh] * scale, X[4 * n + 2 * hh + 1] * scale, hi, lo);
       const int off = (s >> 3) * 1024 + u * 16 + (s & 7) * 2;
       *reinterpret_cast<uint32_t*>(sm + kMP + off) = hi;
       *reinterpret_cast<uint32_t*>(sm + kMP + kW + off) = lo;
     }
 }
 // G's rows ir, ir + 8 (all columns) as its pair ([j / 8][i][8], MN-major for KG's B).
-__device__ __forceinline__ void put_g(unsigned char* sm, const float (&G)[64], int ir, int q) {
+__device__ __forceinline__ void put_g(unsigned char* sm, const float (&G)[64], int ir, int q, float scale) {
 #pragma unroll
   for (int n = 0; n < 16; ++n)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int i = ir + 8 * hh, j = 8 * n + 2 * q;
       uint32_t hi, lo;
-      split2<2>(G[4 * n + 2 * hh], G[4 * n + 2 * hh + 1], hi, lo);
+      psplit(G[4 * n + 2 * hh] * scale, G[4 * n + 2 * hh + 1] * scale, hi, lo);
       const int off = (j >> 3) * 2048 + i * 16 + (j & 7) * 2;
       *reinterpret_cast<uint32_t*>(sm + kGH + off) = hi;
       *reinterpret_cast<uint32_t*>(sm + kGL + off) = lo;
@@ -239,22 +302,42 @@ __device__ __forceinline__ void consumer(const Params& p, unsigned char* sm, int
     issue_raw(p, sm, kY, p.dy, b, h, cl, lt);
   }
   load_g(G, p.dfinal, bh, ir, q);
-  put_g(sm, G, ir, q);
+  int eg = 0;  // (split t) the exponent of G's pair: its tile's max |G| near 2^15
+  if constexpr (kT) {
+    float m = 0.f;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) m = fmaxf(m, fabsf(G[i]));
+    put_max(sm, sG, lt, m);
+    consumers_sync();
+    eg = tile_exp(sm, sG);
+  }
+  put_g(sm, G, ir, q, exp2i(-eg));
   fence_async_smem();
   sync_all();  // (0) G's pair; the last chunk's tables
   for (int ch = p.nck - 1; ch >= 0; --ch) {
     const float* L = ltab(sm, ch);
+    int eq = 0, eqa = 0, ek = 0, ey = 0, emp = 0;  // (split t) this chunk's tile exponents
     {  // q and k: raw rows to pairs (qA = q A[t] in fp32, then split: one rounding); dy's may still be in flight
       raw_wait<1>();
       consumers_sync();  // (1a) every thread's q and k rows landed
       float4 vq[4][2], vk[4][2];
       read_raw(sm, kQ, lt, vq);
       read_raw(sm, kK, lt, vk);
-      consumers_sync();  // (1b) the raw tiles read: their space becomes the pairs
       const float a = L[kA + 8 * (lt >> 5) + (lt & 7)];
-      write_pair(sm, kQ, lt, vq, 1.f);
-      write_pair(sm, kQA, lt, vq, a);
-      write_pair(sm, kK, lt, vk, 1.f);
+      if constexpr (kT) {
+        put_max(sm, sQ, lt, max_abs(vq, 1.f));
+        put_max(sm, sQA, lt, max_abs(vq, a));  // (q A[t] in fp32, as it is split)
+        put_max(sm, sK, lt, max_abs(vk, 1.f));
+      }
+      consumers_sync();  // (1b) the raw tiles read: their space becomes the pairs; the tiles' maxima
+      if constexpr (kT) {
+        eq = tile_exp(sm, sQ);
+        eqa = tile_exp(sm, sQA);
+        ek = tile_exp(sm, sK);
+      }
+      write_pair(sm, kQ, lt, vq, exp2i(-eq));
+      write_pair(sm, kQA, lt, vq, a * exp2i(-eqa));  // (q (A[t] 2^-e) rounds as (q A[t]) 2^-e)
+      write_pair(sm, kK, lt, vk, exp2i(-ek));
     }
     fence_async_smem();
     consumers_sync();  // (1) q, qA and k's pairs
@@ -263,28 +346,47 @@ __device__ __forceinline__ void consumer(const Params& p, unsigned char* sm, int
       ss_product<3, 0, 0, 8, true>(X, sm, kmaj(kQ, kTile, 64), Op{kK + 512 * c, kK + 512 * c + kTile, 1024, 128, 2048});
       wg_wait<0>();
       acc_fence(X);
-      put_mp(sm, X, L, c, wl, g, q);
+      mp_values(X, L, c, wl, g, q, exp2i(eq) * exp2i(ek));
+      if constexpr (kT) {
+        float m = 0.f;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) m = fmaxf(m, fabsf(X[i]));
+        put_max(sm, sMP, lt, m);
+        consumers_sync();  // (1c) MP's maximum
+        emp = tile_exp(sm, sMP);
+      }
+      put_mp(sm, X, c, wl, g, q, exp2i(-emp));
     }
     raw_wait<0>();
     fence_async_smem();
     consumers_sync();  // (2) MP whole; every thread's dy rows landed; both QKs have read q's pair
     float4 vy[4][2];
     read_raw(sm, kY, lt, vy);
-    consumers_sync();  // (2a) dy's raw tile read
+    if constexpr (kT) put_max(sm, sY, lt, max_abs(vy, 1.f));
+    consumers_sync();  // (2a) dy's raw tile read; its maximum
+    if constexpr (kT) ey = tile_exp(sm, sY);
     if (ch > 0) issue_raw(p, sm, kQ, p.q, b, h, ch - 1, lt);
     float R[32];  // KG, then dv: rows s = 16 wl + g (+8), columns j = 64 c + 8 n + 2 q (+1)
     ss_product<3, 0, 1, 8, true>(R, sm, kmaj(kK, kTile, 64), mnmaj(kGH + 16384 * c, kGL - kGH, 128));
-    write_pair(sm, kY, lt, vy, 1.f);  // (while KG runs)
+    write_pair(sm, kY, lt, vy, exp2i(-ey));  // (while KG runs)
     fence_async_smem();
     wg_wait<0>();
     acc_fence(R);
     consumers_sync();  // (2b) dy's pair whole; both KGs have read k's pair
     if (ch > 0) issue_raw(p, sm, kK, p.k, b, h, ch - 1, lt);
+    {  // KG's scale, diag(beta w) on rows s (one rounding, as KG beta w), then MP^T dY's accumulation scale
+      const float skg = exp2i(ek) * exp2i(eg), sdv = exp2i(-emp) * exp2i(-ey);
 #pragma unroll
-    for (int i = 0; i < 32; ++i) R[i] *= L[kBW + 16 * wl + g + 8 * ((i >> 1) & 1)];  // diag(beta w) on rows s
+      for (int i = 0; i < 32; ++i) R[i] = R[i] * skg * L[kBW + 16 * wl + g + 8 * ((i >> 1) & 1)] * sdv;
+    }
     ss_product<3, 1, 1, 4, false>(R, sm, mnmaj(kMP, kW, 64), mnmaj(kY + 8192 * c, kTile, 64));  // += MP^T dY
     wg_wait<0>();
     acc_fence(R);
+    if constexpr (kT) {
+      const float s = exp2i(emp) * exp2i(ey);
+#pragma unroll
+      for (int i = 0; i < 32; ++i) R[i] *= s;
+    }
     // G's update from zero (its wgmmas run while dv is stored): U = (diag(A) Q)^T dY, A = qA^T, B = dy, MN-major
     float U[64];
     ss_product<3, 1, 1, 4, true>(U, sm, mnmaj(kQA + 8192 * c, kTile, 64), mnmaj(kY, kTile, 64));
@@ -300,11 +402,19 @@ __device__ __forceinline__ void consumer(const Params& p, unsigned char* sm, int
     wg_wait<0>();
     acc_fence(U);
     const float a63 = L[kA + 63];
+    const float su = exp2i(eqa) * exp2i(ey);
 #pragma unroll
-    for (int i = 0; i < 64; ++i) G[i] = fmaf(a63, G[i], U[i]);  // one rounding: the join of 8.3
-    consumers_sync();  // (3) both consumers' KG have read G's pair, both Us dy's and qA's
+    for (int i = 0; i < 64; ++i) G[i] = fmaf(a63, G[i], U[i] * su);  // one rounding: the join of 8.3
+    if constexpr (kT) {
+      float m = 0.f;
+#pragma unroll
+      for (int i = 0; i < 64; ++i) m = fmaxf(m, fabsf(G[i]));
+      put_max(sm, sG, lt, m);
+    }
+    consumers_sync();  // (3) both consumers' KG have read G's pair, both Us dy's and qA's; G's maximum
     if (ch > 0) issue_raw(p, sm, kY, p.dy, b, h, ch - 1, lt);
-    put_g(sm, G, ir, q);
+    if constexpr (kT) eg = tile_exp(sm, sG);
+    put_g(sm, G, ir, q, exp2i(-eg));
     fence_async_smem();
     sync_all();  // (4) the chunk is done; WG0's tables of ch - 1
   }
@@ -373,8 +483,8 @@ std::vector<int64_t> passb_attrs() { return kernel_attrs(pb::pb_attrs, "pass B a
 FUNCTIONS = ["passb", "passb_attrs"]
 
 
-def build_module():
-    return common.build_module("bwd_fp32_passB", "pb", "passb_kernel", CUDA_SRC, HOST_SRC, FUNCTIONS)
+def build_module(split="b"):
+    return common.build_module("bwd_fp32_passB", "pb", "passb_kernel", CUDA_SRC, HOST_SRC, FUNCTIONS, split=split)
 
 
 def run_kernel(mod, q, k, gate, beta, dy, dsT=None, want_ds0=True):
@@ -450,7 +560,7 @@ def cpu_check(split):
     common.cpu_check(NAMES, header, reference, models, cpu_row, emulated_worst, split)
 
 
-def measure(mod, q, k, v, gate, beta, dy, dsT):
+def measure(mod, q, k, v, gate, beta, dy, dsT, split="b"):
     """One case of --check: the kernel's row ({dv, ds0, finite}) and a thunk of the RZ emulation's errors."""
     rdv, rds0 = reference(q, k, v, gate, beta, dy, dsT)
     dev = [x.cuda().contiguous() for x in (q, k, gate, beta, dy)]
@@ -458,12 +568,13 @@ def measure(mod, q, k, v, gate, beta, dy, dsT):
     torch.cuda.synchronize()
     dv, ds0 = dv.cpu(), ds0.cpu()
     row = {"dv": rel(dv, rdv), "ds0": rel(ds0, rds0), "finite": bool(dv.isfinite().all() and ds0.isfinite().all())}
-    return row, lambda: [rel(e, r) for e, r in zip(pass_b_model(q, k, gate, beta, dy, dsT, emulate="rz"), (rdv, rds0))]
+    return row, lambda: [rel(e, r) for e, r in zip(pass_b_model(q, k, gate, beta, dy, dsT, emulate="rz", split=split),
+                                                   (rdv, rds0))]
 
 
-def device_check(mod):
+def device_check(mod, split="b"):
     common.device_check(mod, NAMES, ("dv", "dS0"), measure,
-                        lambda row: f"dv {row['emu_rz_dv']:.2e}, dS0 {row['emu_rz_ds0']:.2e}")
+                        lambda row: f"dv {row['emu_rz_dv']:.2e}, dS0 {row['emu_rz_ds0']:.2e}", split)
 
 
 def bench(mod, trials):
@@ -481,4 +592,5 @@ def bench(mod, trials):
 
 if __name__ == "__main__":
     common.main(__doc__, "bwd_fp32_passB.json", "device: dv and dS_0 against float64 naive", cpu_check, build_module,
-                device_check, bench, before_launch=common.split_registers_guard("passb_attrs", "passb_kernel"))
+                device_check, bench, before_launch=common.split_registers_guard("passb_attrs", "passb_kernel"),
+                splits=("b", "t"))
