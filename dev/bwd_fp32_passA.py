@@ -606,6 +606,7 @@ FUNCTIONS = ["passa", "passa_attrs"]
 
 
 def build_module(split="b"):
+    assert split == "b", "pass A is built in bf16 x3 only (pass B's --split t text is spliced with kT false)"
     splices = (("PASSB_TABLES", passb_src("__device__ __forceinline__ float* ltab", "// WG0: chunk ch's q, k")),
                ("PASSB_PUT_PAIR", passb_src("// 8 fp32 values to a pair's hi and lo",
                                             "// Split t's tile scales")))

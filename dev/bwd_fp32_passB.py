@@ -45,7 +45,9 @@ is a single q.k product and its relative error follows that dot's cancellation: 
 a case as OVER with the emulation beside it). --build-only: 168 registers, no stack, no spills, no ptxas wgmma
 warning (the #177 lines are the probe's unused helpers). On the device (thirty-first session): --check equal to the
 bf16 x3 emulation in every case; its timings, before and after the loads were overlapped, are in perf-notes.
---split t (written after that session's device time): compiled (168 registers, 32 / 40 B spilled), not run.
+--split t (written after that session's device time): compiled (168 registers, 32 / 40 B spilled), not run; a
+helper's CPU emulation of the kernel's own arithmetic equals pass_b_model(split="t") bit for bit on every --check
+case (its review found the two-exponent products' overflow, fixed by applying them one at a time).
 """
 import os
 import sys
@@ -213,8 +215,9 @@ __device__ __forceinline__ void write_pair(unsigned char* sm, int base, int lt, 
   for (int m = 0; m < 4; ++m) put_pair(sm + base + (4 * m + kq) * 1024 + t * 16, v[m][0], v[m][1], scale);
 }
 // Split t's tile scales: each consumer warp's max |x| of a tile into its slot, then, after a barrier, the tile's
-// exponent e (fp32_split_emulation's pow2_scale: e = ceil(log2 max) - 15, 0 for a zero tile; clamped so that 2^-e
-// stays a normal float); values are split times 2^-e and products' accumulators carry 2^(e_A + e_B).
+// exponent e (fp32_split_emulation's pow2_scale: e = ceil(log2 max) - 15, 0 for a zero tile; clamped at -100 so
+// that 2^-e stays a normal float, where the emulation has no clamp: tiles of max |x| <= 2^-86 differ from it);
+// values are split times 2^-e and products' accumulators carry 2^(e_A + e_B).
 enum { sQ, sQA, sK, sY, sG, sMP };
 __device__ __forceinline__ void put_max(unsigned char* sm, int tile, int lt, float m) {
 #pragma unroll
@@ -231,7 +234,8 @@ __device__ __forceinline__ int tile_exp(const unsigned char* sm, int tile) {
   const float fr = frexpf(m, &ex);  // m = fr 2^ex, fr in [0.5, 1): ceil(log2 m) = ex, or ex - 1 at fr = 0.5
   return max((fr == 0.5f ? ex - 1 : ex) - 15, -100);
 }
-// 2^e for one tile's exponent or its negation (|e| <= 113: a normal float); two tiles' scale is exp2i(a) exp2i(b).
+// 2^e for one tile's exponent or its negation (|e| <= 113: a normal float); two tiles' scale is applied as two
+// multiplies, never as the product exp2i(a) exp2i(b), which may overflow or underflow where the values do not.
 __device__ __forceinline__ float exp2i(int e) { return __int_as_float((127 + e) << 23); }
 __device__ __forceinline__ float max_abs(const float4 (&v)[4][2], float scale) {
   float m = 0.f;
@@ -246,8 +250,10 @@ __device__ __forceinline__ float max_abs(const float4 (&v)[4][2], float scale) {
 // MP[u][s] = L[u][s] beta_s QK[u][s] (s <= u, else 0) from consumer c's 64 x 32 accumulator X (rows u = 16 wl + g
 // (+8), columns s = 32 c + 8 n + 2 q (+1)); split, stored [s / 8][u][8] (chunk_bwd_sm90's put_weights, its order of
 // the products).
-// mp_values: X becomes MP's values (X first times sc, QK's 2^(e_q + e_k)); put_mp stores them times scale.
-__device__ __forceinline__ void mp_values(float (&X)[16], const float* L, int c, int wl, int g, int q, float sc) {
+// mp_values: X becomes MP's values (X first times QK's 2^e_q, 2^e_k, one at a time: their product may leave the
+// float range where the values do not); put_mp stores them times scale.
+__device__ __forceinline__ void mp_values(float (&X)[16], const float* L, int c, int wl, int g, int q, float s1,
+                                          float s2) {
 #pragma unroll
   for (int n = 0; n < 4; ++n)
 #pragma unroll
@@ -255,8 +261,8 @@ __device__ __forceinline__ void mp_values(float (&X)[16], const float* L, int c,
       const int u = 16 * wl + g + 8 * hh, s = 32 * c + 8 * n + 2 * q;
       float& x0 = X[4 * n + 2 * hh];
       float& x1 = X[4 * n + 2 * hh + 1];
-      x0 = s <= u ? x0 * sc * L[lp(u, s)] * L[kBeta + s] : 0.f;  // (every lp(u, s < 64) is inside L)
-      x1 = s + 1 <= u ? x1 * sc * L[lp(u, s + 1)] * L[kBeta + s + 1] : 0.f;
+      x0 = s <= u ? x0 * s1 * s2 * L[lp(u, s)] * L[kBeta + s] : 0.f;  // (every lp(u, s < 64) is inside L)
+      x1 = s + 1 <= u ? x1 * s1 * s2 * L[lp(u, s + 1)] * L[kBeta + s + 1] : 0.f;
     }
 }
 __device__ __forceinline__ void put_mp(unsigned char* sm, const float (&X)[16], int c, int wl, int g, int q,
@@ -346,7 +352,7 @@ __device__ __forceinline__ void consumer(const Params& p, unsigned char* sm, int
       ss_product<3, 0, 0, 8, true>(X, sm, kmaj(kQ, kTile, 64), Op{kK + 512 * c, kK + 512 * c + kTile, 1024, 128, 2048});
       wg_wait<0>();
       acc_fence(X);
-      mp_values(X, L, c, wl, g, q, exp2i(eq) * exp2i(ek));
+      mp_values(X, L, c, wl, g, q, exp2i(eq), exp2i(ek));
       if constexpr (kT) {
         float m = 0.f;
 #pragma unroll
@@ -374,18 +380,19 @@ __device__ __forceinline__ void consumer(const Params& p, unsigned char* sm, int
     acc_fence(R);
     consumers_sync();  // (2b) dy's pair whole; both KGs have read k's pair
     if (ch > 0) issue_raw(p, sm, kK, p.k, b, h, ch - 1, lt);
-    {  // KG's scale, diag(beta w) on rows s (one rounding, as KG beta w), then MP^T dY's accumulation scale
-      const float skg = exp2i(ek) * exp2i(eg), sdv = exp2i(-emp) * exp2i(-ey);
+    {  // KG's scale, diag(beta w) on rows s (one rounding, as KG beta w), then MP^T dY's accumulation scale (each
+       // power of two on its own: a product of two may leave the float range where the values do not)
+      const float k1 = exp2i(ek), k2 = exp2i(eg), d1 = exp2i(-emp), d2 = exp2i(-ey);
 #pragma unroll
-      for (int i = 0; i < 32; ++i) R[i] = R[i] * skg * L[kBW + 16 * wl + g + 8 * ((i >> 1) & 1)] * sdv;
+      for (int i = 0; i < 32; ++i) R[i] = R[i] * k1 * k2 * L[kBW + 16 * wl + g + 8 * ((i >> 1) & 1)] * d1 * d2;
     }
     ss_product<3, 1, 1, 4, false>(R, sm, mnmaj(kMP, kW, 64), mnmaj(kY + 8192 * c, kTile, 64));  // += MP^T dY
     wg_wait<0>();
     acc_fence(R);
     if constexpr (kT) {
-      const float s = exp2i(emp) * exp2i(ey);
+      const float s1 = exp2i(emp), s2 = exp2i(ey);
 #pragma unroll
-      for (int i = 0; i < 32; ++i) R[i] *= s;
+      for (int i = 0; i < 32; ++i) R[i] = R[i] * s1 * s2;
     }
     // G's update from zero (its wgmmas run while dv is stored): U = (diag(A) Q)^T dY, A = qA^T, B = dy, MN-major
     float U[64];
@@ -402,9 +409,9 @@ __device__ __forceinline__ void consumer(const Params& p, unsigned char* sm, int
     wg_wait<0>();
     acc_fence(U);
     const float a63 = L[kA + 63];
-    const float su = exp2i(eqa) * exp2i(ey);
+    const float u1 = exp2i(eqa), u2 = exp2i(ey);
 #pragma unroll
-    for (int i = 0; i < 64; ++i) G[i] = fmaf(a63, G[i], U[i] * su);  // one rounding: the join of 8.3
+    for (int i = 0; i < 64; ++i) G[i] = fmaf(a63, G[i], U[i] * u1 * u2);  // one rounding: the join of 8.3
     if constexpr (kT) {
       float m = 0.f;
 #pragma unroll
