@@ -195,10 +195,13 @@ GATES = {"sigmoid": None, "zero": 0.0, "zeros-at-steps": None, "negative": (-1.0
          "near1": (1 - 1e-4, 1 + 1e-4), "one": 1.0}
 ZERO_STEPS = (0, 63, 64, 127)
 STRESS = ((1, 2100, 2), "const 1.002")
+# rows of q, k, v, dy each times 10^u, u uniform in (-3, 3), sigmoid gates: a tile whose rows differ by up to 1e6
+# (one power-of-two scale a tile, split t, keeps the large rows' precision; the small ones weigh little in the norm)
+ROWSCALE = ((1, 300, 2), "row scales")
 
 
 def cases():
-    out = [(s, gname) for s in SHAPES for gname in GATES] + [STRESS]
+    out = [(s, gname) for s in SHAPES for gname in GATES] + [STRESS, ROWSCALE]
     return [(s, gname, i % 2 == 1) for i, (s, gname) in enumerate(out)]
 
 
@@ -209,6 +212,9 @@ def make_case(shape, gname, with_dsT, seed):
     beta = torch.sigmoid(torch.randn(B, T, H, generator=gen))
     if gname == "const 1.002":
         gate = torch.full((B, T, H), 1.002)
+    elif gname == "row scales":
+        gate = torch.sigmoid(torch.randn(B, T, H, generator=gen))
+        q, k, v, dy = (x * 10.0 ** (6 * torch.rand(B, T, H, 1, generator=gen) - 3) for x in (q, k, v, dy))
     else:
         spec = GATES[gname]
         if spec is None:
