@@ -29,14 +29,28 @@ Design (per (b, h) one CTA of 384 threads, chunks of 64 steps backwards, chunk_b
     session). The row dots read the pairs' hi + lo (within 2^-17). (Thirty-first session: the loads overlapped and
     G's update from shared memory; before, all four tiles loaded at the top and the update's A from q's fp32 rows
     in L2, split a k-step at a time.)
+  - --split t builds the kernel with training-design 8.6's scheme, as pass B's: the pairs fp16 hi / lo on f16 wgmma
+    forms, every operand matrix of the chunk model's products split times one power of two 2^-e that brings its
+    max |x| near 2^15, and each product's accumulator times 2^e_A and 2^e_B (one multiply each: their product may
+    leave the float range); where a product accumulates onto a result (dq^T onto R^T diag(A), dkt^T onto
+    Rk^T diag(w)) the result is taken to the product's scale first and back after. The tiles (each the model's
+    matrix): q, k, v, dy (each warp's maximum at the top's in-place split, through 8 slots across a barrier it
+    already has); MQ and MD (both consumers' halves) and E (consumer c's 64 x 32, M_c's A) across one more barrier;
+    Lx per column half (WG0 takes it while building Lx and leaves it in slots that the consumers read before barrier
+    3's arrival); S, R^T's A, whose rows stream a k-step at a time: its exponent is the host's, from the float32
+    checkpoint (ckpt_exponents, an int32 (B H, nck) tensor: the forward that writes the checkpoints would write it
+    too); G (both consumers' rows, its maximum across barrier (4)); dy A[t] (across (4b)). The row dots read a pair
+    as fp16 hi + lo times its tile's 2^e, dy A[t] is made from dy's pair read the same way; c0 sums the unscaled
+    S o G. Its --check compares against that scheme's emulation.
   Shared memory 216,640 B: pairs q, k, v, dy (32 KB each), MQ, MD (16 KB each), Lx (16 KB), two table buffers, the
-  gates, two partial buffers.
+  gates, two partial buffers; split t adds 512 B of tile scales' slots (217,152 B).
 
     python3 dev/bwd_fp32_passA.py --cpu-check [--split b|d|t] (no GPU, no build: the float64 chunk model against
                                   naive.chunked_backward_naive, and the emulation's error: b, the kernel's bf16 x3
                                   (default); d, 8.4's fallback, fp16 x3 with power-of-two scales, every product and
                                   the row dots' pairs; t, d with one scale a tile)
-    python3 dev/bwd_fp32_passA.py --build-only   (no GPU; CUDA_HOME=/usr/local/cuda TORCH_CUDA_ARCH_LIST=9.0a)
+    python3 dev/bwd_fp32_passA.py --build-only [--split b|t]   (no GPU; CUDA_HOME=/usr/local/cuda
+                                  TORCH_CUDA_ARCH_LIST=9.0a; --check and --bench take --split too)
     python3 dev/bwd_fp32_passA.py --check        (device: the four gradients against float64, the 1e-5 bar)
     python3 dev/bwd_fp32_passA.py --bench [--trials N]   (device: (16, 4096, 32, 128), us a chunk and SM)
   Results go to $OUT/bwd_fp32_passA.json where OUT is set.
@@ -54,6 +68,16 @@ registers, 8 B spilled (a value hoisted above the chunk loop), no ptxas wgmma wa
 probe's unused helpers). On the device (thirty-first session), the version before the overlapped loads (b95939e):
 --check equal to the bf16 x3 emulation in every case; its timing and ncu profile in perf-notes. This version has
 not run; a helper reviewed its barriers, cp.async groups, fences and layouts (no problem found).
+--split t (written after the thirty-first session's device time): compiled (168 registers, 20 / 20 B spilled; 88 / 144
+before the warpgroup index and store_t's row stride were made opaque in t, as sm and the thread index are), emulated,
+not run. --cpu-check --split t: 2.2e-6 worst. A CPU emulation of the kernel's own t arithmetic (its exponents from
+the tiles' maxima, its order of multiplies, fp16 splits, three terms a k-step into float32 accumulators at the scaled
+values) equals pass_a_model(split="t") bit for bit on every --check case, rounding to nearest and truncating: dq and
+dk, and dgate and dbeta as sums of bit-equal products (the emulation sums them in the model's order; the kernel's
+order is its own, as in the b build). Tiles of max |x| <= 2^-111 differ from the model (the exponent's clamp at
+-126, pass B's): E, of the fourth order in the inputs, gets there when q, k, v and dy are all below about 1e-9
+(with the clamp at -100, max |E| near 2^-110 put the emulated kernel's dgate 2.1e-4 from the model's).
+The b build's SASS is the same as before but for the parameters' constant-bank offsets (Params gained ckexp).
 """
 import math
 import os
@@ -168,13 +192,16 @@ static_assert(kK == kQ + 2 * kTile && kV == kK + 2 * kTile && kY == kV + 2 * kTi
 constexpr int kGates = kTab + 2 * kTabBuf, kPart = kGates + 256;
 // partials (floats): f [8][64] at 0, e at 512, dbeta at 1024 (slot 4 c + warp), c0 [8] at 1536, the sums of f at
 // 1544 and of e at 1608, dgate's term (d) [8][64] at 1672 (slot 4 c + warp: consumer c's half of M's contraction)
-constexpr int kPartBuf = (1672 + 512) * 4, kSmem = kPart + 2 * kPartBuf;
+// kScl (split t): the tile scales' slots, 8 floats a tile (sQ .. sLx below): a consumer warp's max |x| at 4 c + warp,
+// Lx's (WG0's) at its warp; none in the b build.
+constexpr int kPartBuf = (1672 + 512) * 4, kScl = kPart + 2 * kPartBuf, kSmem = kScl + (SPLIT_T ? 512 : 0);
 static_assert(kSmem <= 232448, "fits the opt-in shared memory of an H200");
 constexpr int kAuxRegs = 56, kConsRegs = 224;  // (chunk_bwd_sm90's split: its WG0 spilled at 40 with dgate's sums)
 static_assert(kAuxRegs * 128 + kConsRegs * 256 <= 65536, "the split fits the register file");
 
 struct Params {
   const float *q, *k, *v, *dy, *gate, *beta, *ckpt, *dfinal;  // ckpt (B H, nck, 128, 128); dfinal: nullptr for zero
+  const int* ckexp;  // (split t) (B H, nck): each checkpoint's tile exponent (the host's; unread in the b build)
   float *dq, *dk, *dgate, *dbeta;
   int T, H, nck;
 };
@@ -182,6 +209,49 @@ struct Params {
 DECAY_TABLES
 PASSB_TABLES
 PASSB_PUT_PAIR
+// Split t's tile scales (pass B's scheme, pass A's tiles): each warp's max |x| of a tile into its slot, then, after a
+// barrier, the tile's exponent e over its slots (fp32_split_emulation's pow2_scale: e = ceil(log2 max) - 15, 0 for a
+// zero tile; clamped at -126 so that 2^-e stays a normal float); values are split times 2^-e, and a product's
+// accumulator takes 2^e_A and 2^e_B, one multiply each (their product may leave the float range).
+enum { sQ, sK, sV, sY, sMQ, sMD, sE, sG, sYA, sLx };
+__device__ __forceinline__ void put_max(unsigned char* sm, int tile, int slot, float m) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if ((threadIdx.x & 31) == 0) reinterpret_cast<float*>(sm + kScl)[8 * tile + slot] = m;
+}
+template <int N>
+__device__ __forceinline__ int tile_exp(const unsigned char* sm, int tile, int first = 0) {
+  const float* sl = reinterpret_cast<const float*>(sm + kScl) + 8 * tile + first;
+  float m = sl[0];
+#pragma unroll
+  for (int w = 1; w < N; ++w) m = fmaxf(m, sl[w]);
+  if (!(m > 0.f)) return 0;
+  int ex;
+  const float fr = frexpf(m, &ex);  // m = fr 2^ex, fr in [0.5, 1): ceil(log2 m) = ex, or ex - 1 at fr = 0.5
+  return max((fr == 0.5f ? ex - 1 : ex) - 15, -126);
+}
+__device__ __forceinline__ float exp2i(int e) { return __int_as_float((127 + e) << 23); }
+__device__ __forceinline__ float max_abs(const float4 (&v)[4][2]) {
+  float m = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+      m = fmaxf(m, fmaxf(fmaxf(fabsf(v[i][e].x), fabsf(v[i][e].y)), fmaxf(fabsf(v[i][e].z), fabsf(v[i][e].w))));
+  return m;
+}
+template <int N>
+__device__ __forceinline__ float max_abs(const float (&x)[N]) {
+  float m = 0.f;
+#pragma unroll
+  for (int i = 0; i < N; ++i) m = fmaxf(m, fabsf(x[i]));
+  return m;
+}
+// A pair's 16-bit element as float: bf16 (b) or fp16 (t)
+__device__ __forceinline__ float ld16(const unsigned char* p) {
+  if constexpr (kT) return __half2float(*reinterpret_cast<const __half*>(p));
+  else return ldb(p);
+}
 __device__ __forceinline__ float* parts(unsigned char* sm, int ch) {
   return reinterpret_cast<float*>(sm + kPart + (ch & 1) * kPartBuf);
 }
@@ -192,10 +262,20 @@ __device__ __forceinline__ void lx_free_wait() { asm volatile("barrier.sync 4, 3
 // WG0: Lx of chunk ch (Lx[t][s] = L[t-1][s] for s < t, else 0; pair [s / 8][t][8]) from its L (chunk_bwd_sm90's
 // build_lx, by solution.py's lx_pairs): row t = tid % 64, columns 32 (tid / 64) ..; then the fence that makes it
 // visible to wgmma.
+// Split t: each column half's max |Lx| first (warps 0, 1: half 0; 2, 3: half 1), its exponent from its two warps'
+// slots (the consumers read the same slots before barrier 3's arrival: WG0 writes them again after its wait).
 __device__ __forceinline__ void build_lx(unsigned char* sm, int ch) {
+  float sc = 1.f;
+  if constexpr (kT) {
+    float m = 0.f;
+    lx_pairs(ltab(sm, ch), threadIdx.x, [&](float x0, float x1, int) { m = fmaxf(m, fmaxf(fabsf(x0), fabsf(x1))); });
+    put_max(sm, sLx, threadIdx.x >> 5, m);
+    wg0_sync();
+    sc = exp2i(-tile_exp<2>(sm, sLx, 2 * (threadIdx.x >> 6)));
+  }
   lx_pairs(ltab(sm, ch), threadIdx.x, [&](float x0, float x1, int off) {
     uint32_t hi, lo;
-    split2<2>(x0, x1, hi, lo);
+    psplit(x0 * sc, x1 * sc, hi, lo);
     *reinterpret_cast<uint32_t*>(sm + kLx + off) = hi;
     *reinterpret_cast<uint32_t*>(sm + kLx + kW + off) = lo;
   });
@@ -274,19 +354,41 @@ __device__ __forceinline__ void load_rows(const float* x, const Params& p, int64
     v[m][1] = valid ? __ldg(src + 1) : make_float4(0.f, 0.f, 0.f, 0.f);
   }
 }
-// A raw tile split in place into its pair: every thread's share read, then (barrier) written.
-__device__ __forceinline__ void split_in_place(unsigned char* sm, int base, int lt) {
+// A raw tile split in place into its pair: every thread's share read, then (barrier) written; split t: the tile's
+// maximum through its slots across that barrier, and its exponent returned (0 in the b build).
+__device__ __forceinline__ int split_in_place(unsigned char* sm, int base, int lt, int tile) {
   float4 v[4][2];
   read_raw(sm, base, lt, v);
+  if constexpr (kT) put_max(sm, tile, lt >> 5, max_abs(v));
   consumers_sync();
-  write_pair(sm, base, lt, v, 1.f);
+  int e = 0;
+  if constexpr (kT) e = tile_exp<8>(sm, tile);
+  write_pair(sm, base, lt, v, exp2i(-e));
+  return e;
 }
 // dy A[t] (G's update's B, MN-major) as a pair at kMQ (lo at + kTile: MQ and MD's space, free after Q^T MD), from
 // dy's pair (hi + lo, within 2^-17 of dy: the row dots' operand) times A[t] in fp32, split; no second read of dy's
 // rows from L2 (that variant spilled 44 B and emulated no better: perf-notes, thirty-first session).
-__device__ __forceinline__ void put_dya(unsigned char* sm, const float* L, int lt) {
+// Split t: dy's pair decoded as fp16 hi + lo times 2^e_y (the row dots' dy), times A[t] (one rounding), split times
+// 2^-e_ya (scale = A[t] 2^-e_ya: RN(x A[t]) 2^-e_ya); with PUT false, only this thread's max |x A[t]|, returned.
+__device__ __forceinline__ void dy_words(const uint32_t (&hw)[4], const uint32_t (&lw)[4], float sy, float (&x)[8]) {
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {  // (a pair word: element 2 e in its low half)
+    if constexpr (kT) {
+      const __half2 h = *reinterpret_cast<const __half2*>(&hw[e]), l = *reinterpret_cast<const __half2*>(&lw[e]);
+      x[2 * e] = (__low2float(h) + __low2float(l)) * sy;
+      x[2 * e + 1] = (__high2float(h) + __high2float(l)) * sy;
+    } else {
+      x[2 * e] = __uint_as_float(hw[e] << 16) + __uint_as_float(lw[e] << 16);
+      x[2 * e + 1] = __uint_as_float(hw[e] & 0xffff0000u) + __uint_as_float(lw[e] & 0xffff0000u);
+    }
+  }
+}
+template <bool PUT>
+__device__ __forceinline__ float put_dya(unsigned char* sm, const float* L, int lt, float sy, float sya) {
   const int t = 8 * (lt >> 5) + (lt & 7), kq = (lt >> 3) & 3;
   const float a = L[kA + t];
+  float mx = 0.f;
 #pragma unroll
   for (int m = 0; m < 4; ++m) {
     const int off = (4 * m + kq) * 1024 + t * 16;
@@ -294,20 +396,24 @@ __device__ __forceinline__ void put_dya(unsigned char* sm, const float* L, int l
     const uint4 lo = *reinterpret_cast<const uint4*>(sm + kY + kTile + off);
     const uint32_t hw[4] = {hi.x, hi.y, hi.z, hi.w}, lw[4] = {lo.x, lo.y, lo.z, lo.w};
     float x[8];
+    dy_words(hw, lw, sy, x);
+    if constexpr (PUT) {
+      put_pair(sm + kMQ + off, make_float4(x[0], x[1], x[2], x[3]), make_float4(x[4], x[5], x[6], x[7]), a * sya);
+    } else {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {  // (a pair word: element 2 e in its low half)
-      x[2 * e] = __uint_as_float(hw[e] << 16) + __uint_as_float(lw[e] << 16);
-      x[2 * e + 1] = __uint_as_float(hw[e] & 0xffff0000u) + __uint_as_float(lw[e] & 0xffff0000u);
+      for (int e = 0; e < 8; ++e) mx = fmaxf(mx, fabsf(x[e] * a));
     }
-    put_pair(sm + kMQ + off, make_float4(x[0], x[1], x[2], x[3]), make_float4(x[4], x[5], x[6], x[7]), a);
   }
+  return mx;
 }
 
 // acc = A B over KSTEPS k-steps, 3 terms, A fp32 values in registers split a k-step at a time (RS): load(kb, sv)
 // fetches k-step kb's eight values (an accumulator row pair's fragment order) a k-step ahead of their use; prep(kb,
 // sv) works on them just before the split (c0's part; the scale by A). B a pair (K-major, or MN-major with TB).
+// The values are split times sc (split t: the tile's 2^-e; 1 in the b build).
 template <int KSTEPS, int TB, int R, typename FL, typename FP>
-__device__ __forceinline__ void rs_split(float (&acc)[R], const unsigned char* sm, const Op& b, FL&& load, FP&& prep) {
+__device__ __forceinline__ void rs_split(float (&acc)[R], const unsigned char* sm, const Op& b, float sc, FL&& load,
+                                         FP&& prep) {
   float sv[2][8];
   load(0, sv[0]);
 #pragma unroll
@@ -315,7 +421,7 @@ __device__ __forceinline__ void rs_split(float (&acc)[R], const unsigned char* s
     prep(kb, sv[kb & 1]);
     uint32_t ah[4], al[4];
 #pragma unroll
-    for (int r = 0; r < 4; ++r) split2<2>(sv[kb & 1][2 * r], sv[kb & 1][2 * r + 1], ah[r], al[r]);
+    for (int r = 0; r < 4; ++r) psplit(sv[kb & 1][2 * r] * sc, sv[kb & 1][2 * r + 1] * sc, ah[r], al[r]);
     if (kb + 1 < KSTEPS) load(kb + 1, sv[(kb + 1) & 1]);
     pin(ah, al);
     wg_fence();
@@ -328,9 +434,11 @@ __device__ __forceinline__ void rs_split(float (&acc)[R], const unsigned char* s
 }
 
 // MQ[t][s] = L[t][s] beta_s Dd[t][s], MD[t][s] = L[t][s] Dd[t][s] (s <= t, else 0) from consumer c's columns
-// s = 32 c .. of Dd (X: rows t = 16 wl + g (+8), columns 32 c + 8 n + 2 q (+1)); split, stored [s / 8][t][8].
+// s = 32 c .. of Dd (X: rows t = 16 wl + g (+8), columns 32 c + 8 n + 2 q (+1)); split (MD times smd, MQ times smq:
+// split t's 2^-e), stored [s / 8][t][8]. With PUT false, only this thread's max |MD| and |MQ| (split t).
+template <bool PUT>
 __device__ __forceinline__ void put_weights(unsigned char* sm, const float (&X)[16], const float* L, int c, int wl,
-                                            int g, int q) {
+                                            int g, int q, float smd, float smq, float& mmd, float& mmq) {
 #pragma unroll
   for (int n = 0; n < 4; ++n)
 #pragma unroll
@@ -338,29 +446,35 @@ __device__ __forceinline__ void put_weights(unsigned char* sm, const float (&X)[
       const int t = 16 * wl + g + 8 * hh, s = 32 * c + 8 * n + 2 * q;
       const float d0 = s <= t ? X[4 * n + 2 * hh] * L[lp(t, s)] : 0.f;  // (every lp(t, s < 64) is inside L)
       const float d1 = s + 1 <= t ? X[4 * n + 2 * hh + 1] * L[lp(t, s + 1)] : 0.f;
+      if constexpr (!PUT) {
+        mmd = fmaxf(mmd, fmaxf(fabsf(d0), fabsf(d1)));
+        mmq = fmaxf(mmq, fmaxf(fabsf(d0 * L[kBeta + s]), fabsf(d1 * L[kBeta + s + 1])));
+        continue;
+      }
       const int off = (s >> 3) * 1024 + t * 16 + (s & 7) * 2;
       uint32_t hi, lo;
-      split2<2>(d0, d1, hi, lo);
+      psplit(d0 * smd, d1 * smd, hi, lo);
       *reinterpret_cast<uint32_t*>(sm + kMD + off) = hi;
       *reinterpret_cast<uint32_t*>(sm + kMD + kW + off) = lo;
-      split2<2>(d0 * L[kBeta + s], d1 * L[kBeta + s + 1], hi, lo);
+      psplit(d0 * L[kBeta + s] * smq, d1 * L[kBeta + s + 1] * smq, hi, lo);
       *reinterpret_cast<uint32_t*>(sm + kMQ + off) = hi;
       *reinterpret_cast<uint32_t*>(sm + kMQ + kW + off) = lo;
     }
 }
-// A pair's value hi + lo (within 2^-17 of the fp32 value: the row dots' operand, as the model's)
-__device__ __forceinline__ float ldp(const unsigned char* p) { return ldb(p) + ldb(p + kTile); }
+// A pair's value hi + lo (within 2^-17 of the fp32 value: the row dots' operand, as the model's); split t: the fp16
+// hi + lo times the tile's 2^e (sc)
+__device__ __forceinline__ float ldp(const unsigned char* p, float sc) { return (ld16(p) + ld16(p + kTile)) * sc; }
 // Column u of a transposed 64 x 64 accumulator X[i][u] (rows i = ir (+8)) against row u of a pair tile, over this
 // warp's 16 rows i: one partial a warp and column, at part[u].
 __device__ __forceinline__ void col_dots(const unsigned char* sm, const float (&X)[32], int tile, int ir, float* part,
-                                         int g, int q) {
+                                         int g, int q, float sc) {
 #pragma unroll
   for (int n = 0; n < 8; ++n)
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int u = 8 * n + 2 * q + e;
-      float x = X[4 * n + e] * ldp(sm + tile + (ir >> 3) * 1024 + u * 16 + (ir & 7) * 2) +
-                X[4 * n + 2 + e] * ldp(sm + tile + ((ir >> 3) + 1) * 1024 + u * 16 + (ir & 7) * 2);
+      float x = X[4 * n + e] * ldp(sm + tile + (ir >> 3) * 1024 + u * 16 + (ir & 7) * 2, sc) +
+                X[4 * n + 2 + e] * ldp(sm + tile + ((ir >> 3) + 1) * 1024 + u * 16 + (ir & 7) * 2, sc);
       x += __shfl_xor_sync(0xffffffffu, x, 4);
       x += __shfl_xor_sync(0xffffffffu, x, 8);
       x += __shfl_xor_sync(0xffffffffu, x, 16);
@@ -373,7 +487,10 @@ __device__ __forceinline__ void col_dots(const unsigned char* sm, const float (&
 __device__ __forceinline__ void store_t(float* out, const Params& p, int64_t b, int64_t h, int ch, const float (&X)[32],
                                         const float* scale, int ir, int q) {
   float* o = out + ((b * p.T + ch * 64 + 2 * q) * p.H + h) * 128 + ir;  // row t = 2 q
-  const int rs = p.H * 128, left = p.T - ch * 64 - 2 * q;  // a step's stride; rows 8 n + e < left exist
+  int rs = p.H * 128;  // a step's stride; rows 8 n + e < left exist
+  const int left = p.T - ch * 64 - 2 * q;
+  // (split t: the stride opaque, so that its 16 row offsets are not hoisted above the chunk loop: they spilled)
+  if constexpr (kT) asm volatile("" : "+r"(rs));
 #pragma unroll
   for (int n = 0; n < 8; ++n)
 #pragma unroll
@@ -388,7 +505,7 @@ __device__ __forceinline__ void store_t(float* out, const Params& p, int64_t b, 
 
 // Consumer c (0, 1): G's rows i = 64 c .. 64 c + 63 in registers (m64n128 layout: rows ir (+8), columns 8 n + 2 q
 // (+1)), dq^T's and dkt^T's rows i, dgate's M over the contraction's half s = 32 c ..
-__device__ __forceinline__ void consumer(const Params& p, unsigned char* sm_in, int c, int64_t bh) {
+__device__ __forceinline__ void consumer(const Params& p, unsigned char* sm_in, int c_in, int64_t bh) {
   const int lt_in = threadIdx.x - 128;
   const int64_t b = bh / p.H, h = bh - b * p.H;
   float G[64];
@@ -398,7 +515,8 @@ __device__ __forceinline__ void consumer(const Params& p, unsigned char* sm_in, 
     issue_raw(p, sm_in, kV, p.v, b, h, cl, lt_in);
     issue_raw(p, sm_in, kY, p.dy, b, h, cl, lt_in);
   }
-  load_g(G, p.dfinal, bh, 64 * c + 16 * ((lt_in >> 5) & 3) + ((lt_in & 31) >> 2), lt_in & 3);  // (rows ir, ir + 8)
+  load_g(G, p.dfinal, bh, 64 * c_in + 16 * ((lt_in >> 5) & 3) + ((lt_in & 31) >> 2), lt_in & 3);  // (rows ir, ir + 8)
+  if constexpr (kT) put_max(sm_in, sG, lt_in >> 5, max_abs(G));  // (G's tile: both consumers' rows, read after (0))
   sync_all();  // (0) the last chunk's tables and Lx
   for (int ch = p.nck - 1; ch >= 0; --ch) {
     // sm and the thread's index made opaque each chunk: the loop-invariant descriptors and offsets derived from them,
@@ -407,19 +525,26 @@ __device__ __forceinline__ void consumer(const Params& p, unsigned char* sm_in, 
     asm volatile("" : "+l"(sm));
     int lt = lt_in;
     asm volatile("" : "+r"(lt));
+    int c = c_in;  // (split t: opaque too, so that the offsets derived from it are not hoisted: they spilled)
+    if constexpr (kT) asm volatile("" : "+r"(c));
     const int wl = (lt >> 5) & 3, lane = lt & 31, g = lane >> 2, q = lane & 3;
     const int ir = 64 * c + 16 * wl + g, slot = 4 * c + wl;  // this thread's state rows ir, ir + 8
     const float* L = ltab(sm, ch);
     float* part = parts(sm, ch);
+    // (split t) this chunk's tile exponents: q, k, v, dy at the top's split, MQ and MD at (1w), G's from the chunk
+    // before's barrier (4) (or (0)); 0 in the b build, where every scale below folds to 1
+    int eq = 0, ek = 0, ev = 0, ey = 0, emq = 0, emd = 0;
     {  // q's loads first; k, v, dy landed by cp.async during the chunk before (the last chunk's: before the loop)
       float4 vq[4][2];
       load_rows(p.q, p, b, h, ch, lt, vq);
       raw_wait<0>();
       consumers_sync();  // (1a) every thread's raw rows landed
-      split_in_place(sm, kK, lt);
-      split_in_place(sm, kV, lt);
-      split_in_place(sm, kY, lt);
-      write_pair(sm, kQ, lt, vq, 1.f);
+      ek = split_in_place(sm, kK, lt, sK);
+      ev = split_in_place(sm, kV, lt, sV);
+      if constexpr (kT) put_max(sm, sQ, lt >> 5, max_abs(vq));  // (across dy's split's barrier)
+      ey = split_in_place(sm, kY, lt, sY);
+      if constexpr (kT) eq = tile_exp<8>(sm, sQ);
+      write_pair(sm, kQ, lt, vq, exp2i(-eq));
     }
     fence_async_smem();
     consumers_sync();  // (1) the chunk's pairs
@@ -429,23 +554,64 @@ __device__ __forceinline__ void consumer(const Params& p, unsigned char* sm_in, 
       ss_product<3, 0, 0, 8, true>(Y, sm, kmaj(kQ, kTile, 64), Op{kK + 512 * c, kK + 512 * c + kTile, 1024, 128, 2048});
       wg_wait<1>();  // (Dd's; QK's still running)
       acc_fence(X);
-      put_weights(sm, X, L, c, wl, g, q);
-      fence_async_smem();
-      wg_wait<0>();
-      acc_fence(Y);
+      float ee = 0.f, elx = 0.f;  // (split t) E's and Lx's halves' 2^e, M's scales
+      if constexpr (!kT) {
+        float m0 = 0.f, m1 = 0.f;
+        put_weights<true>(sm, X, L, c, wl, g, q, 1.f, 1.f, m0, m1);
+        fence_async_smem();
+        wg_wait<0>();
+        acc_fence(Y);
 #pragma unroll
-      for (int x = 0; x < 16; ++x) {  // E[u][s] = beta_s QK[u][s] Dd[u][s], s < u
-        const int u = 16 * wl + g + 8 * ((x >> 1) & 1), s = 32 * c + 8 * (x >> 2) + 2 * q + (x & 1);
-        X[x] = s < u ? L[kBeta + s] * Y[x] * X[x] : 0.f;
+        for (int x = 0; x < 16; ++x) {  // E[u][s] = beta_s QK[u][s] Dd[u][s], s < u
+          const int u = 16 * wl + g + 8 * ((x >> 1) & 1), s = 32 * c + 8 * (x >> 2) + 2 * q + (x & 1);
+          X[x] = s < u ? L[kBeta + s] * Y[x] * X[x] : 0.f;
+        }
+      } else {
+        {
+          const float d1 = exp2i(ey), d2 = exp2i(ev);
+#pragma unroll
+          for (int i = 0; i < 16; ++i) X[i] = X[i] * d1 * d2;  // Dd
+        }
+        float mmd = 0.f, mmq = 0.f;
+        put_weights<false>(sm, X, L, c, wl, g, q, 1.f, 1.f, mmd, mmq);
+        put_max(sm, sMD, lt >> 5, mmd);
+        put_max(sm, sMQ, lt >> 5, mmq);
+        wg_wait<0>();
+        acc_fence(Y);
+        {
+          const float d1 = exp2i(eq), d2 = exp2i(ek);
+#pragma unroll
+          for (int i = 0; i < 16; ++i) Y[i] = Y[i] * d1 * d2;  // QK
+        }
+#pragma unroll
+        for (int x = 0; x < 16; ++x) {  // E[u][s] = beta_s QK[u][s] Dd[u][s], s < u (into Y: X, Dd, is split below)
+          const int u = 16 * wl + g + 8 * ((x >> 1) & 1), s = 32 * c + 8 * (x >> 2) + 2 * q + (x & 1);
+          Y[x] = s < u ? L[kBeta + s] * Y[x] * X[x] : 0.f;
+        }
+        put_max(sm, sE, lt >> 5, max_abs(Y));
+        consumers_sync();  // (1w) split t: MQ's and MD's maxima (both consumers' halves), E's (this consumer's)
+        emq = tile_exp<8>(sm, sMQ);
+        emd = tile_exp<8>(sm, sMD);
+        const int e_e = tile_exp<4>(sm, sE, 4 * c);
+        put_weights<true>(sm, X, L, c, wl, g, q, exp2i(-emd), exp2i(-emq), mmd, mmq);
+        fence_async_smem();
+#pragma unroll
+        for (int i = 0; i < 16; ++i) X[i] = Y[i] * exp2i(-e_e);  // E times 2^-e_E, as it is split (exact)
+        ee = exp2i(e_e);
+        elx = exp2i(tile_exp<2>(sm, sLx, 2 * c));  // (WG0's slots: rewritten only after barrier 3's arrival below)
       }
       // dgate's term (d), consumer c's half of the contraction: M_c = E[:, s half] Lx[:, s half]^T (RS, 2 k-steps,
       // B = Lx's rows t, K-major), then sum_{u >= t} L[u][t] M_c[u][t] over this warp's rows u (WG0 adds the 8)
       float M[32];
-      rs_split<2, 0>(M, sm, kmaj(kLx + 4096 * c, kW, 64), [&](int kb, float (&sv)[8]) {
+      rs_split<2, 0>(M, sm, kmaj(kLx + 4096 * c, kW, 64), 1.f, [&](int kb, float (&sv)[8]) {
 #pragma unroll
         for (int r = 0; r < 8; ++r) sv[r] = X[8 * kb + r];
       }, [](int, float (&)[8]) {});
       if (ch > 0) lx_free_arrive();  // (3) this consumer's reads of Lx are done: WG0 writes chunk ch - 1's
+      if constexpr (kT) {
+#pragma unroll
+        for (int i = 0; i < 32; ++i) M[i] = M[i] * ee * elx;
+      }
 #pragma unroll
       for (int n = 0; n < 8; ++n)
 #pragma unroll
@@ -460,12 +626,15 @@ __device__ __forceinline__ void consumer(const Params& p, unsigned char* sm_in, 
         }
     }
     // R^T = S dY^T: S's rows ir, ir + 8 from the checkpoint (fp32, L2: WG0 prefetched them), split a k-step at a
-    // time; c0's part (sum S o G) from the same values; B = dy K-major
+    // time (split t: times 2^-e_S, the host's exponent of the whole checkpoint); c0's part (sum S o G) from the same
+    // values, unscaled; B = dy K-major
     float c0 = 0.f;
     {
       float R[32];
       const float* S = p.ckpt + (bh * p.nck + ch) * 16384;
-      rs_split<8, 0>(R, sm, kmaj(kY, kTile, 64), [&](int kb, float (&sv)[8]) {
+      int es = 0;
+      if constexpr (kT) es = p.ckexp[bh * p.nck + ch];
+      rs_split<8, 0>(R, sm, kmaj(kY, kTile, 64), exp2i(-es), [&](int kb, float (&sv)[8]) {
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
@@ -478,44 +647,78 @@ __device__ __forceinline__ void consumer(const Params& p, unsigned char* sm_in, 
 #pragma unroll
         for (int r = 0; r < 8; ++r) c0 = fmaf(sv[r], G[8 * kb + r], c0);
       });
-      col_dots(sm, R, kQ, ir, part + slot * 64, g, q);  // f_u's part
+      if constexpr (kT) {
+        const float s1 = exp2i(es), s2 = exp2i(ey);
 #pragma unroll
-      for (int i = 0; i < 32; ++i) R[i] *= L[kA + 8 * (i >> 2) + 2 * q + (i & 1)];  // diag(A) on columns t
+        for (int i = 0; i < 32; ++i) R[i] = R[i] * s1 * s2;
+      }
+      col_dots(sm, R, kQ, ir, part + slot * 64, g, q, exp2i(eq));  // f_u's part
+      {  // diag(A) on columns t (one rounding, as Rt A), then K^T MQ^T's accumulation scale (one power at a time)
+        const float d1 = exp2i(-ek), d2 = exp2i(-emq);
+#pragma unroll
+        for (int i = 0; i < 32; ++i) R[i] = R[i] * L[kA + 8 * (i >> 2) + 2 * q + (i & 1)] * d1 * d2;
+      }
       consumers_sync();  // (2) MQ and MD whole (both consumers' halves)
       ss_product<3, 1, 0, 4, false>(R, sm, mnmaj(kK + 8192 * c, kTile, 64), kmaj(kMQ, kW, 64));  // += K^T MQ^T
       wg_wait<0>();
       acc_fence(R);
+      if constexpr (kT) {
+        const float s1 = exp2i(ek), s2 = exp2i(emq);
+#pragma unroll
+        for (int i = 0; i < 32; ++i) R[i] = R[i] * s1 * s2;
+      }
       store_t(p.dq, p, b, h, ch, R, nullptr, ir, q);
     }
     {  // Rk^T = G V^T (A = G's registers split a k-step), e's part; dkt^T = Rk^T diag(w) + Q^T MD, dbeta's part
       float Rk[32];
-      rs_split<8, 0>(Rk, sm, kmaj(kV, kTile, 64), [&](int kb, float (&sv)[8]) {
+      int eg = 0;
+      if constexpr (kT) eg = tile_exp<8>(sm, sG);
+      rs_split<8, 0>(Rk, sm, kmaj(kV, kTile, 64), exp2i(-eg), [&](int kb, float (&sv)[8]) {
 #pragma unroll
         for (int r = 0; r < 8; ++r) sv[r] = G[8 * kb + r];
       }, [](int, float (&)[8]) {});
-      col_dots(sm, Rk, kK, ir, part + 512 + slot * 64, g, q);
+      if constexpr (kT) {
+        const float s1 = exp2i(eg), s2 = exp2i(ev);
+#pragma unroll
+        for (int i = 0; i < 32; ++i) Rk[i] = Rk[i] * s1 * s2;
+      }
+      col_dots(sm, Rk, kK, ir, part + 512 + slot * 64, g, q, exp2i(ek));
       consumers_sync();  // (4a) both Rk^Ts have read v's pair: the next chunk's v rows land there
       if (ch > 0) issue_raw(p, sm, kV, p.v, b, h, ch - 1, lt);
+      {  // diag(w) on columns s (one rounding, as Rk^T w), then Q^T MD's accumulation scale
+        const float d1 = exp2i(-eq), d2 = exp2i(-emd);
 #pragma unroll
-      for (int i = 0; i < 32; ++i) Rk[i] *= L[kWt + 8 * (i >> 2) + 2 * q + (i & 1)];  // diag(w) on columns s
+        for (int i = 0; i < 32; ++i) Rk[i] = Rk[i] * L[kWt + 8 * (i >> 2) + 2 * q + (i & 1)] * d1 * d2;
+      }
       ss_product<3, 1, 1, 4, false>(Rk, sm, mnmaj(kQ + 8192 * c, kTile, 64), mnmaj(kMD, kW, 64));  // += Q^T MD
       wg_wait<0>();
       acc_fence(Rk);
-      col_dots(sm, Rk, kK, ir, part + 1024 + slot * 64, g, q);
+      if constexpr (kT) {
+        const float s1 = exp2i(eq), s2 = exp2i(emd);
+#pragma unroll
+        for (int i = 0; i < 32; ++i) Rk[i] = Rk[i] * s1 * s2;
+      }
+      col_dots(sm, Rk, kK, ir, part + 1024 + slot * 64, g, q, exp2i(ek));
       store_t(p.dk, p, b, h, ch, Rk, L + kBeta, ir, q);  // dk = beta dkt
     }
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) c0 += __shfl_xor_sync(0xffffffffu, c0, o);
     if (lane == 0) part[1536 + slot] = c0;
+    // (split t) dy A[t]'s maximum from dy's pair (stable since (1)), across (4b)
+    if constexpr (kT) put_max(sm, sYA, lt >> 5, put_dya<false>(sm, L, lt, exp2i(ey), 1.f));
     consumers_sync();  // (4b) both consumers past Q^T MD and dbeta's row dots: MQ, MD and k's pair are free
     if (ch > 0) issue_raw(p, sm, kK, p.k, b, h, ch - 1, lt);
-    put_dya(sm, L, lt);
+    int eya = 0;
+    if constexpr (kT) eya = tile_exp<8>(sm, sYA);
+    put_dya<true>(sm, L, lt, exp2i(ey), exp2i(-eya));
     fence_async_smem();
     consumers_sync();  // (4c) dy A[t]'s pair whole; dy's pair read: the next chunk's dy rows land there
     if (ch > 0) issue_raw(p, sm, kY, p.dy, b, h, ch - 1, lt);
     // G's update in two N = 64 halves, each from zero: U = Q^T diag(A) dY (A = q's pair, MN-major; B = dy A[t]'s
-    // pair, MN-major), G = fmaf(A_63, G, U): wgmma's in-place accumulation truncates (perf-notes, thirtieth session)
+    // pair, MN-major), G = fmaf(A_63, G, U): wgmma's in-place accumulation truncates (perf-notes, thirtieth session);
+    // split t: U times 2^e_q and 2^e_ya, one at a time (exact), inside the one rounding
     const float a63 = L[kA + 63];
+    const float u1 = exp2i(eq), u2 = exp2i(eya);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       float U[32];
@@ -523,8 +726,9 @@ __device__ __forceinline__ void consumer(const Params& p, unsigned char* sm_in, 
       wg_wait<0>();
       acc_fence(U);
 #pragma unroll
-      for (int i = 0; i < 32; ++i) G[32 * half + i] = fmaf(a63, G[32 * half + i], U[i]);
+      for (int i = 0; i < 32; ++i) G[32 * half + i] = fmaf(a63, G[32 * half + i], U[i] * u1 * u2);
     }
+    if constexpr (kT) put_max(sm, sG, lt >> 5, max_abs(G));  // (the next chunk's Rk^T reads it after (4))
     sync_all();  // (4) the chunk is done: its pairs and weights read, its partials written; WG0's next tables, Lx
   }
 }
@@ -558,13 +762,14 @@ __device__ __forceinline__ void aux(const Params& p, unsigned char* sm, int64_t 
 KERNEL_ENTRY
 
 int pa_run(const float* q, const float* k, const float* v, const float* dy, const float* gate, const float* beta,
-           const float* ckpt, const float* dfinal, float* dq, float* dk, float* dgate, float* dbeta, int B, int T,
-           int H, cudaStream_t s) {
-  return launch_kernel(Params{q, k, v, dy, gate, beta, ckpt, dfinal, dq, dk, dgate, dbeta, T, H, (T + 63) / 64},
+           const float* ckpt, const int* ckexp, const float* dfinal, float* dq, float* dk, float* dgate, float* dbeta,
+           int B, int T, int H, cudaStream_t s) {
+  return launch_kernel(Params{q, k, v, dy, gate, beta, ckpt, dfinal, ckexp, dq, dk, dgate, dbeta, T, H, (T + 63) / 64},
                        B * H, s);
 }
 int pa_attrs(int* res) { return func_attrs((const void*)passa_kernel, res); }
 int pa_smem() { return kSmem; }
+bool pa_split_t() { return kT; }
 }  // namespace pa
 """
 
@@ -572,16 +777,18 @@ int pa_smem() { return kSmem; }
 HOST_SRC = r"""
 namespace pa {
 int pa_run(const float* q, const float* k, const float* v, const float* dy, const float* gate, const float* beta,
-           const float* ckpt, const float* dfinal, float* dq, float* dk, float* dgate, float* dbeta, int B, int T,
-           int H, cudaStream_t s);
+           const float* ckpt, const int* ckexp, const float* dfinal, float* dq, float* dk, float* dgate, float* dbeta,
+           int B, int T, int H, cudaStream_t s);
 int pa_attrs(int* res);
 int pa_smem();
+bool pa_split_t();
 }
 // q, k, v, dy, dq, dk (B, T, H, 128); gate, beta, dgate, dbeta (B, T, H); ckpt (B H, nck, 128, 128): S at each
-// 64-step chunk start; dfinal (B, H, 128, 128) or empty (zero).
+// 64-step chunk start; ckexp (B H, nck) int32: each checkpoint's tile exponent (split t's S scale: ckpt_exponents;
+// the b build does not read it, and may take it empty); dfinal (B, H, 128, 128) or empty (zero).
 void passa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dy, const at::Tensor& gate,
-           const at::Tensor& beta, const at::Tensor& ckpt, const at::Tensor& dfinal, const at::Tensor& dq,
-           const at::Tensor& dk, const at::Tensor& dgate, const at::Tensor& dbeta) {
+           const at::Tensor& beta, const at::Tensor& ckpt, const at::Tensor& ckexp, const at::Tensor& dfinal,
+           const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dgate, const at::Tensor& dbeta) {
   TORCH_CHECK(q.dim() == 4 && q.size(3) == 128 && k.sizes() == q.sizes() && v.sizes() == q.sizes() &&
               dy.sizes() == q.sizes() && dq.sizes() == q.sizes() && dk.sizes() == q.sizes(),
               "q, k, v, dy, dq, dk (B, T, H, 128)");
@@ -591,9 +798,13 @@ void passa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const 
               dbeta.numel() == gate.numel(), "gate, beta, dgate, dbeta (B, T, H)");
   TORCH_CHECK(ckpt.numel() == (int64_t)B * H * nck * 16384, "ckpt (B H, ceil(T / 64), 128, 128)");
   TORCH_CHECK(dfinal.numel() == 0 || dfinal.numel() == (int64_t)B * H * 16384, "dfinal (B, H, 128, 128)");
+  TORCH_CHECK((ckexp.numel() == 0 && !pa::pa_split_t()) ||
+              (ckexp.numel() == (int64_t)B * H * nck && ckexp.scalar_type() == at::kInt && ckexp.is_cuda() &&
+               ckexp.is_contiguous()), "ckexp (B H, nck) int32 (empty only in the b build)");
   check(pa::pa_run(f32(q), f32(k), f32(v), f32(dy), f32(gate), f32(beta), f32(ckpt),
-                   dfinal.numel() ? f32(dfinal) : nullptr, const_cast<float*>(f32(dq)), const_cast<float*>(f32(dk)),
-                   const_cast<float*>(f32(dgate)), const_cast<float*>(f32(dbeta)), B, T, H,
+                   ckexp.numel() ? ckexp.data_ptr<int>() : nullptr, dfinal.numel() ? f32(dfinal) : nullptr,
+                   const_cast<float*>(f32(dq)), const_cast<float*>(f32(dk)), const_cast<float*>(f32(dgate)),
+                   const_cast<float*>(f32(dbeta)), B, T, H,
                    c10::cuda::getCurrentCUDAStream()), "pass A launch");
 }
 std::vector<int64_t> passa_attrs() {  // (kernel_attrs', then the dynamic shared memory)
@@ -606,11 +817,20 @@ FUNCTIONS = ["passa", "passa_attrs"]
 
 
 def build_module(split="b"):
-    assert split == "b", "pass A is built in bf16 x3 only (pass B's --split t text is spliced with kT false)"
     splices = (("PASSB_TABLES", passb_src("__device__ __forceinline__ float* ltab", "// WG0: chunk ch's q, k")),
                ("PASSB_PUT_PAIR", passb_src("// 8 fp32 values to a pair's hi and lo",
                                             "// Split t's tile scales")))
     return common.build_module("bwd_fp32_passA", "pa", "passa_kernel", CUDA_SRC, HOST_SRC, FUNCTIONS, splices, split)
+
+
+def ckpt_exponents(ckpt):
+    """Split t's exponent of each checkpoint S (B H, nck, 128, 128) float32 as one tile: (B H, nck) int32, e =
+    ceil(log2 max |S|) - 15 (0 for a zero S; at least -126), the kernels' tile_exp and fp32_split_emulation's
+    pow2_scale over the whole matrix (what the forward that writes the checkpoints will store beside them)."""
+    m = ckpt.abs().amax((-1, -2))
+    fr, ex = torch.frexp(m)  # m = fr 2^ex, fr in [0.5, 1): ceil(log2 m) = ex, or ex - 1 at fr = 0.5
+    e = (torch.where(fr == 0.5, ex - 1, ex) - 15).clamp(min=-126)
+    return torch.where(m > 0, e, torch.zeros_like(e)).to(torch.int32).contiguous()
 
 
 NAMES = ("dq", "dk", "dgate", "dbeta")
@@ -654,7 +874,8 @@ def run_kernel(mod, q, k, v, gate, beta, dy, ckpt, dsT=None):
     """(dq, dk, dgate, dbeta) by the kernel; every output NaN-poisoned first (an element it misses stays NaN)."""
     dq, dk = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
     dgate, dbeta = torch.full_like(gate, float("nan")), torch.full_like(gate, float("nan"))
-    mod.passa(q, k, v, dy, gate, beta, ckpt, dsT if dsT is not None else q.new_empty(0), dq, dk, dgate, dbeta)
+    mod.passa(q, k, v, dy, gate, beta, ckpt, ckpt_exponents(ckpt), dsT if dsT is not None else q.new_empty(0), dq, dk,
+              dgate, dbeta)
     return dq, dk, dgate, dbeta
 
 
@@ -693,7 +914,8 @@ def bench(mod, trials):
     dsT = torch.randn(B, H, 128, 128, device="cuda", generator=gen)
     dq, dk = torch.empty_like(q), torch.empty_like(q)
     dgate, dbeta = torch.empty_like(gate), torch.empty_like(gate)
-    st = kernelbench_time(mod.passa, (q, k, v, dy, gate, beta, ckpt, dsT, dq, dk, dgate, dbeta), trials=trials,
+    ckexp = ckpt_exponents(ckpt)
+    st = kernelbench_time(mod.passa, (q, k, v, dy, gate, beta, ckpt, ckexp, dsT, dq, dk, dgate, dbeta), trials=trials,
                           warmup=3, flush=True)
     finite = all(bool(x.isfinite().all()) for x in (dq, dk, dgate, dbeta))
     common.bench_report(st, (B, T, H), mod.passa_attrs, trials, finite)
@@ -703,4 +925,4 @@ def bench(mod, trials):
 if __name__ == "__main__":
     common.main(__doc__, "bwd_fp32_passA.json", "device: dq, dk, dgate, dbeta against float64 naive", cpu_check,
                 build_module, device_check, bench,
-                before_launch=common.split_registers_guard("passa_attrs", "passa_kernel"))
+                before_launch=common.split_registers_guard("passa_attrs", "passa_kernel"), splits=("b", "t"))

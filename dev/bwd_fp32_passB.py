@@ -215,8 +215,8 @@ __device__ __forceinline__ void write_pair(unsigned char* sm, int base, int lt, 
   for (int m = 0; m < 4; ++m) put_pair(sm + base + (4 * m + kq) * 1024 + t * 16, v[m][0], v[m][1], scale);
 }
 // Split t's tile scales: each consumer warp's max |x| of a tile into its slot, then, after a barrier, the tile's
-// exponent e (fp32_split_emulation's pow2_scale: e = ceil(log2 max) - 15, 0 for a zero tile; clamped at -100 so
-// that 2^-e stays a normal float, where the emulation has no clamp: tiles of max |x| <= 2^-86 differ from it);
+// exponent e (fp32_split_emulation's pow2_scale: e = ceil(log2 max) - 15, 0 for a zero tile; clamped at -126 so
+// that 2^-e stays a normal float, where the emulation has no clamp: tiles of max |x| <= 2^-111 differ from it);
 // values are split times 2^-e and products' accumulators carry 2^(e_A + e_B).
 enum { sQ, sQA, sK, sY, sG, sMP };
 __device__ __forceinline__ void put_max(unsigned char* sm, int tile, int lt, float m) {
@@ -232,7 +232,7 @@ __device__ __forceinline__ int tile_exp(const unsigned char* sm, int tile) {
   if (!(m > 0.f)) return 0;
   int ex;
   const float fr = frexpf(m, &ex);  // m = fr 2^ex, fr in [0.5, 1): ceil(log2 m) = ex, or ex - 1 at fr = 0.5
-  return max((fr == 0.5f ? ex - 1 : ex) - 15, -100);
+  return max((fr == 0.5f ? ex - 1 : ex) - 15, -126);
 }
 // 2^e for one tile's exponent or its negation (|e| <= 113: a normal float); two tiles' scale is applied as two
 // multiplies, never as the product exp2i(a) exp2i(b), which may overflow or underflow where the values do not.
