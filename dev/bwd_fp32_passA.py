@@ -209,44 +209,8 @@ struct Params {
 DECAY_TABLES
 PASSB_TABLES
 PASSB_PUT_PAIR
-// Split t's tile scales (pass B's scheme, pass A's tiles): each warp's max |x| of a tile into its slot, then, after a
-// barrier, the tile's exponent e over its slots (fp32_split_emulation's pow2_scale: e = ceil(log2 max) - 15, 0 for a
-// zero tile; clamped at -126 so that 2^-e stays a normal float); values are split times 2^-e, and a product's
-// accumulator takes 2^e_A and 2^e_B, one multiply each (their product may leave the float range).
+// Split t's tile scales: pass A's tiles (put_max, tile_exp, exp2i, max_abs: pass B's, spliced above).
 enum { sQ, sK, sV, sY, sMQ, sMD, sE, sG, sYA, sLx };
-__device__ __forceinline__ void put_max(unsigned char* sm, int tile, int slot, float m) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  if ((threadIdx.x & 31) == 0) reinterpret_cast<float*>(sm + kScl)[8 * tile + slot] = m;
-}
-template <int N>
-__device__ __forceinline__ int tile_exp(const unsigned char* sm, int tile, int first = 0) {
-  const float* sl = reinterpret_cast<const float*>(sm + kScl) + 8 * tile + first;
-  float m = sl[0];
-#pragma unroll
-  for (int w = 1; w < N; ++w) m = fmaxf(m, sl[w]);
-  if (!(m > 0.f)) return 0;
-  int ex;
-  const float fr = frexpf(m, &ex);  // m = fr 2^ex, fr in [0.5, 1): ceil(log2 m) = ex, or ex - 1 at fr = 0.5
-  return max((fr == 0.5f ? ex - 1 : ex) - 15, -126);
-}
-__device__ __forceinline__ float exp2i(int e) { return __int_as_float((127 + e) << 23); }
-__device__ __forceinline__ float max_abs(const float4 (&v)[4][2]) {
-  float m = 0.f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-#pragma unroll
-    for (int e = 0; e < 2; ++e)
-      m = fmaxf(m, fmaxf(fmaxf(fabsf(v[i][e].x), fabsf(v[i][e].y)), fmaxf(fabsf(v[i][e].z), fabsf(v[i][e].w))));
-  return m;
-}
-template <int N>
-__device__ __forceinline__ float max_abs(const float (&x)[N]) {
-  float m = 0.f;
-#pragma unroll
-  for (int i = 0; i < N; ++i) m = fmaxf(m, fabsf(x[i]));
-  return m;
-}
 // A pair's 16-bit element as float: bf16 (b) or fp16 (t)
 __device__ __forceinline__ float ld16(const unsigned char* p) {
   if constexpr (kT) return __half2float(*reinterpret_cast<const __half*>(p));

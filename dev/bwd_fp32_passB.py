@@ -45,7 +45,7 @@ is a single q.k product and its relative error follows that dot's cancellation: 
 a case as OVER with the emulation beside it). --build-only: 168 registers, no stack, no spills, no ptxas wgmma
 warning (the #177 lines are the probe's unused helpers). On the device (thirty-first session): --check equal to the
 bf16 x3 emulation in every case; its timings, before and after the loads were overlapped, are in perf-notes.
---split t (written after that session's device time): compiled (168 registers, 32 / 40 B spilled), not run; a
+--split t (written after that session's device time): compiled (168 registers, 40 / 48 B spilled), not run; a
 helper's CPU emulation of the kernel's own arithmetic equals pass_b_model(split="t") bit for bit on every --check
 case (its review found the two-exponent products' overflow, fixed by applying them one at a time).
 """
@@ -214,30 +214,31 @@ __device__ __forceinline__ void write_pair(unsigned char* sm, int base, int lt, 
 #pragma unroll
   for (int m = 0; m < 4; ++m) put_pair(sm + base + (4 * m + kq) * 1024 + t * 16, v[m][0], v[m][1], scale);
 }
-// Split t's tile scales: each consumer warp's max |x| of a tile into its slot, then, after a barrier, the tile's
-// exponent e (fp32_split_emulation's pow2_scale: e = ceil(log2 max) - 15, 0 for a zero tile; clamped at -126 so
+// The tile exponents of split t (pass A takes these from here with the pair helpers): each warp's max |x| of a
+// tile into its slot (8 floats a tile at kScl), then, after a barrier, the tile's exponent e over N of its slots
+// from `first` (fp32_split_emulation's pow2_scale: e = ceil(log2 max) - 15, 0 for a zero tile; clamped at -126 so
 // that 2^-e stays a normal float, where the emulation has no clamp: tiles of max |x| <= 2^-111 differ from it);
-// values are split times 2^-e and products' accumulators carry 2^(e_A + e_B).
-enum { sQ, sQA, sK, sY, sG, sMP };
-__device__ __forceinline__ void put_max(unsigned char* sm, int tile, int lt, float m) {
+// values are split times 2^-e and a product's accumulator takes 2^e_A and 2^e_B.
+__device__ __forceinline__ void put_max(unsigned char* sm, int tile, int slot, float m) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  if ((lt & 31) == 0) reinterpret_cast<float*>(sm + kScl)[8 * tile + (lt >> 5)] = m;
+  if ((threadIdx.x & 31) == 0) reinterpret_cast<float*>(sm + kScl)[8 * tile + slot] = m;
 }
-__device__ __forceinline__ int tile_exp(const unsigned char* sm, int tile) {
-  const float* sl = reinterpret_cast<const float*>(sm + kScl) + 8 * tile;
+template <int N>
+__device__ __forceinline__ int tile_exp(const unsigned char* sm, int tile, int first = 0) {
+  const float* sl = reinterpret_cast<const float*>(sm + kScl) + 8 * tile + first;
   float m = sl[0];
 #pragma unroll
-  for (int w = 1; w < 8; ++w) m = fmaxf(m, sl[w]);
+  for (int w = 1; w < N; ++w) m = fmaxf(m, sl[w]);
   if (!(m > 0.f)) return 0;
   int ex;
   const float fr = frexpf(m, &ex);  // m = fr 2^ex, fr in [0.5, 1): ceil(log2 m) = ex, or ex - 1 at fr = 0.5
   return max((fr == 0.5f ? ex - 1 : ex) - 15, -126);
 }
-// 2^e for one tile's exponent or its negation (|e| <= 113: a normal float); two tiles' scale is applied as two
+// 2^e for one tile's exponent or its negation (|e| <= 126: a normal float); two tiles' scale is applied as two
 // multiplies, never as the product exp2i(a) exp2i(b), which may overflow or underflow where the values do not.
 __device__ __forceinline__ float exp2i(int e) { return __int_as_float((127 + e) << 23); }
-__device__ __forceinline__ float max_abs(const float4 (&v)[4][2], float scale) {
+__device__ __forceinline__ float max_abs(const float4 (&v)[4][2], float scale = 1.f) {
   float m = 0.f;
 #pragma unroll
   for (int i = 0; i < 4; ++i)
@@ -247,6 +248,15 @@ __device__ __forceinline__ float max_abs(const float4 (&v)[4][2], float scale) {
                          fmaxf(fabsf(v[i][e].z * scale), fabsf(v[i][e].w * scale))));
   return m;
 }
+template <int N>
+__device__ __forceinline__ float max_abs(const float (&x)[N]) {
+  float m = 0.f;
+#pragma unroll
+  for (int i = 0; i < N; ++i) m = fmaxf(m, fabsf(x[i]));
+  return m;
+}
+// Split t's tile scales: pass B's tiles (pass A's splice of this text ends here)
+enum { sQ, sQA, sK, sY, sG, sMP };
 // MP[u][s] = L[u][s] beta_s QK[u][s] (s <= u, else 0) from consumer c's 64 x 32 accumulator X (rows u = 16 wl + g
 // (+8), columns s = 32 c + 8 n + 2 q (+1)); split, stored [s / 8][u][8] (chunk_bwd_sm90's put_weights, its order of
 // the products).
@@ -310,12 +320,9 @@ __device__ __forceinline__ void consumer(const Params& p, unsigned char* sm, int
   load_g(G, p.dfinal, bh, ir, q);
   int eg = 0;  // (split t) the exponent of G's pair: its tile's max |G| near 2^15
   if constexpr (kT) {
-    float m = 0.f;
-#pragma unroll
-    for (int i = 0; i < 64; ++i) m = fmaxf(m, fabsf(G[i]));
-    put_max(sm, sG, lt, m);
+    put_max(sm, sG, lt >> 5, max_abs(G));
     consumers_sync();
-    eg = tile_exp(sm, sG);
+    eg = tile_exp<8>(sm, sG);
   }
   put_g(sm, G, ir, q, exp2i(-eg));
   fence_async_smem();
@@ -331,15 +338,15 @@ __device__ __forceinline__ void consumer(const Params& p, unsigned char* sm, int
       read_raw(sm, kK, lt, vk);
       const float a = L[kA + 8 * (lt >> 5) + (lt & 7)];
       if constexpr (kT) {
-        put_max(sm, sQ, lt, max_abs(vq, 1.f));
-        put_max(sm, sQA, lt, max_abs(vq, a));  // (q A[t] in fp32, as it is split)
-        put_max(sm, sK, lt, max_abs(vk, 1.f));
+        put_max(sm, sQ, lt >> 5, max_abs(vq));
+        put_max(sm, sQA, lt >> 5, max_abs(vq, a));  // (q A[t] in fp32, as it is split)
+        put_max(sm, sK, lt >> 5, max_abs(vk));
       }
       consumers_sync();  // (1b) the raw tiles read: their space becomes the pairs; the tiles' maxima
       if constexpr (kT) {
-        eq = tile_exp(sm, sQ);
-        eqa = tile_exp(sm, sQA);
-        ek = tile_exp(sm, sK);
+        eq = tile_exp<8>(sm, sQ);
+        eqa = tile_exp<8>(sm, sQA);
+        ek = tile_exp<8>(sm, sK);
       }
       write_pair(sm, kQ, lt, vq, exp2i(-eq));
       write_pair(sm, kQA, lt, vq, a * exp2i(-eqa));  // (q (A[t] 2^-e) rounds as (q A[t]) 2^-e)
@@ -354,12 +361,9 @@ __device__ __forceinline__ void consumer(const Params& p, unsigned char* sm, int
       acc_fence(X);
       mp_values(X, L, c, wl, g, q, exp2i(eq), exp2i(ek));
       if constexpr (kT) {
-        float m = 0.f;
-#pragma unroll
-        for (int i = 0; i < 16; ++i) m = fmaxf(m, fabsf(X[i]));
-        put_max(sm, sMP, lt, m);
+        put_max(sm, sMP, lt >> 5, max_abs(X));
         consumers_sync();  // (1c) MP's maximum
-        emp = tile_exp(sm, sMP);
+        emp = tile_exp<8>(sm, sMP);
       }
       put_mp(sm, X, c, wl, g, q, exp2i(-emp));
     }
@@ -368,9 +372,9 @@ __device__ __forceinline__ void consumer(const Params& p, unsigned char* sm, int
     consumers_sync();  // (2) MP whole; every thread's dy rows landed; both QKs have read q's pair
     float4 vy[4][2];
     read_raw(sm, kY, lt, vy);
-    if constexpr (kT) put_max(sm, sY, lt, max_abs(vy, 1.f));
+    if constexpr (kT) put_max(sm, sY, lt >> 5, max_abs(vy));
     consumers_sync();  // (2a) dy's raw tile read; its maximum
-    if constexpr (kT) ey = tile_exp(sm, sY);
+    if constexpr (kT) ey = tile_exp<8>(sm, sY);
     if (ch > 0) issue_raw(p, sm, kQ, p.q, b, h, ch - 1, lt);
     float R[32];  // KG, then dv: rows s = 16 wl + g (+8), columns j = 64 c + 8 n + 2 q (+1)
     ss_product<3, 0, 1, 8, true>(R, sm, kmaj(kK, kTile, 64), mnmaj(kGH + 16384 * c, kGL - kGH, 128));
@@ -413,14 +417,11 @@ __device__ __forceinline__ void consumer(const Params& p, unsigned char* sm, int
 #pragma unroll
     for (int i = 0; i < 64; ++i) G[i] = fmaf(a63, G[i], U[i] * u1 * u2);  // one rounding: the join of 8.3
     if constexpr (kT) {
-      float m = 0.f;
-#pragma unroll
-      for (int i = 0; i < 64; ++i) m = fmaxf(m, fabsf(G[i]));
-      put_max(sm, sG, lt, m);
+      put_max(sm, sG, lt >> 5, max_abs(G));
     }
     consumers_sync();  // (3) both consumers' KG have read G's pair, both Us dy's and qA's; G's maximum
     if (ch > 0) issue_raw(p, sm, kY, p.dy, b, h, ch - 1, lt);
-    if constexpr (kT) eg = tile_exp(sm, sG);
+    if constexpr (kT) eg = tile_exp<8>(sm, sG);
     put_g(sm, G, ir, q, exp2i(-eg));
     fence_async_smem();
     sync_all();  // (4) the chunk is done; WG0's tables of ch - 1
