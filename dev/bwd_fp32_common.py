@@ -198,10 +198,14 @@ STRESS = ((1, 2100, 2), "const 1.002")
 # rows of q, k, v, dy each times 10^u, u uniform in (-3, 3), sigmoid gates: a tile whose rows differ by up to 1e6
 # (one power-of-two scale a tile, split t, keeps the large rows' precision; the small ones weigh little in the norm)
 ROWSCALE = ((1, 300, 2), "row scales")
+# a loss on a few steps (dy zero on each chunk's first 48 steps, or on its last 48), sigmoid gates: within a chunk
+# q A[t] spans far more than fp16's range, and the steps that meet a nonzero dy may be the tiny ones (split t's one
+# scale a tile loses them all: dS_0 of pass B, thirty-second session)
+MASKED = [((1, 256, 2), "dy masked early"), ((1, 256, 2), "dy masked late")]
 
 
 def cases():
-    out = [(s, gname) for s in SHAPES for gname in GATES] + [STRESS, ROWSCALE]
+    out = [(s, gname) for s in SHAPES for gname in GATES] + [STRESS, ROWSCALE] + MASKED
     return [(s, gname, i % 2 == 1) for i, (s, gname) in enumerate(out)]
 
 
@@ -215,6 +219,10 @@ def make_case(shape, gname, with_dsT, seed):
     elif gname == "row scales":
         gate = torch.sigmoid(torch.randn(B, T, H, generator=gen))
         q, k, v, dy = (x * 10.0 ** (6 * torch.rand(B, T, H, 1, generator=gen) - 3) for x in (q, k, v, dy))
+    elif gname.startswith("dy masked"):
+        gate = torch.sigmoid(torch.randn(B, T, H, generator=gen))
+        t = torch.arange(T)
+        dy[:, t % 64 < 48 if gname.endswith("early") else t % 64 >= 16] = 0
     else:
         spec = GATES[gname]
         if spec is None:
