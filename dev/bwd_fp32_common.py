@@ -4,8 +4,8 @@ build, the chunk models' products, padding and tables, the test cases and metric
 with their verdict, --bench's report, the result file and the command line. Not a script: each pass imports it and
 is run itself, from the repository root (each pass's docstring says what its commands do):
 
-    python3 dev/bwd_fp32_passB.py --cpu-check [--split b|d|t] | --build-only | --check | --bench [--trials N]
-    python3 dev/bwd_fp32_passA.py --cpu-check [--split b|d|t] | --build-only | --check | --bench [--trials N]
+    python3 dev/bwd_fp32_passB.py --cpu-check [--split b|d|t|k|r] | --build-only | --check | --bench [--trials N]
+    python3 dev/bwd_fp32_passA.py --cpu-check [--split b|d|t|k|r] | --build-only | --check | --bench [--trials N]
 """
 import argparse
 import math
@@ -117,7 +117,12 @@ def build_module(name, namespace, kernel, cuda_src, host_src, functions, splices
 # ---------------------------------------------------------------------------------------------
 # --split: training-design 8.4's scheme -> (fp32_split_emulation's mode, the label the outputs print)
 SPLITS = {"b": ("bf16x3", "bf16 x3"), "d": ("fp16x3s", "scaled fp16 x3"),
-          "t": ("fp16x3t", "tile-scaled fp16 x3")}
+          "t": ("fp16x3t", "tile-scaled fp16 x3"),
+          "k": ("fp16x3k", "k-step-scaled fp16 x3"), "r": ("fp16x3r", "step-scaled fp16 x3")}
+# Splits k and r (scales along the contraction; the models' own products, StepScaled below): the rows of a chunk
+# matrix indexed by steps carry one power of two a group of STEP_GROUP[split] steps (k: a wgmma k-step, 16; r: every
+# step).
+STEP_GROUP = {"k": 16, "r": 1}
 
 
 def model_mm(emulate, split="b"):
@@ -158,6 +163,116 @@ def model_pair(emulate, split="b"):
         lo = (xs - hi).half().float()
         return ((hi + lo).double() * s).float()  # hi + lo exact in float32 (22 bits); the power of two exact
     return pair
+
+
+class StepScaled:
+    """Splits k and r (scales along the chunk's steps; training-design 8.6's t refined where a product sums over the
+    steps). A tile whose rows are steps (q, k, v, dy) is stored as ONE fp16 hi / lo pair of x 2^-e, e per group of
+    `gran` rows (k: the 16 steps of a wgmma k-step; r: every step): ceil(log2 of the group's max |x|) - 15, as pow2_scale.
+    Its readers:
+      - products that do not sum over its rows (QK, KG, Dd, R^T, Rk^T): the group's 2^e is a per-row (M) or per-column
+        (N) factor of the accumulator after the product (outer);
+      - products that sum over its rows (G's update, dv, dq^T, dk^T, M): the tile is the product's NATURAL side (its
+        stored pair as is), the other operand is made for that product alone and is COMPENSATED (contract): its slice
+        r of the contraction is taken times 2^-(E - e_nat[r]), E = max_r (e_comp[r] + e_nat[r]) (its own group
+        exponent plus the natural side's), so that every k-step's partial has the one scale 2^E: the largest group's
+        product at full range, a group far below it underflows only where it is negligible against it;
+      - the row dots: hi + lo times its row's 2^e (value).
+    Zero groups have no exponent (-inf): a product group where either side is zero is zero. Every product as
+    fp32_split_emulation's mm: three terms (hh + hl + lh) a 16-step k-step, each exact partial added to a float32
+    accumulator at the product's scale (rounded to nearest, or truncated with emu.RZ), then times its powers of two."""
+
+    def __init__(self, gran):
+        self.gran = gran
+
+    @staticmethod
+    def exps(m):
+        """float64 exponents ceil(log2 m) - 15 of maxima m >= 0; -inf for m == 0."""
+        m = m.double()
+        return torch.where(m > 0, torch.ceil(torch.log2(torch.where(m > 0, m, torch.ones_like(m)))) - 15,
+                           torch.full_like(m, -math.inf))
+
+    def group_exp(self, x, gran=None):
+        """x (..., K, X): exponents (..., K, 1), one a group of gran rows (the max over the group's rows and all X)."""
+        gran = min(gran or self.gran, x.shape[-2])
+        m = x.abs().amax(-1)
+        K = m.shape[-1]
+        mg = m.reshape(*m.shape[:-1], K // gran, gran).amax(-1).repeat_interleave(gran, -1)
+        return self.exps(mg)[..., None]
+
+    @staticmethod
+    def scale(e):
+        return torch.exp2(torch.where(torch.isfinite(e), e, torch.zeros_like(e)))
+
+    @staticmethod
+    def halves(xs):
+        """fp16 hi, lo of float32 xs (already scaled), as float32."""
+        hi = xs.half().float()
+        return hi, (xs - hi).half().float()
+
+    def nat(self, x, tile=False):
+        """A step-indexed tile x (..., R, C) as its stored pair: dict hi, lo (..., R, C), e (..., R, 1) (-inf where
+        zero); tile: one exponent for the whole matrix (t's, for G and S)."""
+        if tile:
+            e = self.exps(x.abs().amax((-1, -2), keepdim=True))  # (..., 1, 1)
+        else:
+            e = self.group_exp(x)
+        hi, lo = self.halves((x.double() / self.scale(e)).float())
+        return {"hi": hi, "lo": lo, "e": e}
+
+    def value(self, t):
+        """A pair as the row dots read it: (hi + lo) times its row's 2^e (hi + lo exact in float32)."""
+        return ((t["hi"] + t["lo"]).double() * self.scale(t["e"])).float()
+
+    @staticmethod
+    def T(t):
+        """The pair transposed (rows -> columns; e (..., 1, R))."""
+        return {"hi": t["hi"].transpose(-1, -2), "lo": t["lo"].transpose(-1, -2), "e": t["e"].transpose(-1, -2)}
+
+    @staticmethod
+    def _run(ah, al, bh, bl, post, acc):
+        """The wgmma sequence at the scaled values: acc (unscaled) taken to the product's scale 1 / post first (a
+        power of two a row / column / element), three terms a k-step, each partial rounded into float32, then times
+        post."""
+        K = ah.shape[-1]
+        shape = (*ah.shape[:-1], bh.shape[-1])
+        out = torch.zeros(shape, dtype=torch.float32) if acc is None else (acc.double() / post).float()
+        for k0 in range(0, K, 16):
+            for x, y in ((ah, bh), (ah, bl), (al, bh)):
+                out = emu.add_round(out, x[..., k0:k0 + 16].double() @ y[..., k0:k0 + 16, :].double())
+        return (out.double() * post).float()
+
+    def outer(self, a, b, acc=None):
+        """a (M, K) @ b (K, N), pairs (nat / T) whose exponents lie along M (a: e (..., M, 1)) and N (b: e (..., 1, N))
+        or are one a tile: the accumulator times 2^(e_a[m] + e_b[n])."""
+        post = self.scale(a["e"]) * self.scale(b["e"])
+        return self._run(a["hi"], a["lo"], b["hi"], b["lo"], post, acc)
+
+    def contract(self, comp, nat, comp_is_a, acc=None, inplace=False, gran=None):
+        """A product over the steps: comp (float32 values) is compensated against the natural pair nat.
+        comp_is_a: comp is A (M, K), nat is B (K, N) with e (..., K, 1); else nat is A (M, K) with e (..., 1, K)
+        and comp is B (K, N). inplace: comp is first split at its own group exponents (its natural pair) and then its
+        hi and lo are each taken times 2^(e_comp + e_nat - E) in fp16 (a kernel rescaling a stored pair in place),
+        instead of split once from comp 2^-(E - e_nat)."""
+        ck = comp.transpose(-1, -2) if comp_is_a else comp  # (..., K, X): the contraction along rows
+        en = nat["e"] if comp_is_a else nat["e"].transpose(-1, -2)  # (..., K, 1)
+        ec = self.group_exp(ck, gran)
+        P = ec + en
+        E = P.amax(-2, keepdim=True)  # (..., 1, 1)
+        ok = torch.isfinite(P)
+        Ef = torch.where(torch.isfinite(E), E, torch.zeros_like(E))
+        if inplace:
+            hi, lo = self.halves((ck.double() / self.scale(ec)).float())
+            f = torch.exp2(torch.where(ok, P - Ef, torch.zeros_like(P)))
+            hi, lo = (hi.double() * f).half().float(), (lo.double() * f).half().float()
+        else:
+            hi, lo = self.halves((ck.double() / torch.exp2(torch.where(ok, Ef - en, torch.zeros_like(en)))).float())
+        zero = torch.zeros((), dtype=torch.float32)
+        hi, lo = torch.where(ok, hi, zero), torch.where(ok, lo, zero)
+        post = torch.exp2(Ef)
+        if comp_is_a:
+            return self._run(hi.transpose(-1, -2), lo.transpose(-1, -2), nat["hi"], nat["lo"], post, acc)
+        return self._run(nat["hi"], nat["lo"], hi, lo, post, acc)
 
 
 def model_inputs(rows, gate, beta, f):
@@ -201,7 +316,8 @@ ROWSCALE = ((1, 300, 2), "row scales")
 # a loss on a few steps (dy zero on each chunk's first 48 steps, or on its last 48), sigmoid gates: within a chunk
 # q A[t] spans far more than fp16's range, and the steps that meet a nonzero dy may be the tiny ones (split t's one
 # scale a tile loses them all: dS_0 of pass B, thirty-second session)
-MASKED = [((1, 256, 2), "dy masked early"), ((1, 256, 2), "dy masked late")]
+MASKED = [((1, 256, 2), "dy masked early"), ((1, 256, 2), "dy masked late"), ((1, 256, 2), "q early, dy late"),
+          ((1, 256, 2), "g0.3, dy k-step's last step"), ((1, 60, 2), "last-token loss")]
 
 
 def cases():
@@ -219,10 +335,18 @@ def make_case(shape, gname, with_dsT, seed):
     elif gname == "row scales":
         gate = torch.sigmoid(torch.randn(B, T, H, generator=gen))
         q, k, v, dy = (x * 10.0 ** (6 * torch.rand(B, T, H, 1, generator=gen) - 3) for x in (q, k, v, dy))
-    elif gname.startswith("dy masked"):
-        gate = torch.sigmoid(torch.randn(B, T, H, generator=gen))
+    elif gname in [m[1] for m in MASKED]:  # (a loss on few steps; the thirty-second session's holes of split t / k)
+        gate = torch.full((B, T, H), 0.3) if gname.startswith("g0.3") else torch.sigmoid(torch.randn(B, T, H, generator=gen))
         t = torch.arange(T)
-        dy[:, t % 64 < 48 if gname.endswith("early") else t % 64 >= 16] = 0
+        if gname.startswith("dy masked"):
+            dy[:, t % 64 < 48 if gname.endswith("early") else t % 64 >= 16] = 0
+        elif gname == "q early, dy late":  # they meet on steps 24 .. 39 of each chunk only
+            q[:, t % 64 >= 40] = 0
+            dy[:, t % 64 < 24] = 0
+        elif gname == "g0.3, dy k-step's last step":  # q A[t] falls 2^-26 within one 16-step k-step
+            dy[:, t % 16 != 15] = 0
+        else:  # last-token loss: dy at step T - 1 only
+            dy[:, :T - 1] = 0
     else:
         spec = GATES[gname]
         if spec is None:
@@ -341,7 +465,9 @@ def main(doc, json_name, check_help, cpu_check, build_module, device_check, benc
     ap.add_argument("--trials", type=int, default=20, help="timed calls in --bench")
     ap.add_argument("--split", choices=sorted(SPLITS), default="b",
                     help="the scheme (training-design 8.4, 8.6): b, bf16 x3; d, fp16 x3 with power-of-two scales a "
-                         "row of A and a column of B; t, one scale a tile. --cpu-check emulates any; the kernel is "
+                         "row of A and a column of B; t, one scale a tile; k / r, t with scales along the steps (a "
+                         "16-step k-step / every step) and each product over the steps compensated on its own operand "
+                         "(StepScaled). --cpu-check emulates any; the kernel is "
                          f"built in {', '.join(splits)}")
     args = ap.parse_args()
     if args.split not in splits and not args.cpu_check:  # --check's emulation beside the kernel is the kernel's

@@ -90,6 +90,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # dev/ (pass B, the shared part)
 import bwd_fp32_common as common  # noqa: E402
 import bwd_fp32_passB as passb  # noqa: E402
+import fp32_split_emulation as emu  # noqa: E402
 import naive  # noqa: E402
 from bwd_fp32_common import rel  # noqa: E402
 from timing import kernelbench_time  # noqa: E402
@@ -121,6 +122,8 @@ def pass_a_model(q, k, v, gate, beta, dy, ckpt, dsT=None, emulate=None, split="b
     """(dq, dk (B, T, H, D), dgate, dbeta (B, T, H)) from the checkpoints ckpt (B, H, nck, D, D); emulate None
     (float64), "rn" or "rz" (float32, the products and pairs in split's scheme: b bf16 x3, d scaled fp16 x3)."""
     f = torch.float64 if emulate is None else torch.float32
+    if emulate is not None and split in common.STEP_GROUP:
+        return pass_a_model_steps(q, k, v, gate, beta, dy, ckpt, dsT, emulate, split)
     mm = common.model_mm(emulate, split)
     pair = common.model_pair(emulate, split)  # a tile as the row dots read it
     B, T, H, D = q.shape
@@ -777,6 +780,73 @@ std::vector<int64_t> passa_attrs() {  // (kernel_attrs', then the dynamic shared
   return r;
 }
 """
+def pass_a_model_steps(q, k, v, gate, beta, dy, ckpt, dsT, emulate, split):
+    """pass_a_model's float32 emulation in split k or r (bwd_fp32_common.StepScaled: scales along the steps). q, k, v,
+    dy stored once each with an exponent a group of steps; S (the checkpoint) and G one a tile (t's). Products that do
+    not sum over the steps (Dd, QK, R^T, Rk^T) take their operands' exponents as outer factors; those that do (dq^T =
+    K^T MQ^T, dk^T = Q^T MD, M_c = E_c Lx_c^T, U = Q^T diag(A) dY) read the shared tile (k, q, q) or the table (Lx,
+    its columns' exponents: WG0's) as their natural side, the product's own operand (MQ's columns, MD's rows, E_c's
+    columns, dy A[t]'s rows) compensated. The row dots read q and k at their rows' exponents."""
+    emu.RZ = emulate == "rz"
+    try:
+        ss = common.StepScaled(common.STEP_GROUP[split])
+        f = torch.float32
+        B, T, H, D = q.shape
+        (q, k, v, dy), gate, beta, nck = common.model_inputs((q, k, v, dy), gate, beta, f)
+        ckpt = ckpt.to(f)
+        G = torch.zeros(B, H, D, D, dtype=f) if dsT is None else dsT.to(f).clone()
+        dq, dk = torch.zeros(B, H, nck * 64, D, dtype=f), torch.zeros(B, H, nck * 64, D, dtype=f)
+        dgate, dbeta = torch.zeros(B, H, nck * 64, dtype=f), torch.zeros(B, H, nck * 64, dtype=f)
+        low, strict = torch.ones(64, 64, dtype=torch.bool).tril(), torch.ones(64, 64, dtype=torch.bool).tril(-1)
+        zero = torch.zeros((), dtype=f)
+        for ch in range(nck - 1, -1, -1):
+            sl = slice(64 * ch, 64 * ch + 64)
+            Q, K, V, dY, g, bt = q[:, :, sl], k[:, :, sl], v[:, :, sl], dy[:, :, sl], gate[:, :, sl], beta[:, :, sl]
+            S = ckpt[:, :, ch]
+            L, A = common.chunk_tables(g)
+            Ah = torch.cat([torch.ones_like(A[..., :1]), A[..., :-1]], -1)
+            w = L[..., 63, :]
+            Lx = torch.zeros_like(L)
+            Lx[..., 1:, :] = L[..., :-1, :]
+            Lx = torch.where(strict, Lx, zero)
+            qp, kp, vp, yp = ss.nat(Q), ss.nat(K), ss.nat(V), ss.nat(dY)
+            sp, gp = ss.nat(S, tile=True), ss.nat(G, tile=True)
+            Dd = ss.outer(yp, ss.T(vp))
+            QK = ss.outer(qp, ss.T(kp))
+            MQ = torch.where(low, Dd * L * bt[..., None, :], zero)
+            MD = torch.where(low, Dd * L, zero)
+            E = torch.where(strict, bt[..., None, :] * QK * Dd, zero)
+            Rt = ss.outer(sp, ss.T(yp))
+            c0 = (S * G).sum((-1, -2))
+            f_ = (ss.value(qp) * Rt.transpose(-1, -2)).sum(-1)
+            # dq^T = R^T diag(A) + K^T MQ^T: A = k (natural, rows s), B = MQ^T compensated along s (MQ's columns)
+            dqt = ss.contract(MQ.transpose(-1, -2), ss.T(kp), comp_is_a=False, acc=Rt * A[..., None, :])
+            dq[:, :, sl] = dqt.transpose(-1, -2)
+            Rkt = ss.outer(gp, ss.T(vp))
+            kv = ss.value(kp)
+            e = (kv * Rkt.transpose(-1, -2)).sum(-1)
+            # dk^T = Rk^T diag(w) + Q^T MD: A = q (natural, rows u), B = MD compensated along u (its rows)
+            dkt = ss.contract(MD, ss.T(qp), comp_is_a=False, acc=Rkt * w[..., None, :])
+            dk[:, :, sl] = (bt[..., None, :] * dkt).transpose(-1, -2)
+            dbeta[:, :, sl] = (kv * dkt.transpose(-1, -2)).sum(-1)
+            # M_c = E_c Lx_c^T over consumer c's columns s: Lx natural (WG0's pair, its columns' exponents), E_c
+            # compensated (registers)
+            td = 0
+            for c in (0, 1):
+                lxp = ss.nat(Lx[..., 32 * c:32 * c + 32].transpose(-1, -2).contiguous())  # rows s
+                Mc = ss.contract(E[..., 32 * c:32 * c + 32], lxp, comp_is_a=True)
+                td = td + (L * Mc).sum(-2)
+            dgate[:, :, sl] = (td + w * (Ah * c0[..., None] + (Lx @ (bt * e)[..., None])[..., 0])
+                               + Ah * (L.transpose(-1, -2) @ f_[..., None])[..., 0])
+            # U = Q^T diag(A) dY: A = q (natural, rows t), B = dy A[t] from dy's pair, compensated along t
+            U = ss.contract(ss.value(yp) * A[..., :, None], ss.T(qp), comp_is_a=False)
+            G = (A[..., 63, None, None].double() * G.double() + U.double()).float()
+        return (dq[:, :, :T].transpose(1, 2), dk[:, :, :T].transpose(1, 2), dgate[:, :, :T].transpose(1, 2),
+                dbeta[:, :, :T].transpose(1, 2))
+    finally:
+        emu.RZ = False
+
+
 FUNCTIONS = ["passa", "passa_attrs"]
 
 

@@ -58,6 +58,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # dev/ (the shared part)
 import bwd_fp32_common as common  # noqa: E402
+import fp32_split_emulation as emu  # noqa: E402
 import naive  # noqa: E402
 from bwd_fp32_common import rel  # noqa: E402
 from timing import kernelbench_time  # noqa: E402
@@ -512,6 +513,8 @@ def pass_b_model(q, k, gate, beta, dy, dsT=None, emulate=None, split="b"):
     """(dv (B, T, H, D), dS_0 (B, H, D, D)); emulate None (float64), "rn" or "rz" (float32, the products in split's
     scheme: b bf16 x3, d scaled fp16 x3)."""
     f = torch.float64 if emulate is None else torch.float32
+    if emulate is not None and split in common.STEP_GROUP:
+        return pass_b_model_steps(q, k, gate, beta, dy, dsT, emulate, split)
     mm = common.model_mm(emulate, split)
     B, T, H, D = q.shape
     (q, k, dy), gate, beta, nck = common.model_inputs((q, k, dy), gate, beta, f)  # (B, H, 64 nck, D), (B, H, 64 nck)
@@ -532,6 +535,39 @@ def pass_b_model(q, k, gate, beta, dy, dsT=None, emulate=None, split="b"):
         a63 = A[..., 63, None, None]
         G = a63 * G + U if emulate is None else (a63.double() * G.double() + U.double()).float()  # one rounding
     return dv[:, :, :T].transpose(1, 2), G
+
+
+def pass_b_model_steps(q, k, gate, beta, dy, dsT, emulate, split, inplace=True):
+    """pass_b_model's float32 emulation in split k or r (bwd_fp32_common.StepScaled: scales along the steps). q, k, dy
+    stored once each with an exponent a group of steps; G one a tile (t's). QK, KG: outer factors. dv = KG beta w +
+    MP^T dY and U = (diag(A) Q)^T dY sum over the steps: dy is their natural side (ONE pair read by both), MP and qA
+    are compensated against dy's exponents (qA, inplace: its pair as stored at the top, at its own exponents, then
+    rescaled in place once dy's are known; MP: split once from its fp32 values)."""
+    emu.RZ = emulate == "rz"
+    try:
+        ss = common.StepScaled(common.STEP_GROUP[split])
+        f = torch.float32
+        B, T, H, D = q.shape
+        (q, k, dy), gate, beta, nck = common.model_inputs((q, k, dy), gate, beta, f)
+        G = torch.zeros(B, H, D, D, dtype=f) if dsT is None else dsT.to(f).clone()
+        dv = torch.zeros(B, H, nck * 64, D, dtype=f)
+        mask = torch.ones(64, 64, dtype=torch.bool).tril()
+        for ch in range(nck - 1, -1, -1):
+            sl = slice(64 * ch, 64 * ch + 64)
+            Q, K, dY, g, bt = q[:, :, sl], k[:, :, sl], dy[:, :, sl], gate[:, :, sl], beta[:, :, sl]
+            L, A = common.chunk_tables(g)
+            w = L[..., 63, :]
+            bw = bt * w
+            qp, kp, yp, gp = ss.nat(Q), ss.nat(K), ss.nat(dY), ss.nat(G, tile=True)
+            QK = ss.outer(qp, ss.T(kp))
+            MP = torch.where(mask, QK * L * bt[..., None, :], torch.zeros((), dtype=f))
+            KG = ss.outer(kp, gp) * bw[..., :, None]
+            dv[:, :, sl] = ss.contract(MP.transpose(-1, -2), yp, comp_is_a=True, acc=KG)  # MP^T dY onto KG beta w
+            U = ss.contract((Q * A[..., :, None]).transpose(-1, -2), yp, comp_is_a=True, inplace=inplace)
+            G = (A[..., 63, None, None].double() * G.double() + U.double()).float()
+        return dv[:, :, :T].transpose(1, 2), G
+    finally:
+        emu.RZ = False
 
 
 # ---------------------------------------------------------------------------------------------
