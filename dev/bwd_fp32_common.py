@@ -94,16 +94,19 @@ def build_module(name, namespace, kernel, cuda_src, host_src, functions, splices
     """Compiles a pass (tools/sm90_build.probe_cuda's head, the probe's k-step helpers and cuda_src; HOST_PREAMBLE +
     host_src), its ptxas report printed and kept in RESULT["build"]; splices: the pass's own (placeholder, text)
     pairs, replaced after DECAY_TABLES. split "t" (a pass that has it: SPLIT_T in its text): every wgmma form on
-    fp16 operands instead of bf16, SPLIT_T true, the module name suffixed _t."""
+    fp16 operands instead of bf16, SPLIT_T true, the module name suffixed _t; "r" (SPLIT_R in its text): the same
+    with SPLIT_R true, suffixed _r."""
     body = "PROBE_KSTEP\n" + cuda_src.replace("KERNEL_ENTRY", KERNEL_ENTRY.replace("KERNEL_NAME", kernel))
     forms = probe.wgmma_forms()
-    if split == "t":
-        forms, name = forms.replace(".bf16.bf16", ".f16.f16"), name + "_t"
+    if split in ("t", "r"):  # (r: a pass that has it, SPLIT_R in its text; SPLIT_T true as well)
+        forms, name = forms.replace(".bf16.bf16", ".f16.f16"), name + "_" + split
     cuda = probe_cuda(namespace, forms, body, PROBE_HELPERS_SRC + BF16_TILE_SRC)
     cuda = cuda.replace("DECAY_TABLES", solution_constant("DECAY_TABLES_SRC"))
     for placeholder, text in splices:
         cuda = cuda.replace(placeholder, text)
-    cuda = cuda.replace("PROBE_KSTEP", probe_kstep_src()).replace("SPLIT_T", "true" if split == "t" else "false")
+    cuda = cuda.replace("PROBE_KSTEP", probe_kstep_src())
+    cuda = cuda.replace("SPLIT_T", "true" if split in ("t", "r") else "false")
+    cuda = cuda.replace("SPLIT_R", "true" if split == "r" else "false")
     mod, summary = build(name, HOST_PREAMBLE + host_src, cuda, functions, namespace)
     print_build(summary, launch_regs=168, split_kernels=kernel)
     RESULT["build"] = summary

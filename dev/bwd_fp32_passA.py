@@ -118,6 +118,37 @@ def checkpoints(k, v, gate, beta):
     return torch.stack(out, 2)
 
 
+STATE = ("B", "T", "H", "D", "nck", "G", "dq", "dk", "dgate", "dbeta", "low", "strict", "zero")
+
+
+def model_state(q, k, v, gate, beta, dy, ckpt, dsT, f):
+    """What both chunk models start from: the padded inputs (B, H, 64 nck, D) in dtype f, the checkpoints, G (from
+    dS_T or zero), the zeroed results, the masks (s <= t, s < t) and zero."""
+    B, T, H, D = q.shape
+    (q, k, v, dy), gate, beta, nck = common.model_inputs((q, k, v, dy), gate, beta, f)
+    st = dict(B=B, T=T, H=H, D=D, nck=nck, q=q, k=k, v=v, dy=dy, gate=gate, beta=beta, ckpt=ckpt.to(f))
+    st["G"] = torch.zeros(B, H, D, D, dtype=f) if dsT is None else dsT.to(f).clone()
+    st["dq"], st["dk"] = torch.zeros(B, H, nck * 64, D, dtype=f), torch.zeros(B, H, nck * 64, D, dtype=f)
+    st["dgate"], st["dbeta"] = torch.zeros(B, H, nck * 64, dtype=f), torch.zeros(B, H, nck * 64, dtype=f)
+    st["low"], st["strict"] = torch.ones(64, 64, dtype=torch.bool).tril(), torch.ones(64, 64, dtype=torch.bool).tril(-1)
+    st["zero"] = torch.zeros((), dtype=f)
+    return st
+
+
+def chunk_inputs(st, ch):
+    """Chunk ch's slice, rows, checkpoint and tables by running products (WG0's, chunk_bwd_sm90's): L[t][s] =
+    L[t-1][s] g_t, A[t] = A[t-1] g_t, Ah = A[t - 1], w = L[63], Lx[t][s] = L[t-1][s] for s < t."""
+    sl = slice(64 * ch, 64 * ch + 64)
+    Q, K, V, dY = (st[n][:, :, sl] for n in ("q", "k", "v", "dy"))
+    g, bt = st["gate"][:, :, sl], st["beta"][:, :, sl]
+    L, A = common.chunk_tables(g)
+    Ah = torch.cat([torch.ones_like(A[..., :1]), A[..., :-1]], -1)
+    Lx = torch.zeros_like(L)
+    Lx[..., 1:, :] = L[..., :-1, :]
+    Lx = torch.where(st["strict"], Lx, st["zero"])
+    return sl, Q, K, V, dY, g, bt, st["ckpt"][:, :, ch], L, A, Ah, L[..., 63, :], Lx
+
+
 def pass_a_model(q, k, v, gate, beta, dy, ckpt, dsT=None, emulate=None, split="b"):
     """(dq, dk (B, T, H, D), dgate, dbeta (B, T, H)) from the checkpoints ckpt (B, H, nck, D, D); emulate None
     (float64), "rn" or "rz" (float32, the products and pairs in split's scheme: b bf16 x3, d scaled fp16 x3)."""
@@ -126,25 +157,10 @@ def pass_a_model(q, k, v, gate, beta, dy, ckpt, dsT=None, emulate=None, split="b
         return pass_a_model_steps(q, k, v, gate, beta, dy, ckpt, dsT, emulate, split)
     mm = common.model_mm(emulate, split)
     pair = common.model_pair(emulate, split)  # a tile as the row dots read it
-    B, T, H, D = q.shape
-    (q, k, v, dy), gate, beta, nck = common.model_inputs((q, k, v, dy), gate, beta, f)  # (B, H, 64 nck, D), (B, H, ..)
-    ckpt = ckpt.to(f)
-    G = torch.zeros(B, H, D, D, dtype=f) if dsT is None else dsT.to(f).clone()
-    dq, dk = torch.zeros(B, H, nck * 64, D, dtype=f), torch.zeros(B, H, nck * 64, D, dtype=f)
-    dgate, dbeta = torch.zeros(B, H, nck * 64, dtype=f), torch.zeros(B, H, nck * 64, dtype=f)
-    low, strict = torch.ones(64, 64, dtype=torch.bool).tril(), torch.ones(64, 64, dtype=torch.bool).tril(-1)
-    zero = torch.zeros((), dtype=f)
+    st = model_state(q, k, v, gate, beta, dy, ckpt, dsT, f)
+    B, T, H, D, nck, G, dq, dk, dgate, dbeta, low, strict, zero = (st[n] for n in STATE)
     for ch in range(nck - 1, -1, -1):
-        sl = slice(64 * ch, 64 * ch + 64)
-        Q, K, V, dY, g, bt = q[:, :, sl], k[:, :, sl], v[:, :, sl], dy[:, :, sl], gate[:, :, sl], beta[:, :, sl]
-        S = ckpt[:, :, ch]
-        # tables by running products (WG0's, chunk_bwd_sm90's): L[t][s] = L[t-1][s] g_t, A[t] = A[t-1] g_t
-        L, A = common.chunk_tables(g)
-        Ah = torch.cat([torch.ones_like(A[..., :1]), A[..., :-1]], -1)  # A[t - 1]
-        w = L[..., 63, :]
-        Lx = torch.zeros_like(L)
-        Lx[..., 1:, :] = L[..., :-1, :]
-        Lx = torch.where(strict, Lx, zero)  # Lx[t][s] = L[t-1][s], s < t
+        sl, Q, K, V, dY, g, bt, S, L, A, Ah, w, Lx = chunk_inputs(st, ch)
         Dd = mm(dY, V.transpose(-1, -2))  # consumer c: columns s = 32 c ..
         QK = mm(Q, K.transpose(-1, -2))
         MQ = torch.where(low, Dd * L * bt[..., None, :], zero)  # MQ[t][s] = L[t][s] beta_s Dd[t][s]
@@ -791,24 +807,10 @@ def pass_a_model_steps(q, k, v, gate, beta, dy, ckpt, dsT, emulate, split):
     try:
         ss = common.StepScaled(common.STEP_GROUP[split])
         f = torch.float32
-        B, T, H, D = q.shape
-        (q, k, v, dy), gate, beta, nck = common.model_inputs((q, k, v, dy), gate, beta, f)
-        ckpt = ckpt.to(f)
-        G = torch.zeros(B, H, D, D, dtype=f) if dsT is None else dsT.to(f).clone()
-        dq, dk = torch.zeros(B, H, nck * 64, D, dtype=f), torch.zeros(B, H, nck * 64, D, dtype=f)
-        dgate, dbeta = torch.zeros(B, H, nck * 64, dtype=f), torch.zeros(B, H, nck * 64, dtype=f)
-        low, strict = torch.ones(64, 64, dtype=torch.bool).tril(), torch.ones(64, 64, dtype=torch.bool).tril(-1)
-        zero = torch.zeros((), dtype=f)
+        st = model_state(q, k, v, gate, beta, dy, ckpt, dsT, f)
+        B, T, H, D, nck, G, dq, dk, dgate, dbeta, low, strict, zero = (st[n] for n in STATE)
         for ch in range(nck - 1, -1, -1):
-            sl = slice(64 * ch, 64 * ch + 64)
-            Q, K, V, dY, g, bt = q[:, :, sl], k[:, :, sl], v[:, :, sl], dy[:, :, sl], gate[:, :, sl], beta[:, :, sl]
-            S = ckpt[:, :, ch]
-            L, A = common.chunk_tables(g)
-            Ah = torch.cat([torch.ones_like(A[..., :1]), A[..., :-1]], -1)
-            w = L[..., 63, :]
-            Lx = torch.zeros_like(L)
-            Lx[..., 1:, :] = L[..., :-1, :]
-            Lx = torch.where(strict, Lx, zero)
+            sl, Q, K, V, dY, g, bt, S, L, A, Ah, w, Lx = chunk_inputs(st, ch)
             qp, kp, vp, yp = ss.nat(Q), ss.nat(K), ss.nat(V), ss.nat(dY)
             sp, gp = ss.nat(S, tile=True), ss.nat(G, tile=True)
             Dd = ss.outer(yp, ss.T(vp))

@@ -25,14 +25,28 @@ Design (per (b, h) one CTA of 384 threads, chunks of 64 steps backwards, chunk_b
     times a power of two 2^-e that brings its max |x| near 2^15 (e from each warp's maximum, gathered through 8
     slots across a barrier the chunk already has, and one more for MP), and each product's accumulator times
     2^(e_A + e_B); the same products, on f16 wgmma forms. Its --check compares against that scheme's emulation.
-  Shared memory 232,192 B: pairs q, qA, k, dy (32 KB each), G (64 KB), MP (16 KB), two table buffers, the gates,
-  the tile scales' slots.
+  - --split r builds it with training-design 8.7's scales along the steps (one exponent a step; StepScaled, the
+    model's option r): fp16 pairs and f16 forms as t, but q, k, dy and q A[t] take an exponent a row (step) from
+    the row's max |x| at its in-place split (four lanes a row: two shuffles), q's, k's and dy's into int8 tables in
+    the slots' space; QK's accumulator takes q's row factor and k's column factor, KG k's row factor and G's tile
+    factor (G stays one exponent a tile, t's); the two products over the steps read dy's pair as stored and
+    compensate their other operand against it: MP (row exponents over each consumer's columns, combined after
+    barrier (2), so t's barrier (1c) goes) is split after (2a) with rows u times 2^(e_y[u] - E), and qA's pair (split
+    at the top at its own row exponents) is rescaled in place while KG runs, rows times 2^(e_qa + e_y - E) by two
+    fp16 multiplies; E (each product's largest e_comp + e_y) from 8 warp slots read after (2a); zero rows of dy,
+    MP or qA zeroed. MP^T dY is formed from zero at 2^E (its own 32 registers) while KG is scaled, then added to KG
+    beta w by one add; U from zero as before. Powers of two past a normal float's range as two multiplies
+    (exp2_pair); exponents clamped at -126 as t's (the model has the clamp too). No new barrier; the MP split
+    and qA's rescale run after KG's issue.
+  Shared memory 232,192 B (r: 232,448, the opt-in maximum: 256 B more of slots): pairs q, qA, k, dy (32 KB each), G
+  (64 KB), MP (16 KB), two table buffers, the gates, the tile scales' slots.
 
-    python3 dev/bwd_fp32_passB.py --cpu-check [--split b|d|t] (no GPU, no build: the float64 chunk model against
+    python3 dev/bwd_fp32_passB.py --cpu-check [--split b|d|t|k|r] (no GPU, no build: the float64 chunk model against
                                   naive.chunked_backward_naive, and the emulation's error: b, the kernel's bf16 x3
                                   (default); d, 8.4's fallback, fp16 x3 with power-of-two scales, every product;
-                                  t, d with one scale a tile)
-    python3 dev/bwd_fp32_passB.py --build-only [--split b|t]   (no GPU; CUDA_HOME=/usr/local/cuda
+                                  t, d with one scale a tile; k, r: scales along the steps, r as the kernel
+                                  forms it)
+    python3 dev/bwd_fp32_passB.py --build-only [--split b|t|r]   (no GPU; CUDA_HOME=/usr/local/cuda
                                   TORCH_CUDA_ARCH_LIST=9.0a; --check and --bench take --split too)
     python3 dev/bwd_fp32_passB.py --check        (device: dv and dS_0 against float64, the 1e-5 bar)
     python3 dev/bwd_fp32_passB.py --bench [--trials N]   (device: (16, 4096, 32, 128), us a chunk and SM)
@@ -48,6 +62,11 @@ bf16 x3 emulation in every case; its timings, before and after the loads were ov
 --split t (written after that session's device time): compiled (168 registers, 40 / 48 B spilled), not run; a
 helper's CPU emulation of the kernel's own arithmetic equals pass_b_model(split="t") bit for bit on every --check
 case (its review found the two-exponent products' overflow, fixed by applying them one at a time).
+--split r (thirty-third session, a helper; not run on a device): compiled, 168 registers, no stack, no spills (b's
+SASS unchanged but for names, t's ptxas numbers unchanged); a CPU emulation of the kernel's own arithmetic
+(scratch/h5_emu_passB.py: its exponents from the maxima's bits, its multiplies in order, fp16 splits and HMUL2s,
+three terms a k-step into float32, G's join an exact fmaf) equals pass_b_model(split="r") bit for bit on every
+--check case, rounding to nearest and truncating; --cpu-check --split r: worst rel-L2 1.83e-6 (dv), 1.25e-6 (dS_0).
 """
 import os
 import sys
@@ -73,8 +92,10 @@ constexpr int kTile = 16384, kW = 8192;
 constexpr int kQ = 0, kQA = 32768, kK = 65536, kY = 98304, kGH = 131072, kGL = 163840, kMP = 196608, kTab = 212992;
 // a table buffer (floats): L packed (lp) at 0, then A, w, beta, beta w (chunk_bwd_sm90's tables without Ah, gate)
 constexpr int kA = 2080, kWt = kA + 64, kBeta = kA + 128, kBW = kA + 192, kTabBuf = (kA + 256) * 4;
-// kScl: the tile scales' slots (split t): a float per consumer warp and tile (q, qA, k, dy, G, MP).
-constexpr int kGates = kTab + 2 * kTabBuf, kScl = kGates + 256, kSmem = kScl + 256;
+// kScl: the tile scales' slots (split t): a float per consumer warp and tile (q, qA, k, dy, G, MP); split r
+// (kR, set by the build, with SPLIT_T true): 512 B, G's slots as t's, the steps' exponent tables and E's slots (kEq).
+constexpr bool kR = SPLIT_R;
+constexpr int kGates = kTab + 2 * kTabBuf, kScl = kGates + 256, kSmem = kScl + (kR ? 512 : 256);
 static_assert(kSmem <= 232448, "fits the opt-in shared memory of an H200");
 constexpr int kAuxRegs = 40, kConsRegs = 232;
 static_assert(kAuxRegs * 128 + kConsRegs * 256 <= 65536, "the split fits the register file");
@@ -258,6 +279,102 @@ __device__ __forceinline__ float max_abs(const float (&x)[N]) {
 }
 // Split t's tile scales: pass B's tiles (pass A's splice of this text ends here)
 enum { sQ, sQA, sK, sY, sG, sMP };
+// Split r (training-design 8.7; StepScaled with one exponent a step): q, k, dy and q A[t] have an exponent a row
+// (step), from the row's max |x| at its split (read_raw's layout: four lanes a row, two shuffles); int8 tables at
+// kScl: e_q, e_k, e_y (kEq, kEk, kEy) and MP's row exponents over each consumer's 32 columns (kEmp, 64 c + u); E's
+// slots (kEs: int, a warp's largest product exponent of dv's MP^T dY at 0 .., of U's at 8 ..); G's float slots stay
+// t's (sG, bytes 128 ..). kNone: a zero row's exponent where it zeroes a product's step (dy, MP, qA); q's and k's
+// zero rows take 0 (their factor 1, as StepScaled's scale of -inf).
+constexpr int kEmp = kScl, kEs = kScl + 160, kEq = kScl + 256, kEk = kScl + 320, kEy = kScl + 384;
+constexpr int kNone = -128, kLow = -1024;
+__device__ __forceinline__ const signed char* etab(const unsigned char* sm, int off) {
+  return reinterpret_cast<const signed char*>(sm + off);
+}
+// ceil(log2 m) - 15 of a maximum m (pow2_scale's, from m's bits), clamped at -126 as tile_exp; `none` for m = 0.
+__device__ __forceinline__ int row_exp(float m, int none) {
+  if (!(m > 0.f)) return none;
+  const int bits = __float_as_int(m);
+  return max((bits >> 23) - 127 + ((bits & 0x7fffff) != 0) - 15, -126);
+}
+// The max of m over the four lanes of a row in read_raw's layout (lanes l, l ^ 8, l ^ 16, l ^ 24).
+__device__ __forceinline__ float row_max(float m) {
+  m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
+  return fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
+}
+// 2^d as two normal floats f1 f2 (d clamped to +-252; d >> 1 and d - (d >> 1) share d's sign, so x f1 f2 is x 2^d
+// rounded once wherever x 2^d is a normal float)
+__device__ __forceinline__ void exp2_pair(int d, float& f1, float& f2) {
+  d = min(max(d, -252), 252);
+  f1 = exp2i(d >> 1);
+  f2 = exp2i(d - (d >> 1));
+}
+// 2^e in both halves of an fp16 pair, e in [-24, 0] (subnormal below -14)
+__device__ __forceinline__ uint32_t h2pow(int e) {
+  const uint32_t x = e >= -14 ? (uint32_t)(e + 15) << 10 : 1u << (e + 24);
+  return x | x << 16;
+}
+__device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
+  const __half2 r = __hmul2(*reinterpret_cast<const __half2*>(&a), *reinterpret_cast<const __half2*>(&b));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+// q A[t]'s pair, split at its own row exponents at the top, rescaled in place once dy's are known: row t (read_raw's
+// share: 4 pieces of hi and of lo) times 2^d, d = e_qa + e_y - E (none: zeroed), as two fp16 multiplies, 2^max(d,
+// -24) then 2^max(d - max(d, -24), -24) (each product rounded to fp16, as contract_r_qa).
+__device__ __forceinline__ void rescale_qa(unsigned char* sm, int lt, int d, bool none) {
+  const int t = 8 * (lt >> 5) + (lt & 7), kq = (lt >> 3) & 3, d1 = max(d, -24);
+  const uint32_t f1 = none ? 0u : h2pow(d1), f2 = h2pow(max(d - d1, -24));
+#pragma unroll
+  for (int m = 0; m < 4; ++m)
+#pragma unroll
+    for (int lo = 0; lo < 2; ++lo) {
+      uint4* x = reinterpret_cast<uint4*>(sm + kQA + lo * kTile + (4 * m + kq) * 1024 + t * 16);
+      uint4 v = *x;
+      v.x = hmul2(hmul2(v.x, f1), f2);
+      v.y = hmul2(hmul2(v.y, f1), f2);
+      v.z = hmul2(hmul2(v.z, f1), f2);
+      v.w = hmul2(hmul2(v.w, f1), f2);
+      *x = v;
+    }
+}
+// Split r's MP values (mp_values with QK's factors a row u, 2^e_q[u], and a column s, 2^e_k[s]) and their row
+// exponents over this consumer's 32 columns into kEmp (for E, after barrier (2)).
+__device__ __forceinline__ void mp_values_r(float (&X)[16], const float* L, unsigned char* sm, int c, int wl, int g,
+                                            int q) {
+  const signed char *eq = etab(sm, kEq), *ek = etab(sm, kEk);
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int u = 16 * wl + g + 8 * hh;
+    const float fu = exp2i(eq[u]);
+    float m = 0.f;
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      const int s = 32 * c + 8 * n + 2 * q;
+      float& x0 = X[4 * n + 2 * hh];
+      float& x1 = X[4 * n + 2 * hh + 1];
+      x0 = s <= u ? x0 * fu * exp2i(ek[s]) * L[lp(u, s)] * L[kBeta + s] : 0.f;
+      x1 = s + 1 <= u ? x1 * fu * exp2i(ek[s + 1]) * L[lp(u, s + 1)] * L[kBeta + s + 1] : 0.f;
+      m = fmaxf(m, fmaxf(fabsf(x0), fabsf(x1)));
+    }
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    if (q == 0) reinterpret_cast<signed char*>(sm + kEmp)[64 * c + u] = (signed char)row_exp(m, kNone);
+  }
+}
+// ... and taken to dv's product scale before their split: row u times 2^(e_y[u] - E) (zero where dy's row is zero).
+__device__ __forceinline__ void mp_scale_r(float (&X)[16], const unsigned char* sm, int wl, int g, int ev) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int ey = etab(sm, kEy)[16 * wl + g + 8 * hh];
+    float f1, f2;
+    exp2_pair(ey - ev, f1, f2);
+    if (ey == kNone) f1 = 0.f;
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      X[4 * n + 2 * hh] = X[4 * n + 2 * hh] * f1 * f2;
+      X[4 * n + 2 * hh + 1] = X[4 * n + 2 * hh + 1] * f1 * f2;
+    }
+  }
+}
 // MP[u][s] = L[u][s] beta_s QK[u][s] (s <= u, else 0) from consumer c's 64 x 32 accumulator X (rows u = 16 wl + g
 // (+8), columns s = 32 c + 8 n + 2 q (+1)); split, stored [s / 8][u][8] (chunk_bwd_sm90's put_weights, its order of
 // the products).
@@ -330,7 +447,8 @@ __device__ __forceinline__ void consumer(const Params& p, unsigned char* sm, int
   sync_all();  // (0) G's pair; the last chunk's tables
   for (int ch = p.nck - 1; ch >= 0; --ch) {
     const float* L = ltab(sm, ch);
-    int eq = 0, eqa = 0, ek = 0, ey = 0, emp = 0;  // (split t) this chunk's tile exponents
+    int eq = 0, eqa = 0, ek = 0, ey = 0, emp = 0;  // (split t) this chunk's tile exponents; (r) this thread's rows'
+    int ev = 0, eu = 0;  // (split r) the product exponents E of dv's MP^T dY and of U
     {  // q and k: raw rows to pairs (qA = q A[t] in fp32, then split: one rounding); dy's may still be in flight
       raw_wait<1>();
       consumers_sync();  // (1a) every thread's q and k rows landed
@@ -338,66 +456,131 @@ __device__ __forceinline__ void consumer(const Params& p, unsigned char* sm, int
       read_raw(sm, kQ, lt, vq);
       read_raw(sm, kK, lt, vk);
       const float a = L[kA + 8 * (lt >> 5) + (lt & 7)];
-      if constexpr (kT) {
+      if constexpr (kR) {  // this thread's row t's exponents; q's and k's into their tables
+        const int t = 8 * (lt >> 5) + (lt & 7);
+        eq = row_exp(row_max(max_abs(vq)), 0);
+        eqa = row_exp(row_max(max_abs(vq, a)), kNone);
+        ek = row_exp(row_max(max_abs(vk)), 0);
+        if ((lt & 24) == 0) {
+          reinterpret_cast<signed char*>(sm + kEq)[t] = (signed char)eq;
+          reinterpret_cast<signed char*>(sm + kEk)[t] = (signed char)ek;
+        }
+      } else if constexpr (kT) {
         put_max(sm, sQ, lt >> 5, max_abs(vq));
         put_max(sm, sQA, lt >> 5, max_abs(vq, a));  // (q A[t] in fp32, as it is split)
         put_max(sm, sK, lt >> 5, max_abs(vk));
       }
       consumers_sync();  // (1b) the raw tiles read: their space becomes the pairs; the tiles' maxima
-      if constexpr (kT) {
+      if constexpr (kT && !kR) {
         eq = tile_exp<8>(sm, sQ);
         eqa = tile_exp<8>(sm, sQA);
         ek = tile_exp<8>(sm, sK);
       }
       write_pair(sm, kQ, lt, vq, exp2i(-eq));
-      write_pair(sm, kQA, lt, vq, a * exp2i(-eqa));  // (q (A[t] 2^-e) rounds as (q A[t]) 2^-e)
+      write_pair(sm, kQA, lt, vq, a * exp2i(kR && eqa == kNone ? 0 : -eqa));  // (q (A[t] 2^-e) rounds as (q A[t]) 2^-e)
       write_pair(sm, kK, lt, vk, exp2i(-ek));
     }
     fence_async_smem();
     consumers_sync();  // (1) q, qA and k's pairs
+    float X[16];  // QK[:, 32 c ..]: B = k's rows s = 32 c .. (K-major: LBO stays the tile's 1024)
     {
-      float X[16];  // QK[:, 32 c ..]: B = k's rows s = 32 c .. (K-major: LBO stays the tile's 1024)
       ss_product<3, 0, 0, 8, true>(X, sm, kmaj(kQ, kTile, 64), Op{kK + 512 * c, kK + 512 * c + kTile, 1024, 128, 2048});
       wg_wait<0>();
       acc_fence(X);
-      mp_values(X, L, c, wl, g, q, exp2i(eq), exp2i(ek));
-      if constexpr (kT) {
-        put_max(sm, sMP, lt >> 5, max_abs(X));
-        consumers_sync();  // (1c) MP's maximum
-        emp = tile_exp<8>(sm, sMP);
+      if constexpr (kR) {
+        mp_values_r(X, L, sm, c, wl, g, q);  // (split after (2a), dy's exponents known)
+      } else {
+        mp_values(X, L, c, wl, g, q, exp2i(eq), exp2i(ek));
+        if constexpr (kT) {
+          put_max(sm, sMP, lt >> 5, max_abs(X));
+          consumers_sync();  // (1c) MP's maximum
+          emp = tile_exp<8>(sm, sMP);
+        }
+        put_mp(sm, X, c, wl, g, q, exp2i(-emp));
       }
-      put_mp(sm, X, c, wl, g, q, exp2i(-emp));
     }
     raw_wait<0>();
     fence_async_smem();
     consumers_sync();  // (2) MP whole; every thread's dy rows landed; both QKs have read q's pair
     float4 vy[4][2];
     read_raw(sm, kY, lt, vy);
-    if constexpr (kT) put_max(sm, sY, lt >> 5, max_abs(vy));
-    consumers_sync();  // (2a) dy's raw tile read; its maximum
-    if constexpr (kT) ey = tile_exp<8>(sm, sY);
+    if constexpr (kR) {  // dy's row exponent; the row's product exponents of dv (MP's row, both consumers') and U
+      const int t = 8 * (lt >> 5) + (lt & 7);
+      ey = row_exp(row_max(max_abs(vy)), kNone);
+      const int em = max(etab(sm, kEmp)[t], etab(sm, kEmp)[64 + t]);
+      int pv = ey == kNone || em == kNone ? kLow : ey + em, pu = ey == kNone || eqa == kNone ? kLow : ey + eqa;
+#pragma unroll
+      for (int o = 1; o < 8; o <<= 1) {  // the warp's 8 rows (a row's four lanes agree)
+        pv = max(pv, __shfl_xor_sync(0xffffffffu, pv, o));
+        pu = max(pu, __shfl_xor_sync(0xffffffffu, pu, o));
+      }
+      if ((lt & 31) == 0) {
+        reinterpret_cast<int*>(sm + kEs)[lt >> 5] = pv;
+        reinterpret_cast<int*>(sm + kEs)[8 + (lt >> 5)] = pu;
+      }
+      if ((lt & 24) == 0) reinterpret_cast<signed char*>(sm + kEy)[t] = (signed char)ey;
+    } else if constexpr (kT) {
+      put_max(sm, sY, lt >> 5, max_abs(vy));
+    }
+    consumers_sync();  // (2a) dy's raw tile read; its maximum (r: its row exponents, E's slots)
+    if constexpr (kR) {
+      const int* es = reinterpret_cast<const int*>(sm + kEs);
+      ev = es[0];
+      eu = es[8];
+#pragma unroll
+      for (int w = 1; w < 8; ++w) {
+        ev = max(ev, es[w]);
+        eu = max(eu, es[8 + w]);
+      }
+    } else if constexpr (kT) {
+      ey = tile_exp<8>(sm, sY);
+    }
     if (ch > 0) issue_raw(p, sm, kQ, p.q, b, h, ch - 1, lt);
     float R[32];  // KG, then dv: rows s = 16 wl + g (+8), columns j = 64 c + 8 n + 2 q (+1)
     ss_product<3, 0, 1, 8, true>(R, sm, kmaj(kK, kTile, 64), mnmaj(kGH + 16384 * c, kGL - kGH, 128));
-    write_pair(sm, kY, lt, vy, exp2i(-ey));  // (while KG runs)
+    write_pair(sm, kY, lt, vy, exp2i(kR && ey == kNone ? 0 : -ey));  // (while KG runs)
+    if constexpr (kR) {  // (while KG runs) qA's pair rescaled, MP taken to dv's scale and split
+      rescale_qa(sm, lt, eqa + ey - eu, eqa == kNone || ey == kNone);  // (the row's own exponents: none, d unused)
+      if (ev == kLow) ev = 0;  // (no step where both sides are nonzero: every product zero)
+      if (eu == kLow) eu = 0;
+      mp_scale_r(X, sm, wl, g, ev);
+      put_mp(sm, X, c, wl, g, q, 1.f);
+    }
     fence_async_smem();
     wg_wait<0>();
     acc_fence(R);
-    consumers_sync();  // (2b) dy's pair whole; both KGs have read k's pair
+    consumers_sync();  // (2b) dy's pair whole; both KGs have read k's pair (r: MP's pair, qA's rescaled)
     if (ch > 0) issue_raw(p, sm, kK, p.k, b, h, ch - 1, lt);
-    {  // KG's scale, diag(beta w) on rows s (one rounding, as KG beta w), then MP^T dY's accumulation scale (each
-       // power of two on its own: a product of two may leave the float range where the values do not)
-      const float k1 = exp2i(ek), k2 = exp2i(eg), d1 = exp2i(-emp), d2 = exp2i(-ey);
+    if constexpr (kR) {  // MP^T dY from zero at 2^E while KG takes 2^e_k[s] 2^e_G and beta w; then one add
+      float D[32];
+      ss_product<3, 1, 1, 4, true>(D, sm, mnmaj(kMP, kW, 64), mnmaj(kY + 8192 * c, kTile, 64));
+      const float k2 = exp2i(eg);
 #pragma unroll
-      for (int i = 0; i < 32; ++i) R[i] = R[i] * k1 * k2 * L[kBW + 16 * wl + g + 8 * ((i >> 1) & 1)] * d1 * d2;
-    }
-    ss_product<3, 1, 1, 4, false>(R, sm, mnmaj(kMP, kW, 64), mnmaj(kY + 8192 * c, kTile, 64));  // += MP^T dY
-    wg_wait<0>();
-    acc_fence(R);
-    if constexpr (kT) {
-      const float s1 = exp2i(emp), s2 = exp2i(ey);
+      for (int i = 0; i < 32; ++i) {
+        const int s = 16 * wl + g + 8 * ((i >> 1) & 1);
+        R[i] = R[i] * exp2i(etab(sm, kEk)[s]) * k2 * L[kBW + s];
+      }
+      wg_wait<0>();
+      acc_fence(D);
+      float v1, v2;
+      exp2_pair(ev, v1, v2);
 #pragma unroll
-      for (int i = 0; i < 32; ++i) R[i] = R[i] * s1 * s2;
+      for (int i = 0; i < 32; ++i) R[i] = R[i] + __fmul_rn(D[i] * v1, v2);
+    } else {
+      {  // KG's scale, diag(beta w) on rows s (one rounding, as KG beta w), then MP^T dY's accumulation scale (each
+         // power of two on its own: a product of two may leave the float range where the values do not)
+        const float k1 = exp2i(ek), k2 = exp2i(eg), d1 = exp2i(-emp), d2 = exp2i(-ey);
+#pragma unroll
+        for (int i = 0; i < 32; ++i) R[i] = R[i] * k1 * k2 * L[kBW + 16 * wl + g + 8 * ((i >> 1) & 1)] * d1 * d2;
+      }
+      ss_product<3, 1, 1, 4, false>(R, sm, mnmaj(kMP, kW, 64), mnmaj(kY + 8192 * c, kTile, 64));  // += MP^T dY
+      wg_wait<0>();
+      acc_fence(R);
+      if constexpr (kT) {
+        const float s1 = exp2i(emp), s2 = exp2i(ey);
+#pragma unroll
+        for (int i = 0; i < 32; ++i) R[i] = R[i] * s1 * s2;
+      }
     }
     // G's update from zero (its wgmmas run while dv is stored): U = (diag(A) Q)^T dY, A = qA^T, B = dy, MN-major
     float U[64];
@@ -414,7 +597,13 @@ __device__ __forceinline__ void consumer(const Params& p, unsigned char* sm, int
     wg_wait<0>();
     acc_fence(U);
     const float a63 = L[kA + 63];
-    const float u1 = exp2i(eqa), u2 = exp2i(ey);
+    float u1, u2;
+    if constexpr (kR) {
+      exp2_pair(eu, u1, u2);
+    } else {
+      u1 = exp2i(eqa);
+      u2 = exp2i(ey);
+    }
 #pragma unroll
     for (int i = 0; i < 64; ++i) G[i] = fmaf(a63, G[i], U[i] * u1 * u2);  // one rounding: the join of 8.3
     if constexpr (kT) {
@@ -542,10 +731,12 @@ def pass_b_model_steps(q, k, gate, beta, dy, dsT, emulate, split, inplace=True):
     stored once each with an exponent a group of steps; G one a tile (t's). QK, KG: outer factors. dv = KG beta w +
     MP^T dY and U = (diag(A) Q)^T dY sum over the steps: dy is their natural side (ONE pair read by both), MP and qA
     are compensated against dy's exponents (qA, inplace: its pair as stored at the top, at its own exponents, then
-    rescaled in place once dy's are known; MP: split once from its fp32 values)."""
+    rescaled in place once dy's are known; MP: split once from its fp32 values). Split r as the kernel forms it
+    (StepScaledR's clamped exponents; MP^T dY from zero, then added to KG beta w; qA's rescale by contract_r_qa's
+    two fp16 multiplies); split k as StepScaled's contract (MP^T dY onto KG beta w at its scale)."""
     emu.RZ = emulate == "rz"
     try:
-        ss = common.StepScaled(common.STEP_GROUP[split])
+        ss = StepScaledR() if split == "r" else common.StepScaled(common.STEP_GROUP[split])
         f = torch.float32
         B, T, H, D = q.shape
         (q, k, dy), gate, beta, nck = common.model_inputs((q, k, dy), gate, beta, f)
@@ -562,12 +753,48 @@ def pass_b_model_steps(q, k, gate, beta, dy, dsT, emulate, split, inplace=True):
             QK = ss.outer(qp, ss.T(kp))
             MP = torch.where(mask, QK * L * bt[..., None, :], torch.zeros((), dtype=f))
             KG = ss.outer(kp, gp) * bw[..., :, None]
-            dv[:, :, sl] = ss.contract(MP.transpose(-1, -2), yp, comp_is_a=True, acc=KG)  # MP^T dY onto KG beta w
-            U = ss.contract((Q * A[..., :, None]).transpose(-1, -2), yp, comp_is_a=True, inplace=inplace)
+            if split == "r":  # the kernel's: MP^T dY from zero, then onto KG beta w by one add; qA's pair rescaled
+                dv[:, :, sl] = KG + ss.contract(MP.transpose(-1, -2), yp, comp_is_a=True)
+                U = contract_r_qa(ss, Q * A[..., :, None], yp)
+            else:
+                dv[:, :, sl] = ss.contract(MP.transpose(-1, -2), yp, comp_is_a=True, acc=KG)  # onto KG beta w
+                U = ss.contract((Q * A[..., :, None]).transpose(-1, -2), yp, comp_is_a=True, inplace=inplace)
             G = (A[..., 63, None, None].double() * G.double() + U.double()).float()
         return dv[:, :, :T].transpose(1, 2), G
     finally:
         emu.RZ = False
+
+
+class StepScaledR(common.StepScaled):
+    """Split r as the kernel runs it: StepScaled with one exponent a step, each clamped at -126 as the kernel's
+    (2^-e a normal float: groups of max |x| <= 2^-111 are split at 2^126)."""
+
+    def __init__(self):
+        super().__init__(1)
+
+    @staticmethod
+    def exps(m):
+        e = common.StepScaled.exps(m)
+        return torch.where(torch.isfinite(e), e.clamp(min=-126), e)
+
+
+def contract_r_qa(ss, qa, yp):
+    """U = (diag(A) Q)^T dY in split r as the kernel forms it: qA (float32 q_t A[t], (..., 64, D)) split at its own
+    row exponents e_qa at the top; under KG, once dy's row exponents e_y are known, its hi and lo are each taken
+    times 2^d, d = e_qa + e_y - E (E the largest, zero rows of either side zeroed), by two fp16 multiplies (HMUL2):
+    2^max(d, -24), then 2^max(d - max(d, -24), -24) (fp16's least power of two is 2^-24); U from zero, times 2^E."""
+    ec = ss.group_exp(qa)
+    P = ec + yp["e"]
+    E = P.amax(-2, keepdim=True)
+    ok = torch.isfinite(P)
+    Ef = torch.where(torch.isfinite(E), E, torch.zeros_like(E))
+    hi, lo = ss.halves((qa.double() / ss.scale(ec)).float())
+    d = torch.where(ok, P - Ef, torch.zeros_like(P))
+    d1 = d.clamp(min=-24)
+    f1 = torch.where(ok, torch.exp2(d1), torch.zeros_like(d1))
+    f2 = torch.exp2((d - d1).clamp(min=-24))
+    hi, lo = (((x.double() * f1).half().double() * f2).half().float() for x in (hi, lo))
+    return ss._run(hi.transpose(-1, -2), lo.transpose(-1, -2), yp["hi"], yp["lo"], torch.exp2(Ef), None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -637,4 +864,4 @@ def bench(mod, trials):
 if __name__ == "__main__":
     common.main(__doc__, "bwd_fp32_passB.json", "device: dv and dS_0 against float64 naive", cpu_check, build_module,
                 device_check, bench, before_launch=common.split_registers_guard("passb_attrs", "passb_kernel"),
-                splits=("b", "t"))
+                splits=("b", "t", "r"))

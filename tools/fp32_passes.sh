@@ -1,8 +1,8 @@
 #!/bin/bash
 # One device call for the float32 backward's dev passes (training-design 8.6): every build first, in parallel, then
-# each pass's --check and --bench in both schemes (b, t), and an earlier copy of pass A for an A/B, each step with
+# each pass's --check and --bench in its schemes (b, t; pass B also r), and an earlier copy of pass A for an A/B, each step with
 # its own time limit.
-#   bash tools/fp32_passes.sh [OLD_PASS_A.py]      (results and logs under $OUT; at most about 420 s)
+#   bash tools/fp32_passes.sh [OLD_PASS_A.py]      (results and logs under $OUT; at most about 500 s)
 # OLD_PASS_A.py: an earlier dev/bwd_fp32_passA.py made locally (git show COMMIT:dev/bwd_fp32_passA.py >
 # scratch/passA_old.py) and carried; it runs as dev/passA_old.py with its own extension directory.
 set -u
@@ -17,6 +17,7 @@ fi
 python3 dev/bwd_fp32_passA.py --build-only > $OUT/build_A.txt 2>&1 &
 python3 dev/bwd_fp32_passB.py --build-only > $OUT/build_B.txt 2>&1 &
 python3 dev/bwd_fp32_passB.py --build-only --split t > $OUT/build_Bt.txt 2>&1 &
+python3 dev/bwd_fp32_passB.py --build-only --split r > $OUT/build_Br.txt 2>&1 &
 python3 dev/bwd_fp32_passA.py --build-only --split t > $OUT/build_At.txt 2>&1 &
 [ -n "$old" ] && TORCH_EXTENSIONS_DIR=/tmp/ext_old python3 dev/passA_old.py --build-only > $OUT/build_Aold.txt 2>&1 &
 wait
@@ -33,6 +34,9 @@ step passA 100 python3 dev/bwd_fp32_passA.py --check --bench --trials 20
 [ -n "$old" ] && TORCH_EXTENSIONS_DIR=/tmp/ext_old step passA_old 45 python3 dev/passA_old.py --bench --trials 20
 step passB 40 python3 dev/bwd_fp32_passB.py --bench --trials 20
 step passB_t 80 python3 dev/bwd_fp32_passB.py --check --bench --trials 20 --split t
+step passB_r 80 python3 dev/bwd_fp32_passB.py --check --bench --trials 20 --split r
 step passA_t 100 python3 dev/bwd_fp32_passA.py --check --bench --trials 20 --split t
 rm -f dev/passA_old.py
 echo "t=$(( $(date +%s) - s0 ))" | tee -a $OUT/log.txt
+# everything but the log in one archive (the device call brings back only a few files)
+(cd $OUT && tar czf passes.tgz --remove-files $(ls | grep -v -e '^log.txt$' -e '^passes.tgz$'))
