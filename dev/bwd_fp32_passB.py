@@ -698,6 +698,16 @@ def run_kernel(mod, q, k, gate, beta, dy, dsT=None, want_ds0=True):
 # The chunk model: the kernel's tables and chunk formulas, plainly; float64, or float32 with the products as the
 # kernel's bf16 x3 wgmma sequences, or (d)'s (bwd_fp32_common's model_mm).
 # ---------------------------------------------------------------------------------------------
+def model_state(q, k, gate, beta, dy, dsT, f):
+    """What pass B's chunk models start from (and dev/bwd_fp32_passB_r_emu.py's): the shape, the padded inputs (B, H,
+    64 nck, D) in dtype f, the chunk count, G (dS_T or zero), dv zeroed and the mask s <= u."""
+    B, T, H, D = q.shape
+    (q, k, dy), gate, beta, nck = common.model_inputs((q, k, dy), gate, beta, f)
+    G = torch.zeros(B, H, D, D, dtype=f) if dsT is None else dsT.to(f).clone()
+    return (B, T, H, D), (q, k, dy, gate, beta), nck, G, torch.zeros(B, H, nck * 64, D, dtype=f), \
+        torch.ones(64, 64, dtype=torch.bool).tril()
+
+
 def pass_b_model(q, k, gate, beta, dy, dsT=None, emulate=None, split="b"):
     """(dv (B, T, H, D), dS_0 (B, H, D, D)); emulate None (float64), "rn" or "rz" (float32, the products in split's
     scheme: b bf16 x3, d scaled fp16 x3)."""
@@ -705,11 +715,7 @@ def pass_b_model(q, k, gate, beta, dy, dsT=None, emulate=None, split="b"):
     if emulate is not None and split in common.STEP_GROUP:
         return pass_b_model_steps(q, k, gate, beta, dy, dsT, emulate, split)
     mm = common.model_mm(emulate, split)
-    B, T, H, D = q.shape
-    (q, k, dy), gate, beta, nck = common.model_inputs((q, k, dy), gate, beta, f)  # (B, H, 64 nck, D), (B, H, 64 nck)
-    G = torch.zeros(B, H, D, D, dtype=f) if dsT is None else dsT.to(f).clone()
-    dv = torch.zeros(B, H, nck * 64, D, dtype=f)
-    mask = torch.ones(64, 64, dtype=torch.bool).tril()  # s <= u
+    (B, T, H, D), (q, k, dy, gate, beta), nck, G, dv, mask = model_state(q, k, gate, beta, dy, dsT, f)
     for ch in range(nck - 1, -1, -1):
         sl = slice(64 * ch, 64 * ch + 64)
         Q, K, dY, g, bt = q[:, :, sl], k[:, :, sl], dy[:, :, sl], gate[:, :, sl], beta[:, :, sl]
@@ -738,11 +744,7 @@ def pass_b_model_steps(q, k, gate, beta, dy, dsT, emulate, split, inplace=True):
     try:
         ss = StepScaledR() if split == "r" else common.StepScaled(common.STEP_GROUP[split])
         f = torch.float32
-        B, T, H, D = q.shape
-        (q, k, dy), gate, beta, nck = common.model_inputs((q, k, dy), gate, beta, f)
-        G = torch.zeros(B, H, D, D, dtype=f) if dsT is None else dsT.to(f).clone()
-        dv = torch.zeros(B, H, nck * 64, D, dtype=f)
-        mask = torch.ones(64, 64, dtype=torch.bool).tril()
+        (B, T, H, D), (q, k, dy, gate, beta), nck, G, dv, mask = model_state(q, k, gate, beta, dy, dsT, f)
         for ch in range(nck - 1, -1, -1):
             sl = slice(64 * ch, 64 * ch + 64)
             Q, K, dY, g, bt = q[:, :, sl], k[:, :, sl], dy[:, :, sl], gate[:, :, sl], beta[:, :, sl]

@@ -83,11 +83,7 @@ def fmaf(a, b, c):
 def kernel_r(q, k, gate, beta, dy, dsT, rz):
     emu.RZ = rz
     f = torch.float32
-    B, T, H, D = q.shape
-    (q, k, dy), gate, beta, nck = common.model_inputs((q, k, dy), gate, beta, f)
-    G = torch.zeros(B, H, D, D, dtype=f) if dsT is None else dsT.to(f).clone()
-    dv = torch.zeros(B, H, nck * 64, D, dtype=f)
-    mask = torch.ones(64, 64, dtype=torch.bool).tril()
+    (B, T, H, D), (q, k, dy, gate, beta), nck, G, dv, mask = passb.model_state(q, k, gate, beta, dy, dsT, f)
     eg = row_exp(G.abs().amax((-1, -2), keepdim=True), 0)  # tile_exp (the same formula and clamp)
     Gp = split16(G * exp2i(-eg))
     for ch in range(nck - 1, -1, -1):
