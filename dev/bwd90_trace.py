@@ -1,20 +1,30 @@
-"""Where chunk_bwd_sm90's chunk time goes: a copy of solution.py with clock64 stamps between the phases of
-each chunk (consumer warps' lane 0 and WG0's thread 0 of a few CTAs), summed over the chunks and printed by the
-kernel at its end (device printf), then the cycles a phase a chunk per role. The copy is made here by inserting
-stamps at marker lines of BACKWARD_SM90_SRC (a marker that no longer matches is an error: update the list).
-Also the kernel's time (KernelBench median) for the copy without stamps, to convert cycles to us.
+"""Where chunk_bwd_sm90's chunk time goes: a copy of solution.py with clock stamps between the phases of each chunk
+(thread 0 of each warpgroup, WG0 and the two consumers, of a few CTAs: TRACE_CTAS), each stamp written to a global
+array (chunk, stamp) (register arrays of them spilled), summed over the chunks by a small kernel launched after each
+chunk_bwd_sm90 launch and printed there (dev/fwd90_trace.py's device_source and print kernel: a printf in
+chunk_bwd_sm90's own kernel, an extern call, makes ptxas serialize every wgmma of it, 122 waits instead of HEAD's 12),
+then the cycles a phase a chunk per role. The copy is made here by inserting stamps at marker lines of
+BACKWARD_SM90_SRC (a marker that no longer matches is an error: update the list). Also the kernel's time (KernelBench
+median) for the copy without stamps, to convert cycles to us.
 
     python3 dev/bwd90_trace.py [--shapes S4-bf16,S2-bf16] [--extra LABEL=PATH ...] [--ablate no_m,no_tables,...]
+    python3 dev/bwd90_trace.py --build-only [--copy PATH]   (no GPU: the copy, its build and HEAD's, their resources)
+    python3 dev/bwd90_trace.py --copy-only [--copy PATH]    (the copy alone: every marker checked)
 (--extra: other solution.py copies timed beside it, e.g. variants written to scratch/; --ablate: copies with a piece
-removed (ABLATIONS), timed beside it; writes $OUT/bwd90_trace.json)
+removed (ABLATIONS), timed beside it; writes $OUT/bwd90_trace.json; --build-only prints REG, STACK, LOCAL, the STL /
+LDL and WARPGROUP.DEPBAR instructions of chunk_bwd_sm90's kernels)
+
+The stamps are fwd90_trace's: the 32-bit %clock (differences modulo 2^32), a stamp not written (a phase that does not
+run in a chunk) takes the one before it; a stamp after a barrier or an issue may come before the wait completes.
 """
 import argparse
 import os
-import re
 import subprocess
 import sys
 
 sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fwd90_trace as fwd  # noqa: E402  (the stamps' device code, the print kernel, the build and resources)
 
 # (marker in BACKWARD_SM90_SRC, or a tuple of its forms in the kernel's versions; phase name). The stamp ends the
 # phase: it goes after the marker's text, or before it with the prefix BEFORE.
@@ -60,6 +70,42 @@ AUX = [  # (in the order they run)
     ("      build_lx(sm, ch - 1);\n    }", "next chunk's Lx"),
 ]
 TRACE_CTAS = (0, 1, 131)
+TR_PRINT_MAX = 2 * 3 * len(TRACE_CTAS)  # slots printed a process: two launches' (the child makes one)
+DEFAULT_COPY = "scratch/trace_solution.py"
+# the backward's stamps: the chunks run ch = nck - 1 .. 0, a row a chunk in that order (it = nck - 1 - ch); thread 0
+# of a traced warpgroup stamps (slot: traced CTA, warp 0 / 4 / 8), its place found at each stamp from the special
+# registers (volatile reads: no register held through the chunk; with tr_at held the consumers spilled more)
+TRACE_SRC = r"""
+__device__ __forceinline__ int tr_where() {  // the slot's first stamp in g_tr, or -1
+  unsigned b, t;
+  asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(b));
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
+  const int cta = tr_cta_index(b);
+  return cta >= 0 && (t & 127) == 0 ? (cta * 12 + (int)(t >> 5)) * (TR_MAXC * TR_NS) : -1;
+}
+#define TRACE_C(i) do { const int tr_it = nck - 1 - ch, tr_at = tr_where(); \
+  if (tr_at >= 0 && tr_it < TR_MAXC) g_tr[tr_at + tr_it * TR_NS + (i)] = tr_clock(); } while (0)
+#define TRACE_A(i) TRACE_C(i)
+#define TRACE_END(n) do { const int tr_at = tr_where(); if (tr_at >= 0) { \
+  int* h = g_tr_hdr + tr_at / (TR_MAXC * TR_NS) * 8; h[1] = (int)blockIdx.x; \
+  h[2] = 0; h[3] = 0; h[4] = nck; h[5] = (n); h[0] = 1; } } while (0)
+"""
+DECL_SRC = """  if ((threadIdx.x & 96) == 0 && tr_cta_index(blockIdx.x) >= 0) {  // bwd90_trace: the traced warp's rows zeroed first
+    const int tr_row = (tr_cta_index(blockIdx.x) * 12 + (int)(threadIdx.x >> 5)) * (TR_MAXC * TR_NS);
+    for (int e = threadIdx.x & 31; e < min(nck, TR_MAXC) * TR_NS; e += 32) g_tr[tr_row + e] = 0;
+    __syncwarp();
+  }
+"""
+LAUNCH_OLD = ("  return err != cudaSuccess ? err : launch_threads(bwd90::chunk_bwd_sm90_kernel<CK16>, dim3((unsigned)pl.blocks), 384,\n"
+              "                                                   pl.smem, s, false, p);\n}")
+LAUNCH_NEW = """  if (err == cudaSuccess)
+    err = launch_threads(bwd90::chunk_bwd_sm90_kernel<CK16>, dim3((unsigned)pl.blocks), 384, pl.smem, s, false, p);
+  if (err == cudaSuccess) {  // bwd90_trace: the stamps' sums
+    bwd90::tr_print_kernel<<<1, 64, 0, s>>>();
+    err = cudaGetLastError();
+  }
+  return err;
+}"""
 
 
 def consumer_marks(src):
@@ -87,39 +133,26 @@ def traced_source(src):
                 out = out.replace(m[6:], stamp + "\n" + m[6:])
             else:
                 out = out.replace(m, m + "\n" + stamp)
-    # Stamps go to a global array (chunk, stamp) per traced role: register arrays of them spilled (WG0 runs at 56
-    # registers), which slowed the roles they measured. Sums and the chunk nck / 2's stamps are printed at the end.
-    decl = ("  const int tr_slot = (blockIdx.x == %s ? 0 : blockIdx.x == %s ? 1 : 2) * 3 + (int)(threadIdx.x >> 7);\n"
-            "  const bool tr_on = (blockIdx.x == %s) && (threadIdx.x & 127) == 0;\n")
-    cta = " || blockIdx.x == ".join(str(c) for c in TRACE_CTAS)
-    macro = ("__device__ long long g_tr[9 * 512 * 16];\n"
-             "#define TRACE_C(i) do { if (tr_on && ch < 512) g_tr[(tr_slot * 512 + ch) * 16 + (i)] = clock64(); } "
-             "while (0)\n#define TRACE_A(i) TRACE_C(i)\n"
-             "__device__ __forceinline__ void tr_print(int slot, int n, int nck) {\n"
-             "  const long long* s = g_tr + slot * 512 * 16;\n"
-             "  for (int i = 0; i < n; ++i) {\n"
-             "    long long acc = 0;\n"
-             "    for (int c = min(nck, 512) - 1; c >= 0; --c) {\n"
-             "      const long long prev = i ? s[c * 16 + i - 1] : (c + 1 < min(nck, 512) ? s[(c + 1) * 16 + n - 1] : s[c * 16]);\n"
-             "      acc += s[c * 16 + i] - prev;\n"
-             "    }\n"
-             "    printf(\"TRACE cta %d wg %d i %d %lld %lld\\n\", (int)blockIdx.x, (int)(threadIdx.x >> 7), i, acc,\n"
-             "           s[(nck / 2) * 16 + i]);\n"
-             "  }\n"
-             "}\n")
-    out = out.replace("namespace bwd90 {\n", "namespace bwd90 {\n" + macro, 1)
+    # Stamps go to a global array (chunk, stamp) per traced role (register arrays of them spilled: WG0 runs at 56
+    # registers); their sums are printed by fwd90_trace's print kernel, launched after the backward's kernel.
+    dev = fwd.device_source(TRACE_CTAS, TR_PRINT_MAX) + TRACE_SRC
+    assert out.count("namespace bwd90 {\n") == 1
+    out = out.replace("namespace bwd90 {\n", "namespace bwd90 {\n" + dev, 1)
     out = out.replace('BACKWARD_SM90_SRC = ("', 'BACKWARD_SM90_SRC = ("#include <cstdio>\\n', 1)
     for head in ("__device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, int nck) {\n",
                  "__device__ void aux(const Params& p, unsigned char* sm, int64_t bh, int nck) {\n"):
         assert out.count(head) == 1, head
-        out = out.replace(head, head + decl % (TRACE_CTAS[0], TRACE_CTAS[1], cta))
-    # the prints: the consumer's before its early return (no S_0), aux's after its loop
+        out = out.replace(head, head + DECL_SRC)
+    # the ends: the consumer's before its early return (no S_0), aux's after its loop
     m = "  if (p.ds0 == nullptr) return;  // (no initial state)"
     assert out.count(m) == 1
-    out = out.replace(m, f"  if (tr_on) tr_print(tr_slot, {len(cons)}, nck);\n" + m)
+    out = out.replace(m, f"  TRACE_END({len(cons)});\n" + m)
     m = "  dgate_dbeta(p, sm, b, h, 0);\n}\n"
     assert out.count(m) == 1, "aux end"
-    out = out.replace(m, f"  if (tr_on) tr_print(tr_slot, {len(AUX)}, nck);\n" + m)
+    out = out.replace(m, m[:-2] + f"  TRACE_END({len(AUX)});\n}}\n")
+    if out.count(LAUNCH_OLD) != 1:
+        raise SystemExit("bwd90_trace: marker launch: no single match (update LAUNCH_OLD)")
+    out = out.replace(LAUNCH_OLD, LAUNCH_NEW)
     return out
 
 
@@ -156,7 +189,27 @@ def write_copy(path, ablation=None):
             if src.count(old) != 1:
                 raise SystemExit(f"ablation {ablation}: no single match for {old[:60]!r}")
             src = src.replace(old, new)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     open(path, "w").write(text[:start] + src + text[end:])
+
+
+def instantiation(name):
+    """chunk_bwd_sm90's kernel (bwd, or the checkpoint pass ckpt) and CK16 (ck16: bf16 checkpoints), from its name."""
+    return ("ckpt" if "ckpt" in name else "bwd") + (" ck16" if "ILb1E" in name else " f32ck")
+
+
+def resources(so):
+    """fwd90_trace.res_usage of chunk_bwd_sm90's kernels in a backward_sm90 library."""
+    return fwd.res_usage(so, "chunk_bwd_sm90_", instantiation)
+
+
+def build_only(copy):
+    write_copy(copy)
+    print(f"copy {copy}: every marker found")
+    sos = fwd.build_copies(["solution.py", copy], "backward_sm90")
+    for label, path in (("head", "solution.py"), ("trace", copy)):
+        for inst, (reg, stack, local, sp, dep) in sorted(resources(sos[path]).items()):
+            print(f"{label:6s} {inst:14s} REG {reg} STACK {stack} LOCAL {local} STL+LDL {sp} wgmma waits {dep}")
 
 
 def main():
@@ -165,75 +218,90 @@ def main():
     ap.add_argument("--extra", action="append", default=[])
     ap.add_argument("--trials", type=int, default=10)
     ap.add_argument("--ablate", default="", help=f"comma list of {sorted(ABLATIONS)}")
+    ap.add_argument("--copy", default=DEFAULT_COPY, help="where the stamped copy is written")
+    ap.add_argument("--build-only", action="store_true", help="write the copy, build it and HEAD, ptxas resources")
+    ap.add_argument("--copy-only", action="store_true", help="write the copy only (every marker checked)")
     args = ap.parse_args()
+    if args.copy_only:
+        write_copy(args.copy)
+        return print(f"copy {args.copy}: every marker found")
+    if args.build_only:
+        return build_only(args.copy)
     os.makedirs("scratch", exist_ok=True)
-    write_copy("scratch/trace_solution.py")
+    write_copy(args.copy)
     text, start, end = bwd_source()
     cons = consumer_marks(text[start:end])
     for a in filter(None, args.ablate.split(",")):
         write_copy(f"scratch/ablate_{a}.py", a)
         args.extra.append(f"{a}=scratch/ablate_{a}.py")
-    from tools.common import load_copies, prebuild, save
-    prebuild(["solution.py", "scratch/trace_solution.py"] + [e.split("=", 1)[1] for e in args.extra], ["backward_sm90"])
+    from tools.common import load_copies, save
+    sos = fwd.build_copies(["solution.py", args.copy] + [e.split("=", 1)[1] for e in args.extra], "backward_sm90")
+    res = {"ptxas": {}}
+    for p in ("solution.py", args.copy):
+        try:
+            res["ptxas"][p] = resources(sos[p])
+            print(f"{p}: (REG, STACK, LOCAL, STL+LDL, wgmma waits) {res['ptxas'][p]}", flush=True)
+        except (SystemExit, OSError, KeyError, AttributeError) as e:  # (no cuobjdump: not the run's point)
+            print(f"{p}: no resource usage ({e})", flush=True)
     import torch
     import solution
     import reference
     from bench import SHAPES
     from timing import kernelbench_time
-    mods = load_copies(["trace=scratch/trace_solution.py"] + args.extra, solution)
-    res = {}
+    mods = load_copies(args.extra, solution)
     for name in args.shapes.split(","):
         B, T, H, D, dtype = SHAPES[name][:5]
         gen = torch.Generator().manual_seed(1)
         q, k, v, g, b = [x.cuda() for x in reference.make_inputs(B, T, H, D, D, dtype=dtype, generator=gen)]
         dy = torch.randn(B, T, H, D, generator=gen).to(dtype).cuda()
         for label, m in mods.items():
-            if label == "trace":
-                continue
             fn = lambda m=m: m._backward_with(dy, None, q, k, v, g, b, kernel="chunk_bwd_sm90")  # noqa: E731
             st = kernelbench_time(fn, (), trials=args.trials)
             res[f"{name} {label}"] = st
             print(f"{name} {label}: {st}", flush=True)
-        # the traced copy: one call, its printf lines through a child's stdout (device printf is the process's stdout)
-        code = ("import sys, torch; sys.path.insert(0, '.'); import importlib.util as u; "
-                "s = u.spec_from_file_location('tr', 'scratch/trace_solution.py'); m = u.module_from_spec(s); "
+        # the traced copy: one call in a child, the print kernel's lines through its stdout (device printf is the
+        # process's C stdout: flushed before the end marker fwd90_trace.parse reads)
+        code = ("import sys, ctypes, torch; sys.path.insert(0, '.'); import importlib.util as u; "
+                f"s = u.spec_from_file_location('tr', {args.copy!r}); m = u.module_from_spec(s); "
                 "s.loader.exec_module(m); import reference; from bench import SHAPES; "
                 f"B, T, H, D, dt = SHAPES['{name}'][:5]; gen = torch.Generator().manual_seed(1); "
                 "x = [t.cuda() for t in reference.make_inputs(B, T, H, D, D, dtype=dt, generator=gen)]; "
                 "dy = torch.randn(B, T, H, D, generator=gen).to(dt).cuda(); "
-                "m._backward_with(dy, None, *x, kernel='chunk_bwd_sm90'); torch.cuda.synchronize()")
+                "m._backward_with(dy, None, *x, kernel='chunk_bwd_sm90'); torch.cuda.synchronize(); "
+                "ctypes.CDLL(None).fflush(None); print('TRACE_END bwd ckpt_written=False', flush=True)")
         child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         out = child.stdout
         nck = (T + 63) // 64
-        rows, absr = {}, {}
-        for line in out.splitlines():
-            mm = re.match(r"TRACE cta (\d+) wg (\d+) i (\d+) (-?\d+) (-?\d+)", line)
-            if not mm:
-                continue
-            cta, wg, i = int(mm.group(1)), int(mm.group(2)), int(mm.group(3))
+        ncs = min(nck, fwd.TR_MAXC)  # (chunks stamped)
+        traces, _ = fwd.parse(out, lambda w: AUX if w < 4 else cons)
+        got = {(cta, w // 4): r for (cta, mo, sg, w), r in traces.get("bwd", {}).items() if all(x is not None for x in r)}
+        rows = {}
+        for (cta, wg), r in sorted(got.items()):
             names = [n for _, n in (AUX if wg == 0 else cons)]
-            rows.setdefault(f"cta {cta} wg {wg}", {})[names[i]] = int(mm.group(4)) / nck
-            absr.setdefault((cta, wg), {})[i] = int(mm.group(5))
+            rows[f"cta {cta} wg {wg}"] = {n: x[0] / ncs for n, x in zip(names, r)}
         for key in sorted(rows):
             vals = rows[key]
             print(f"{name} {key}: cycles a chunk (total {sum(vals.values()):.0f})")
             for n, x in vals.items():
                 print(f"    {x:8.0f}  {n}")
-        absr = {k: [v[i] for i in sorted(v)] for k, v in absr.items()}
         for cta in TRACE_CTAS:
-            if (cta, 0) not in absr:
+            if any((cta, w) not in got for w in (0, 1, 2)):
                 continue
-            t0 = min(min(v) for (c, w), v in absr.items() if c == cta)
-            print(f"{name} cta {cta}: chunk nck/2 on one axis (cycles from its first stamp)")
+            ref = got[(cta, 0)][0][2]
+
+            def rel(x):  # (32-bit clocks: differences modulo 2^32)
+                return (x - ref + 2 ** 31) % 2 ** 32 - 2 ** 31
+            absr = {w: [rel(x[2]) for x in got[(cta, w)]] for w in (0, 1, 2)}
+            t0 = min(min(v) for v in absr.values())
+            print(f"{name} cta {cta}: chunk ch = nck - 1 - nck/2 on one axis (cycles from its first stamp)")
             for w in (0, 1, 2):
                 names = [n for _, n in (AUX if w == 0 else cons)]
-                print(f"  wg {w}: " + ", ".join(f"{n} {x - t0}" for n, x in zip(names, absr[(cta, w)])))
-            rows[f"cta {cta} abs"] = {str(w): absr[(cta, w)] for w in (0, 1, 2)}
-        if not rows:  # (a fault in the traced copy: its error is on stderr)
+                print(f"  wg {w}: " + ", ".join(f"{n} {x - t0}" for n, x in zip(names, absr[w])))
+            rows[f"cta {cta} abs"] = {str(w): [x - t0 for x in absr[w]] for w in (0, 1, 2)}
+        if not got or child.returncode != 0:  # (a fault in the traced copy: its error is on stderr)
             print(f"no stamps (rc {child.returncode}):", out[-1500:], child.stderr[-3000:])
         res[f"{name} trace"] = rows
     save("bwd90_trace.json", res)
-
 
 if __name__ == "__main__":
     main()

@@ -104,22 +104,14 @@ __device__ __forceinline__ unsigned tr_clock() {
   asm volatile("mov.u32 %%0, %%%%clock;\n" : "=r"(t));
   return t;
 }
-// (the index through an opaque move: the address is formed at the stamp, not held in registers through the chunk)
-#define TRACE(i) do { if (tr_at >= 0 && c < TR_MAXC) { int tr_k = tr_at; \
-  asm volatile("" : "+r"(tr_k)); g_tr[tr_k + c * TR_NS + (i)] = tr_clock(); } } while (0)
-// after a bar.sync: a shared load first (it waits for the deferred barrier), then the clock
-#define TRACE_SYNC(i) do { if (tr_at >= 0 && c < TR_MAXC) { unsigned tr_d; \
-  asm volatile("ld.volatile.shared.u32 %%0, [%%1];\n" : "=r"(tr_d) : "r"((unsigned)__cvta_generic_to_shared(sm))); \
-  int tr_k = tr_at; asm volatile("" : "+r"(tr_k)); g_tr[tr_k + c * TR_NS + (i)] = tr_clock(); } } while (0)
-#define TRACE_END(n) do { if (tr_at >= 0) { int* h = g_tr_hdr + tr_at / (TR_MAXC * TR_NS) * 8; h[1] = (int)blockIdx.x; \
-  h[2] = p.mode; h[3] = cb.seg; h[4] = nch; h[5] = (n); h[0] = 1; } } while (0)
 // A stamp not written (0: the rows are zeroed first) takes the one before it.
 __device__ __forceinline__ unsigned tr_eff(const unsigned* s, int c, int i) {
   for (; i > 0 && s[c * TR_NS + i] == 0; --i) {}
   return s[c * TR_NS + i];
 }
-// The sums, printed by a kernel of their own launched after chunk_sm90's (a printf, an extern call, in the chunk
-// kernel makes ptxas serialize every wgmma there). Per slot (a traced warp) and stamp i: the sum over the chunks of
+// The sums, printed by a kernel of their own launched after the traced kernel's (a printf, an extern call, in the
+// traced kernel makes ptxas serialize every wgmma there; dev/bwd90_trace.py's too, its rows in the order the chunks
+// ran). Per slot (a traced warp) and stamp i: the sum over the chunks of
 // (stamp i - the stamp before: i - 1, or the chunk before's last), the chunks where it ran, its time in chunk nch / 2.
 __global__ void tr_print_kernel() {
   const int slot = threadIdx.x;
@@ -143,6 +135,17 @@ __global__ void tr_print_kernel() {
   }
 }
 """
+# the forward's stamps (c: the chunk, in the order they run; tr_at: DECL_SRC)
+TRACE_SRC = r"""// (the index through an opaque move: the address is formed at the stamp, not held in registers through the chunk)
+#define TRACE(i) do { if (tr_at >= 0 && c < TR_MAXC) { int tr_k = tr_at; \
+  asm volatile("" : "+r"(tr_k)); g_tr[tr_k + c * TR_NS + (i)] = tr_clock(); } } while (0)
+// after a bar.sync: a shared load first (it waits for the deferred barrier), then the clock
+#define TRACE_SYNC(i) do { if (tr_at >= 0 && c < TR_MAXC) { unsigned tr_d; \
+  asm volatile("ld.volatile.shared.u32 %%0, [%%1];\n" : "=r"(tr_d) : "r"((unsigned)__cvta_generic_to_shared(sm))); \
+  int tr_k = tr_at; asm volatile("" : "+r"(tr_k)); g_tr[tr_k + c * TR_NS + (i)] = tr_clock(); } } while (0)
+#define TRACE_END(n) do { if (tr_at >= 0) { int* h = g_tr_hdr + tr_at / (TR_MAXC * TR_NS) * 8; h[1] = (int)blockIdx.x; \
+  h[2] = p.mode; h[3] = cb.seg; h[4] = nch; h[5] = (n); h[0] = 1; } } while (0)
+"""
 DECL_SRC = """  // fwd90_trace: lane 0 of each warp of the traced CTAs (the dense D_k = 128 block only); its rows zeroed first
   constexpr bool kTr = DK == 128 && !VARLEN;
   const int tr_cta = kTr ? tr_cta_index(blockIdx.x) : -1;
@@ -161,6 +164,13 @@ LAUNCH_NEW = """  err = launch_threads(kernel, dim3((unsigned)blocks), kSm90Thre
   }
   return err;
 }"""
+
+
+def device_source(ctas, print_max):
+    """DEVICE_SRC for these traced CTAs (12 slots each: a warp's lane 0) and prints a process (dev/bwd90_trace.py's
+    too): g_tr, g_tr_hdr, tr_cta_index, tr_clock, tr_eff, tr_print_kernel."""
+    cta_index = " ".join(f"if (b == {c}) return {j};" for j, c in enumerate(ctas))
+    return DEVICE_SRC % dict(maxc=TR_MAXC, ns=TR_NS, nctas=len(ctas), cta_index=cta_index, print_max=print_max)
 
 
 def sm90_span(text):
@@ -186,9 +196,7 @@ def traced_source(src):
         for i, mark in enumerate(marks):
             macro = "TRACE_SYNC" if len(mark) > 2 and mark[2] == "sync" else "TRACE"
             out = insert(out, mark[0], f"    {macro}({i});", f"{role} {i} ({mark[1]})")
-    cta_index = " ".join(f"if (b == {c}) return {j};" for j, c in enumerate(TRACE_CTAS))
-    dev = DEVICE_SRC % dict(maxc=TR_MAXC, ns=TR_NS, nctas=len(TRACE_CTAS), cta_index=cta_index,
-                            print_max=TR_PRINT_MAX)
+    dev = device_source(TRACE_CTAS, TR_PRINT_MAX) + TRACE_SRC % {}
     out = insert(out, "using bf16 = __nv_bfloat16;\n", dev, "device helpers")
     out = insert(out, "BEFORE  if (wg == 0) {\n    // The aux warpgroup", DECL_SRC.rstrip("\n"), "declarations")
     out = insert(out, "      bar_wait(kBarDone + 2 + (c & 1));\n    }\n", f"    TRACE_END({len(AUX)});", "aux end")
@@ -213,13 +221,14 @@ def write_copy(path):
 
 # ---- the build and ptxas resources (no GPU) ----
 BUILD_CODE = ("import importlib.util as u, sys; sys.path.insert(0, '.'); "
-              "s = u.spec_from_file_location('fwd90_built', sys.argv[1]); m = u.module_from_spec(s); "
-              "s.loader.exec_module(m); m.build('chunk_sm90'); print('SO', m._units['chunk_sm90'])")
+              "s = u.spec_from_file_location('trace_built', sys.argv[1]); m = u.module_from_spec(s); "
+              "s.loader.exec_module(m); m.build(sys.argv[2]); print('SO', m._units[sys.argv[2]])")
 
 
-def build_copies(paths):
-    """Each copy's core and chunk_sm90 unit, one process a copy, at once; {path: the chunk_sm90 library}."""
-    procs = [subprocess.Popen([sys.executable, "-c", BUILD_CODE, p], stdout=subprocess.PIPE, text=True) for p in paths]
+def build_copies(paths, unit="chunk_sm90"):
+    """Each copy's core and unit, one process a copy, at once; {path: the unit's library}."""
+    procs = [subprocess.Popen([sys.executable, "-c", BUILD_CODE, p, unit], stdout=subprocess.PIPE, text=True)
+             for p in paths]
     sos = {}
     for p, pr in zip(paths, procs):
         out, _ = pr.communicate()
@@ -246,9 +255,15 @@ def find_cuobjdump():
     raise SystemExit("fwd90_trace: no cuobjdump (set CUDA_HOME)")
 
 
-def res_usage(so):
-    """{instantiation: (REG, STACK, LOCAL, STL + LDL instructions, WARPGROUP.DEPBAR instructions)} of
-    chunk_sm90_kernel in a unit's library (more wgmma waits than HEAD's: ptxas serialized the wgmmas)."""
+def fwd_instantiation(name):
+    """chunk_sm90_kernel's instantiation, from its mangled name: bf16<128,false>."""
+    mm = re.search(r"Li(\d+)ELb(\d)E", name)
+    return ("bf16" if "13__nv_bfloat16" in name else "f32") + f"<{mm.group(1)},{'true' if mm.group(2) == '1' else 'false'}>"
+
+
+def res_usage(so, kernel="chunk_sm90_kernel", instantiation=fwd_instantiation):
+    """{instantiation: (REG, STACK, LOCAL, STL + LDL instructions, WARPGROUP.DEPBAR instructions)} of the kernel
+    in a unit's library (more wgmma waits than HEAD's: ptxas serialized the wgmmas)."""
     cuobjdump = find_cuobjdump()
     out = subprocess.run([cuobjdump, "-res-usage", so], capture_output=True, text=True).stdout
     sass = subprocess.run([cuobjdump, "-sass", so], capture_output=True, text=True).stdout
@@ -257,9 +272,8 @@ def res_usage(so):
         spills[part.split("\n", 1)[0].strip()] = (len(re.findall(r"\b(?:STL|LDL)\b", part)),
                                                    len(re.findall(r"WARPGROUP\.DEPBAR", part)))
     res = {}
-    for name, body in re.findall(r"Function (\S*chunk_sm90_kernel\S*):\s*\n\s*(.*)", out):
-        mm = re.search(r"Li(\d+)ELb(\d)E", name)
-        inst = ("bf16" if "13__nv_bfloat16" in name else "f32") + f"<{mm.group(1)},{'true' if mm.group(2) == '1' else 'false'}>"
+    for name, body in re.findall(r"Function (\S*" + kernel + r"\S*):\s*\n\s*(.*)", out):
+        inst = instantiation(name)
         f = dict(re.findall(r"(\w+):(\d+)", body))
         res[inst] = (int(f["REG"]), int(f["STACK"]), int(f["LOCAL"])) + spills.get(name, (-1, -1))
     return res
