@@ -202,9 +202,10 @@ enum : int {
 };
 enum class DType : int { f32 = 0, f16 = 1, bf16 = 2 };
 enum class Kernel : int { recurrent = 0, parallel = 1, chunk_tf32 = 2, chunk_bf16 = 3, chunk_sm90 = 4, decode = 5,
-                          decode_persistent = 6, recurrent_bwd = 7, chunk_bwd = 8, chunk_bwd_sm90 = 9 };
+                          decode_persistent = 6, recurrent_bwd = 7, chunk_bwd = 8, chunk_bwd_sm90 = 9,
+                          chunk_bwd_sm90_fp32 = 10 };
 enum class Unit : int { core = 0, chunk_tf32 = 1, chunk_bf16 = 2, reference = 3, chunk_sm90 = 4, decode = 5,
-                        backward = 6, backward_sm90 = 7 };  // a launch's build unit
+                        backward = 6, backward_sm90 = 7, backward_sm90_fp32 = 8 };  // a launch's build unit
 
 struct Strides4 { int64_t b, t, h, d; };
 struct Strides3 { int64_t b, t, h; };
@@ -238,6 +239,11 @@ struct BwdProblem : Problem {
   const float* dfinal; StateStrides sdf;
   void *dk, *dv, *dgate, *dbeta;
   float* ds0;
+  // chunk_bwd_sm90_fp32: it sets *nonfinite (zeroed by the host) where it reads or writes a value that is not
+  // finite; the plan's chunk_bwd then recomputes every gradient with the exact semantics of inf and NaN, and
+  // exits at once where run_if (that flag) is 0. nullptr elsewhere (chunk_bwd always runs).
+  int* nonfinite = nullptr;
+  const int* run_if = nullptr;
 };
 
 // Everything a launch depends on, decided once by make_plan() (host) and only executed by a unit.
