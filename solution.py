@@ -82,6 +82,19 @@ everything the launch depends on; plan(B, T, H, D_k, D_v, dtype) prints that rec
                   chunk_bwd_sm90_ckpt  chunk_bwd_sm90 calls whose   the state at every 64-step chunk start into the
                                        forward wrote no checkpoints workspace (wgmma state updates, k and v double-
                                        (forward_checkpoints), first buffered).
+    chunk_bwd_sm90_fp32                the backward on compute      the float32 chunked backward on Hopper wgmma
+                  BACKWARD_SM90_FP32_  capability 9.0 for float32   (training-design.md 8), chunks of 64 backwards,
+                  SRC, unit backward_  with D_k = D_v = 128 and     one block of three warpgroups a (b, h) as
+                  sm90_fp32 (first     aligned rows, from the       chunk_bwd_sm90's: dq, dk, dgate, dbeta from the
+                  use; sm_90a code)    forward's float32            forward's checkpoints (S and 8 maxima of |S| a
+                                       checkpoints                  chunk); every product on fp16 wgmma, the fp32
+                                                                    operands as fp16 hi + lo after a power-of-two
+                                                                    scale a tile (bf16 hi + lo misses float32's
+                                                                    accuracy). Inf or NaN is flagged, not handled:
+                                                                    the plan's chunk_bwd then recomputes every
+                                                                    gradient (it exits at once without the flag).
+                  chunk_bwd_sm90_fp32_dv  (its second launch)       dv and dS_0, the same design with a scale a step
+                                                                    (a loss on few steps keeps their precision).
     recurrent_bwd BACKWARD_SRC         the rest of the backward     the reverse loop of the state's gradient, element by
                   unit backward        (dq: a forward plan with     element: one block per (b, h) walks the D_v tiles of
                                        (dy, v, k) and S_0^T, any    32 columns in order; the states come back from
@@ -175,9 +188,10 @@ __all__ = ["ModelNew", "gated_recurrence", "gated_recurrence_decode_", "plan", "
 # Every kernel a plan can name (tests check it against the __global__ kernels and plan()).
 KERNELS = ("recurrent", "parallel", "chunk_tf32", "chunk_bf16", "chunk_sm90", "segment_scan", "decode",
            "decode_persistent", "recurrent_bwd", "chunk_bwd", "chunk_bwd_prep", "chunk_bwd_scan", "chunk_bwd_sm90",
-           "chunk_bwd_sm90_ckpt")
+           "chunk_bwd_sm90_ckpt", "chunk_bwd_sm90_fp32", "chunk_bwd_sm90_fp32_dv")
 # Build units: core (host code, recurrent, parallel) at import; each chunk family and the reference rounding on first use.
-UNITS = ("core", "chunk_tf32", "chunk_bf16", "reference", "chunk_sm90", "decode", "backward", "backward_sm90")
+UNITS = ("core", "chunk_tf32", "chunk_bf16", "reference", "chunk_sm90", "decode", "backward", "backward_sm90",
+         "backward_sm90_fp32")
 
 # ---------------------------------------------------------------------------------------------
 # CUDA and C++ sources, one constant per kernel family. A unit is PRELUDE + DEVICE + its families
@@ -312,6 +326,7 @@ struct Sm90Layout {
 // chunk_sm90 on float32 (bytes; D_k = D_v = 128, CHUNK_SM90_TF32_SRC): q hi and lo (64 x 128 fp32 each; k lands
 // in lo first), K^T hi and lo (rows padded to 2064 bytes), P' hi and lo (rows padded to 1040), v (then y staged
 // over it), two slots of gate tables, two mbarriers.
+enum : int { kCk32 = 128 * 128 + 8 };  // a float32 checkpoint: S [dk][dv], then 8 warps' max |S|
 struct Sm90Tf32Layout {
   static constexpr int kQH = 0, kQL = 32768, kKTH = 65536, kKTL = kKTH + 33024, kPPH = kKTL + 33024;
   static constexpr int kPPL = kPPH + 16640, kVR = kPPL + 16640, kTB = kVR + 32768;
@@ -340,6 +355,9 @@ enum : int { kBwdChunk = 32, kBwdThreads = 512,
              kChunkBwdSmem = 4 * (2 * 128 * 132 + 4 * 32 * 132 + 4 * 32 * 33 + 7 * 32 + kBwdThreads / 32) };
 // chunk_bwd_sm90's shared memory (bwd90:: in BACKWARD_SM90_SRC lays it out and checks it).
 enum : int { kChunkBwdSm90Smem = 231776 };
+// chunk_bwd_sm90_fp32's shared memory: its dq kernel's and its dv kernel's (bwd32:: in BACKWARD_SM90_FP32_SRC lays
+// them out and checks them).
+enum : int { kChunkBwdSm90Fp32Smem = 217152, kChunkBwdSm90Fp32DvSmem = 232448 };
 // Rows a thread of recurrent_bwd (D_k <= 32 R): its instantiations.
 #define GR_BWD_ROWS(X) X(1) X(2) X(4) X(8)
 
@@ -2444,12 +2462,13 @@ extern "C" int gr_execute_chunk_bf16(const gr::Plan* pl, const gr::Problem* pr, 
 
 def _wgmma(n, rs, tb, zero, kind="bf16", ta=0):
     """One wgmma with fp32 accumulators d[n / 2], as an inline function for WGMMA_SRC: kind "bf16" (m64n{n}k16,
-    named by n: wgmma_rs64...) or "tf32" (m64n{n}k8, an overload on d's size: wgmma_tf32_rs...; TF32 has no
-    transpose, so tb is 0; the dev/ probes build the SS forms too, tools/sm90_build.py). SS (A and B
-    shared-memory descriptors) or RS (A as four registers); tb: B is MN-major (transposed). zero: d = A B with d
-    output only (the compiler keeps no earlier value of it alive), else d += A B, or d = A B where scale_d is 0.
-    ta: A MN-major in shared memory (bf16 SS only; named _a)."""
-    assert not ta or (not rs and kind == "bf16")
+    named by n: wgmma_rs64...), "f16" (the same on fp16 operands, named wgmma_h_rs64...: chunk_bwd_sm90_fp32's) or
+    "tf32" (m64n{n}k8, an overload on d's size: wgmma_tf32_rs...; TF32 has no transpose, so tb is 0; the dev/
+    probes build the SS forms too, tools/sm90_build.py). SS (A and B shared-memory descriptors) or RS (A as four
+    registers); tb: B is MN-major (transposed). zero: d = A B with d output only (the compiler keeps no earlier
+    value of it alive), else d += A B, or d = A B where scale_d is 0. ta: A MN-major in shared memory (bf16 and f16
+    SS only; named _a)."""
+    assert not ta or (not rs and kind in ("bf16", "f16"))
     regs = n // 2
     outs = ",".join(f"%{i}" for i in range(regs))
     trans = "" if kind == "tf32" else f", {tb}"
@@ -2462,12 +2481,13 @@ def _wgmma(n, rs, tb, zero, kind="bf16", ta=0):
         ins, tail, sig = '"l"(da), "l"(db), ', f"p, 1, 1{f', {ta}' if trans else ''}{trans}", "uint64_t da, uint64_t db"
     ins += '"r"(0)' if zero else '"r"(scale_d)'
     outs_c = ", ".join(f'"{"=" if zero else "+"}f"(d[{i}])' for i in range(regs))
-    shape = f"m64n{n}k8.f32.tf32.tf32" if kind == "tf32" else f"m64n{n}k16.f32.bf16.bf16"
+    shape = f"m64n{n}k8.f32.tf32.tf32" if kind == "tf32" else f"m64n{n}k16.f32.{kind}.{kind}"
     body = (f'asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, {sc}, 0;\\n'
             f'wgmma.mma_async.sync.aligned.{shape} {{{outs}}}, {a}, {b}, {tail};\\n}}\\n"'
             f' : {outs_c} : {ins});')
     name = (f"wgmma_tf32_{'rs' if rs else 'ss'}{'_z' if zero else ''}" if kind == "tf32" else
-            f"wgmma_{'rs' if rs else 'ss'}{n}{'_a' if ta else ''}{'_t' if tb else ''}{'_z' if zero else ''}")
+            f"wgmma_{'h_' if kind == 'f16' else ''}{'rs' if rs else 'ss'}{n}{'_a' if ta else ''}{'_t' if tb else ''}"
+            f"{'_z' if zero else ''}")
     # (a template: a unit that issues only some forms compiles no other and warns of none)
     return (f"template <int = 0>\n__device__ __forceinline__ void {name}(float (&d)[{regs}], {sig}"
             f"{'' if zero else ', int scale_d'}) {{\n"
@@ -2546,7 +2566,8 @@ __device__ __forceinline__ void wg_barrier(int wg) {  // the 128 threads of one 
 STSM_SRC = r"""
 // Four 8 x 8 blocks of fp32 pairs rounded to bf16 and stored transposed by stmatrix: v[2 m], v[2 m + 1] are this
 // lane's pair of block m (its row g, columns 2 q, 2 q + 1 of an accumulator); a is the shared address of the row
-// this lane gives: row lane % 8 of block lane / 8, 16 bytes.
+// this lane gives: row lane % 8 of block lane / 8, 16 bytes. (A template: a unit with no such store warns of none.)
+template <int = 0>
 __device__ __forceinline__ void stsm_x4_trans(uint32_t a, const float (&v)[8]) {
   uint32_t x[4];
 #pragma unroll
@@ -6102,6 +6123,1323 @@ extern "C" int gr_execute_backward_sm90(const gr::Plan* pl, const gr::Problem* p
 }
 """)
 
+# ===================================== chunk_bwd_sm90_fp32: the float32 backward on Hopper wgmma ==========
+# Its wgmma forms (n, RS, B MN-major, A MN-major), f16 operands (fp32 values as scaled fp16 hi + lo pairs); each
+# form zeroing and accumulating (ss_product's and rs_kstep's first k-step is a test of an unrolled index).
+BWD_SM90_FP32_FORMS = ((32, False, 0, 0), (64, False, 0, 1), (64, False, 1, 0), (64, False, 1, 1),
+                       (128, False, 1, 1), (64, True, 0, 0))
+# One k-step of a product as three wgmmas, and the products over shared-memory pairs: what chunk_bwd_sm90_fp32's two
+# kernels issue (and dev/bwd_fp32_probe.py, on its own bf16 forms). It calls ss / ss_z <TA, TB> and rs / rs_z <TB>,
+# overloaded on the accumulator's size, which the including text defines before it.
+BWD_FP32_KSTEP_SRC = r"""
+// One k-step of a product in TERMS terms (3: hi hi + hi lo + lo hi; 1: hi hi); FIRST: d = (not +=) the first.
+template <int TERMS, int TA, int TB, bool FIRST, int R>
+__device__ __forceinline__ void ss_terms(float (&d)[R], uint64_t ah, uint64_t al, uint64_t bh, uint64_t bl) {
+  if constexpr (FIRST) ss_z<TA, TB>(d, ah, bh);
+  else ss<TA, TB>(d, ah, bh);
+  if constexpr (TERMS == 3) {
+    ss<TA, TB>(d, ah, bl);
+    ss<TA, TB>(d, al, bh);
+  }
+}
+template <int TERMS, int TB, bool FIRST, int R>
+__device__ __forceinline__ void rs_terms(float (&d)[R], const uint32_t (&ah)[4], const uint32_t (&al)[4], uint64_t bh,
+                                         uint64_t bl) {
+  if constexpr (FIRST) rs_z<TB>(d, ah, bh);
+  else rs<TB>(d, ah, bh);
+  if constexpr (TERMS == 3) {
+    rs<TB>(d, ah, bl);
+    rs<TB>(d, al, bh);
+  }
+}
+
+// A pair tile's k-step descriptors: hi at off, lo at off + lo_off; step bytes a k16 step.
+struct Op {
+  int hi, lo, lbo, sbo, step;
+};
+__device__ __forceinline__ Op kmaj(int off, int lo_off, int rows) { return {off, off + lo_off, rows * 16, 128, 32 * rows}; }
+__device__ __forceinline__ Op mnmaj(int off, int lo_off, int krows) { return {off, off + lo_off, 128, krows * 16, 256}; }
+__device__ __forceinline__ uint64_t od(const unsigned char* sm, const Op& o, int kb, int lo) {
+  return sm_desc(sm + (lo ? o.lo : o.hi) + kb * o.step, o.lbo, o.sbo);
+}
+// d (=, or += with !ZERO) A B over KSTEPS k16 steps, both operands pairs in shared memory; one commit group.
+template <int TERMS, int TA, int TB, int KSTEPS, bool ZERO, int R>
+__device__ __forceinline__ void ss_product(float (&d)[R], const unsigned char* sm, const Op& a, const Op& b) {
+#pragma unroll
+  for (int kb = 0; kb < KSTEPS; ++kb) {
+    wg_fence();
+    if (ZERO && kb == 0) ss_terms<TERMS, TA, TB, true>(d, od(sm, a, kb, 0), od(sm, a, kb, 1), od(sm, b, kb, 0), od(sm, b, kb, 1));
+    else ss_terms<TERMS, TA, TB, false>(d, od(sm, a, kb, 0), od(sm, a, kb, 1), od(sm, b, kb, 0), od(sm, b, kb, 1));
+  }
+  wg_commit();
+}
+// Keeps a k-step's A fragments from being computed ahead of the previous k-step's issue (64 registers of hi / lo
+// beside G and the accumulator otherwise).
+__device__ __forceinline__ void pin(uint32_t (&ah)[4], uint32_t (&al)[4]) {
+#pragma unroll
+  for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(ah[r]), "+r"(al[r]));
+}
+// k-step kb of an RS product over a k-major operand pair b: the first one zeroes d (kb is unrolled: no branch).
+template <int TERMS, int TB, int R>
+__device__ __forceinline__ void rs_kstep(float (&d)[R], const uint32_t (&ah)[4], const uint32_t (&al)[4],
+                                         const unsigned char* sm, const Op& b, int kb) {
+  if (kb == 0) rs_terms<TERMS, TB, true>(d, ah, al, od(sm, b, kb, 0), od(sm, b, kb, 1));
+  else rs_terms<TERMS, TB, false>(d, ah, al, od(sm, b, kb, 0), od(sm, b, kb, 1));
+}
+// The two consumer warpgroups (named barrier 1; non-aligned, as chunk_bwd_sm90's)
+__device__ __forceinline__ void consumers_sync() { asm volatile("barrier.sync 1, 256;\n" ::: "memory"); }
+"""
+# What both kernels of chunk_bwd_sm90_fp32 share, spliced into each one's namespace (it reads that kernel's layout
+# constants: kTab, kTabBuf, kGates, kA, kWt, kBeta, kBW, kTile, kScl): the tables, the barriers, the raw rows' loads
+# and their split into fp16 pairs, the tile exponents.
+BWD_FP32_SHARED_SRC = r"""
+__device__ __forceinline__ float* ltab(unsigned char* sm, int ch) {
+  return reinterpret_cast<float*>(sm + kTab + (ch & 1) * kTabBuf);
+}
+// Barriers: 1 the consumers (consumers_sync); 2 everyone, non-aligned (the roles reach it from different code); 5 WG0.
+__device__ __forceinline__ void sync_all() { asm volatile("barrier.sync 2, 384;\n" ::: "memory"); }
+__device__ __forceinline__ void wg0_sync() { asm volatile("barrier.sync 5, 128;\n" ::: "memory"); }
+// Row t of a (B, T, H, 128) float32 input x of (b, t, h) strides st (elements; unit d-stride, 16-byte aligned rows:
+// any stride a multiple of 4, 0 included)
+__device__ __forceinline__ const float* row_of(const void* x, const Strides4& st, int64_t b, int64_t h, int t) {
+  return static_cast<const float*>(x) + b * st.b + (int64_t)t * st.t + h * st.h;
+}
+// The state gradient's rows ir, ir + 8 (m64n128 accumulator layout: columns 8 n + 2 q (+1)) at the start: (b, h)'s
+// d_final_state (any strides), or zero where dfinal is nullptr.
+__device__ __forceinline__ void load_g(float (&G)[64], const Params& p, int64_t b, int64_t h, int ir, int q) {
+#pragma unroll
+  for (int n = 0; n < 16; ++n)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float x0 = 0.f, x1 = 0.f;
+      if (p.dfinal) {
+        const float* d = p.dfinal + b * p.sdf.b + h * p.sdf.h + (ir + 8 * hh) * p.sdf.i + (8 * n + 2 * q) * p.sdf.j;
+        x0 = d[0];
+        x1 = d[p.sdf.j];
+      }
+      G[4 * n + 2 * hh] = x0;
+      G[4 * n + 2 * hh + 1] = x1;
+    }
+}
+
+// WG0: chunk ch's tables into buffer ch & 1, as chunk_bwd_sm90's build_tables: lane l of warp 0 runs columns 2 l,
+// 2 l + 1 of L by running products (L[t][s] = L[t-1][s] g_t), then w and beta w; warp 1 runs A[t] = A[t-1] g_t.
+// Gates and betas float32, any (b, t, h) strides; one that is not finite flags.
+__device__ __forceinline__ void build_tables(const Params& p, unsigned char* sm, int64_t b, int64_t h, int ch) {
+  const int tid = threadIdx.x, lane = tid & 31;
+  float* L = ltab(sm, ch);
+  float* gs = reinterpret_cast<float*>(sm + kGates);
+  if (tid < 64) {
+    const int t = ch * 64 + tid;
+    const float* gate = static_cast<const float*>(p.gate) + b * p.sg.b + h * p.sg.h;
+    const float* beta = static_cast<const float*>(p.beta) + b * p.sb.b + h * p.sb.h;
+    const float gt = t < p.T ? gate[(int64_t)t * p.sg.t] : 1.f;  // past T: the identities
+    const float bt = t < p.T ? beta[(int64_t)t * p.sb.t] : 0.f;
+    flag_if(p, !(isfinite(gt) && isfinite(bt)));
+    gs[tid] = gt;
+    L[kBeta + tid] = bt;
+  }
+  wg0_sync();
+  if (tid >= 64) return;
+  const float ga = gs[lane], gb = gs[32 + lane];  // g_t = (t < 32 ? ga : gb) of lane t % 32
+  if (tid < 32) {
+    const int s = 2 * lane;
+    float r0, r1;
+    l_columns(L, ga, gb, s, r0, r1);
+    L[kWt + s] = r0;  // w_s = L[63][s]
+    L[kWt + s + 1] = r1;
+    L[kBW + s] = L[kBeta + s] * r0;
+    L[kBW + s + 1] = L[kBeta + s + 1] * r1;
+  } else {
+    float run = 1.f;
+#pragma unroll 8
+    for (int t = 0; t < 64; ++t) {
+      run *= __shfl_sync(0xffffffffu, t < 32 ? ga : gb, t & 31);
+      if (lane == 0) L[kA + t] = run;
+    }
+  }
+}
+
+// 8 fp32 values to a pair's hi and lo (16 bytes each, lo kTile after hi), each times scale.
+// A pair: fp16 hi = RN(x), lo = RN(x - hi), x already times a power of two (its tile's, tile_exp, or its row's)
+// that brings the values' max |x| near 2^15 (training-design 8.6, 8.7).
+__device__ __forceinline__ void psplit(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  const __half2 h = __floats2half2_rn(x0, x1);
+  const __half2 l = __floats2half2_rn(x0 - __low2float(h), x1 - __high2float(h));
+  hi = *reinterpret_cast<const uint32_t*>(&h);
+  lo = *reinterpret_cast<const uint32_t*>(&l);
+}
+__device__ __forceinline__ void put_pair(unsigned char* dst, const float4& a, const float4& b, float scale) {
+  uint4 hi, lo;
+  psplit(a.x * scale, a.y * scale, hi.x, lo.x);
+  psplit(a.z * scale, a.w * scale, hi.y, lo.y);
+  psplit(b.x * scale, b.y * scale, hi.z, lo.z);
+  psplit(b.z * scale, b.w * scale, hi.w, lo.w);
+  *reinterpret_cast<uint4*>(dst) = hi;
+  *reinterpret_cast<uint4*>(dst + kTile) = lo;
+}
+// The loads overlap the chunk before: a tile's raw fp32 rows (64 x 512 B, the size of its pair) land by cp.async
+// in its own pair's space once the chunk before has read that pair, and the next top splits them in place. Row t's
+// 16-byte piece c at t 512 + 16 (c ^ (t % 8)): the split's reads (8 rows, one piece, a quarter warp) hit every bank
+// once. Rows past T: zero-filled (source size 0).
+__device__ __forceinline__ uint32_t raw_off(int t, int c16) { return (uint32_t)(t * 512 + ((c16 ^ (t & 7)) << 4)); }
+__device__ __forceinline__ void issue_raw(const Params& p, unsigned char* sm, int base, const void* x,
+                                          const Strides4& st, int64_t b, int64_t h, int ch, int lt) {
+  const int c16 = lt & 31;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int t = (lt >> 5) + 8 * i;
+    const bool valid = ch * 64 + t < p.T;
+    const float* src = row_of(x, st, b, h, valid ? ch * 64 + t : 0) + 4 * c16;
+    const uint32_t dst = (uint32_t)__cvta_generic_to_shared(sm + base + raw_off(t, c16));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+  }
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void raw_wait() {  // this thread's groups but the newest N have landed
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// Thread lt's share of a raw tile: row t = 8 (lt / 32) + lt % 8, 8-column pieces kc = (lt / 8) % 4 + 4 m.
+__device__ __forceinline__ void read_raw(const unsigned char* sm, int base, int lt, float4 (&v)[4][2]) {
+  const int t = 8 * (lt >> 5) + (lt & 7), kq = (lt >> 3) & 3;
+#pragma unroll
+  for (int m = 0; m < 4; ++m)
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+      v[m][e] = *reinterpret_cast<const float4*>(sm + base + raw_off(t, 2 * (4 * m + kq) + e));
+}
+// ... and its pieces written back as the tile's pair ([d / 8][t][8]: a quarter warp's 8 rows x 16 B, no conflicts).
+__device__ __forceinline__ void write_pair(unsigned char* sm, int base, int lt, const float4 (&v)[4][2], float scale) {
+  const int t = 8 * (lt >> 5) + (lt & 7), kq = (lt >> 3) & 3;
+#pragma unroll
+  for (int m = 0; m < 4; ++m) put_pair(sm + base + (4 * m + kq) * 1024 + t * 16, v[m][0], v[m][1], scale);
+}
+// The tile exponents: each warp's max |x| of a tile into its slot (8 floats a tile at kScl), then, after a barrier,
+// the tile's exponent e over N of its slots from `first` (fp32_split_emulation's pow2_scale: e = ceil(log2 max) - 15,
+// 0 for a zero tile; clamped at -126 so that 2^-e stays a normal float, where the emulation has no clamp: tiles of
+// max |x| <= 2^-111 differ from it); values are split times 2^-e and a product's accumulator takes 2^e_A and 2^e_B.
+// A warp's maximum keeps a NaN (fmax_nan): one that is not finite flags.
+__device__ __forceinline__ void put_max(const Params& p, unsigned char* sm, int tile, int slot, float m) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmax_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if ((threadIdx.x & 31) == 0) {
+    reinterpret_cast<float*>(sm + kScl)[8 * tile + slot] = m;
+    flag_if(p, !isfinite(m));
+  }
+}
+__device__ __forceinline__ int max_exp(float m) {  // the exponent e of a tile of maximum m
+  if (!(m > 0.f)) return 0;
+  int ex;
+  const float fr = frexpf(m, &ex);  // m = fr 2^ex, fr in [0.5, 1): ceil(log2 m) = ex, or ex - 1 at fr = 0.5
+  return max((fr == 0.5f ? ex - 1 : ex) - 15, -126);
+}
+template <int N>
+__device__ __forceinline__ int tile_exp(const unsigned char* sm, int tile, int first = 0) {
+  const float* sl = reinterpret_cast<const float*>(sm + kScl) + 8 * tile + first;
+  float m = sl[0];
+#pragma unroll
+  for (int w = 1; w < N; ++w) m = fmaxf(m, sl[w]);
+  return max_exp(m);
+}
+// 2^e for one tile's exponent or its negation (|e| <= 126: a normal float); two tiles' scale is applied as two
+// multiplies, never as the product exp2i(a) exp2i(b), which may overflow or underflow where the values do not.
+__device__ __forceinline__ float exp2i(int e) { return __int_as_float((127 + e) << 23); }
+__device__ __forceinline__ float max_abs(const float4 (&v)[4][2], float scale = 1.f) {
+  float m = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+      m = fmax_nan(m, fmax_nan(fmax_nan(fabsf(v[i][e].x * scale), fabsf(v[i][e].y * scale)),
+                               fmax_nan(fabsf(v[i][e].z * scale), fabsf(v[i][e].w * scale))));
+  return m;
+}
+template <int N>
+__device__ __forceinline__ float max_abs(const float (&x)[N]) {
+  float m = 0.f;
+#pragma unroll
+  for (int i = 0; i < N; ++i) m = fmax_nan(m, fabsf(x[i]));
+  return m;
+}
+"""
+BACKWARD_SM90_FP32_SRC = ("namespace gr {\nnamespace {\nnamespace bwd32 {\n" +
+                          "".join(_wgmma(n, rs, tb, z, "f16", ta) for n, rs, tb, ta in BWD_SM90_FP32_FORMS
+                                  for z in (True, False)) + r"""
+// The forms by the accumulator's size (d[N / 2]) and the operands' majors (TA, TB: MN-major), for ss_terms and
+// rs_terms; only BWD_SM90_FP32_FORMS exist.
+template <int TA, int TB>
+__device__ __forceinline__ void ss_z(float (&d)[16], uint64_t a, uint64_t b) {
+  static_assert(!TA && !TB, "N = 32: K-major A and B");
+  wgmma_h_ss32_z(d, a, b);
+}
+template <int TA, int TB>
+__device__ __forceinline__ void ss(float (&d)[16], uint64_t a, uint64_t b) {
+  static_assert(!TA && !TB, "N = 32: K-major A and B");
+  wgmma_h_ss32(d, a, b, 1);
+}
+template <int TA, int TB>
+__device__ __forceinline__ void ss_z(float (&d)[32], uint64_t a, uint64_t b) {
+  static_assert(TA || TB, "N = 64: an MN-major A or B");
+  if constexpr (TA && TB) wgmma_h_ss64_a_t_z(d, a, b);
+  else if constexpr (TA) wgmma_h_ss64_a_z(d, a, b);
+  else wgmma_h_ss64_t_z(d, a, b);
+}
+template <int TA, int TB>
+__device__ __forceinline__ void ss(float (&d)[32], uint64_t a, uint64_t b) {
+  static_assert(TA || TB, "N = 64: an MN-major A or B");
+  if constexpr (TA && TB) wgmma_h_ss64_a_t(d, a, b, 1);
+  else if constexpr (TA) wgmma_h_ss64_a(d, a, b, 1);
+  else wgmma_h_ss64_t(d, a, b, 1);
+}
+template <int TA, int TB>
+__device__ __forceinline__ void ss_z(float (&d)[64], uint64_t a, uint64_t b) {
+  static_assert(TA && TB, "N = 128: MN-major A and B");
+  wgmma_h_ss128_a_t_z(d, a, b);
+}
+template <int TA, int TB>
+__device__ __forceinline__ void ss(float (&d)[64], uint64_t a, uint64_t b) {
+  static_assert(TA && TB, "N = 128: MN-major A and B");
+  wgmma_h_ss128_a_t(d, a, b, 1);
+}
+template <int TB>
+__device__ __forceinline__ void rs_z(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
+  static_assert(!TB, "RS: a K-major B");
+  wgmma_h_rs64_z(d, a, b);
+}
+template <int TB>
+__device__ __forceinline__ void rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
+  static_assert(!TB, "RS: a K-major B");
+  wgmma_h_rs64(d, a, b, 1);
+}
+""" + BWD_FP32_KSTEP_SRC + r"""
+// ===================================== chunk_bwd_sm90_fp32: the float32 backward on Hopper wgmma ==========
+// docs/training-design.md 8; its dev harness (models, emulation, --check, --bench) is dev/bwd_fp32_pass{A,B}.py.
+// float32 q, k, v, dy (rows 16-byte aligned, unit d-stride, any (b, t, h) strides that are multiples of 4, 0
+// included), gates and betas (any strides), D_k = D_v = 128, any T; one CTA of 384 threads a (b, h), chunks of 64
+// steps backwards; WG0 (setmaxnreg down) the gate tables a chunk ahead, two consumer warpgroups (up) every product.
+// Every product on f16 wgmma, three terms a k-step (hi hi + hi lo + lo hi): each fp32 operand matrix is split into
+// an fp16 hi + lo pair after a power-of-two scale that brings its max |x| near 2^15 (the bf16 scheme's 2^-17 pairs
+// miss the 1e-5 bar; fp16's 2^-22 at one scale a tile meet it: training-design 8.4-8.7), and each accumulator is
+// taken back by the scales' powers of two. Two launches a call, sharing nothing but the inputs:
+// - chunk_bwd_sm90_fp32_kernel (namespace pa, dev pass A): dq, dk, dgate, dbeta from the forward's checkpoints
+//   (Problem::fwd_ckpt: (B H, chunks, kCk32) float32 rows, S at each chunk start [dk][dv] and 8 maxima), one
+//   exponent a tile (split t);
+// - chunk_bwd_sm90_fp32_dv_kernel (namespace pb, dev pass B): dv and dS_0 from dS_T, q, k and dy, with q, k, dy and
+//   q A[t] at one exponent a step (split r: a loss on few steps keeps its small steps' precision).
+// The non-finite rule: the kernels give inf and NaN no meaning (a mask's zero meets them inside the products), they
+// flag them: *p.nonfinite = 1 where the dq kernel reads a value that is not finite (q, k, v, dy, gate, beta, dfinal,
+// a checkpoint's S or maxima) or either kernel writes one (dq, dk, dgate, dbeta; dv, dS_0), and the host's chunk_bwd,
+// launched after them, then recomputes every gradient with exact inf / NaN semantics (it returns at once where the
+// flag is 0). The checks ride on the maxima the scales need anyway (fmax_nan keeps a NaN), c0's sum over the
+// checkpoint, WG0's gate loads and each output as it is stored (an intermediate tile that overflows flags too: a false
+// alarm costs the recompute only); a flag is a plain store of 1 (deterministic). A value that is not finite can only
+// give a tile garbage exponents, never an address or a trip count.
+struct Params : BwdProblem {
+  const float* ckpt;  // fwd_ckpt's rows (the dq kernel)
+  int nck;            // chunks of 64 steps
+};
+// max(a, b) that keeps a NaN (fmaxf drops it): the maxima the non-finite rule reads
+__device__ __forceinline__ float fmax_nan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+__device__ __forceinline__ void flag_if(const Params& p, bool bad) {
+  if (bad) *p.nonfinite = 1;
+}
+// A kernel's body, one CTA a (b, h): WG0 down to AUX registers (aux), the consumers up to CONS (consumer: c = 0, 1; the
+// warpgroup index read from lane 0, so that the compiler sees it uniform); the split assumes 168 registers a thread.
+template <int AUX, int CONS, void (*aux)(const Params&, unsigned char*, int64_t),
+          void (*consumer)(const Params&, unsigned char*, int, int64_t)>
+__device__ __forceinline__ void roles(const Params& p) {
+#if defined(__CUDA_ARCH__) && !defined(GR_WGMMA)
+  __trap();
+#endif
+  extern __shared__ __align__(1024) unsigned char sm[];
+  const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0);
+  if (wg == 0) {
+    maxnreg_dec<AUX>();
+    aux(p, sm, blockIdx.x);
+    return;
+  }
+  maxnreg_inc<CONS>();
+  consumer(p, sm, wg - 1, blockIdx.x);
+}
+""" + DECAY_TABLES_SRC + r"""
+namespace pb {
+// ---- chunk_bwd_sm90_fp32_dv_kernel: dv and the state gradient's chain (dev pass B, split r)
+// Per chunk (backwards), consumer c holding G's rows i = 64 c .. (dS after the chunk, from dS_T) in registers:
+// QK's columns s = 32 c .. -> MP[u][s] = L[u][s] beta_s QK[u][s] (s <= u); KG = K G (B = G's pair);
+// dv = diag(beta w) KG + MP^T dY; U = (diag(A) Q)^T dY from zero and G = fmaf(A_63, G, U) (wgmma's in-place
+// accumulation truncates: G's chain never accumulates in place). q, k, dy land by cp.async during the chunk before in
+// their pairs' space and are split in place at the top (q also as q A[t]'s pair), each row at its own exponent (four
+// lanes a row), int8 tables of them in kScl; QK and KG take the row / column factors after the product; the two
+// products over the steps read dy's pair as stored and compensate their other operand against it: MP (split after
+// barrier (2a), rows u times 2^(e_y[u] - E)) and qA's pair (rescaled in place while KG runs, two fp16 multiplies), E
+// each product's largest e_comp + e_y; zero rows of dy, MP or qA zeroed; G one exponent a tile.
+// Shared memory (bytes). Pairs (hi at off, lo at off + kTile; [d / 8][t][8]): q, qA (q_t A[t]), k, dy; G's pair
+// ([j / 8][i][8], hi then lo 32 KB each); MP's pair ([s / 8][u][8], lo at + kW); two table buffers; the gates.
+constexpr int kTile = 16384, kW = 8192;
+constexpr int kQ = 0, kQA = 32768, kK = 65536, kY = 98304, kGH = 131072, kGL = 163840, kMP = 196608, kTab = 212992;
+// a table buffer (floats): L packed (lp) at 0, then A, w, beta, beta w (chunk_bwd_sm90's tables without Ah, gate)
+constexpr int kA = 2080, kWt = kA + 64, kBeta = kA + 128, kBW = kA + 192, kTabBuf = (kA + 256) * 4;
+// kScl: 512 B of exponents: G's tile slots, the steps' exponent tables and E's slots (kEq ..).
+constexpr int kGates = kTab + 2 * kTabBuf, kScl = kGates + 256, kSmem = kScl + 512;
+static_assert(kSmem == kChunkBwdSm90Fp32DvSmem, "the dv kernel's shared memory (PRELUDE)");
+constexpr int kAuxRegs = 40, kConsRegs = 232;
+static_assert(kAuxRegs * 128 + kConsRegs * 256 <= 65536, "the split fits the register file");
+""" + BWD_FP32_SHARED_SRC + r"""
+// WG0: chunk ch's q, k, dy rows into L2 a chunk ahead of the consumers' loads (6 lines of 128 B a thread; not
+// unrolled: unrolled, it spilled at WG0's 40 registers).
+__device__ __forceinline__ void prefetch_chunk(const Params& p, int64_t b, int64_t h, int ch) {
+#pragma unroll 1
+  for (int m = 0; m < 6; ++m) {
+    const int x = threadIdx.x + 128 * m, tile = x >> 8, r = (x >> 2) & 63, t = ch * 64 + r;
+    if (t >= p.T) continue;
+    const float* src = tile == 0 ? row_of(p.q, p.sq, b, h, t) : tile == 1 ? row_of(p.k, p.sk, b, h, t)
+                                                                          : row_of(p.dy, p.sdy, b, h, t);
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src + 32 * (x & 3)));
+  }
+}
+enum { sG = 4 };  // G's slots (bytes 128 .. 160 of kScl)
+// One exponent a step (training-design 8.7; the dev model's StepScaled): q, k, dy and q A[t] have an exponent a row
+// (step), from the row's max |x| at its split (read_raw's layout: four lanes a row, two shuffles); int8 tables at
+// kScl: e_q, e_k, e_y (kEq, kEk, kEy) and MP's row exponents over each consumer's 32 columns (kEmp, 64 c + u); E's
+// slots (kEs: int, a warp's largest product exponent of dv's MP^T dY at 0 .., of U's at 8 ..); G's float slots (sG,
+// bytes 128 ..). kNone: a zero row's exponent where it zeroes a product's step (dy, MP, qA); q's and k's zero rows
+// take 0 (their factor 1, as StepScaled's scale of -inf).
+constexpr int kEmp = kScl, kEs = kScl + 160, kEq = kScl + 256, kEk = kScl + 320, kEy = kScl + 384;
+constexpr int kNone = -128, kLow = -1024;
+__device__ __forceinline__ const signed char* etab(const unsigned char* sm, int off) {
+  return reinterpret_cast<const signed char*>(sm + off);
+}
+// ceil(log2 m) - 15 of a maximum m (pow2_scale's, from m's bits), clamped at -126 as tile_exp; `none` for m = 0.
+__device__ __forceinline__ int row_exp(float m, int none) {
+  if (!(m > 0.f)) return none;
+  const int bits = __float_as_int(m);
+  return max((bits >> 23) - 127 + ((bits & 0x7fffff) != 0) - 15, -126);
+}
+// The max of m over the four lanes of a row in read_raw's layout (lanes l, l ^ 8, l ^ 16, l ^ 24).
+__device__ __forceinline__ float row_max(float m) {
+  m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
+  return fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
+}
+// 2^d as two normal floats f1 f2 (d clamped to +-252; d >> 1 and d - (d >> 1) share d's sign, so x f1 f2 is x 2^d
+// rounded once wherever x 2^d is a normal float)
+__device__ __forceinline__ void exp2_pair(int d, float& f1, float& f2) {
+  d = min(max(d, -252), 252);
+  f1 = exp2i(d >> 1);
+  f2 = exp2i(d - (d >> 1));
+}
+// 2^e in both halves of an fp16 pair, e in [-24, 0] (subnormal below -14)
+__device__ __forceinline__ uint32_t h2pow(int e) {
+  const uint32_t x = e >= -14 ? (uint32_t)(e + 15) << 10 : 1u << (e + 24);
+  return x | x << 16;
+}
+__device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
+  const __half2 r = __hmul2(*reinterpret_cast<const __half2*>(&a), *reinterpret_cast<const __half2*>(&b));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+// q A[t]'s pair, split at its own row exponents at the top, rescaled in place once dy's are known: row t (read_raw's
+// share: 4 pieces of hi and of lo) times 2^d, d = e_qa + e_y - E (none: zeroed), as two fp16 multiplies, 2^max(d,
+// -24) then 2^max(d - max(d, -24), -24) (each product rounded to fp16, as the dev model's contract_r_qa).
+__device__ __forceinline__ void rescale_qa(unsigned char* sm, int lt, int d, bool none) {
+  const int t = 8 * (lt >> 5) + (lt & 7), kq = (lt >> 3) & 3, d1 = max(d, -24);
+  const uint32_t f1 = none ? 0u : h2pow(d1), f2 = h2pow(max(d - d1, -24));
+#pragma unroll
+  for (int m = 0; m < 4; ++m)
+#pragma unroll
+    for (int lo = 0; lo < 2; ++lo) {
+      uint4* x = reinterpret_cast<uint4*>(sm + kQA + lo * kTile + (4 * m + kq) * 1024 + t * 16);
+      uint4 v = *x;
+      v.x = hmul2(hmul2(v.x, f1), f2);
+      v.y = hmul2(hmul2(v.y, f1), f2);
+      v.z = hmul2(hmul2(v.z, f1), f2);
+      v.w = hmul2(hmul2(v.w, f1), f2);
+      *x = v;
+    }
+}
+// MP's values (QK times its factors a row u, 2^e_q[u], and a column s, 2^e_k[s]; then L[u][s] beta_s for s <= u,
+// else 0) and their row exponents over this consumer's 32 columns into kEmp (for E, after barrier (2)).
+__device__ __forceinline__ void mp_values_r(float (&X)[16], const float* L, unsigned char* sm, int c, int wl, int g,
+                                            int q) {
+  const signed char *eq = etab(sm, kEq), *ek = etab(sm, kEk);
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int u = 16 * wl + g + 8 * hh;
+    const float fu = exp2i(eq[u]);
+    float m = 0.f;
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      const int s = 32 * c + 8 * n + 2 * q;
+      float& x0 = X[4 * n + 2 * hh];
+      float& x1 = X[4 * n + 2 * hh + 1];
+      x0 = s <= u ? x0 * fu * exp2i(ek[s]) * L[lp(u, s)] * L[kBeta + s] : 0.f;
+      x1 = s + 1 <= u ? x1 * fu * exp2i(ek[s + 1]) * L[lp(u, s + 1)] * L[kBeta + s + 1] : 0.f;
+      m = fmaxf(m, fmaxf(fabsf(x0), fabsf(x1)));
+    }
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    if (q == 0) reinterpret_cast<signed char*>(sm + kEmp)[64 * c + u] = (signed char)row_exp(m, kNone);
+  }
+}
+// ... and taken to dv's product scale before their split: row u times 2^(e_y[u] - E) (zero where dy's row is zero).
+__device__ __forceinline__ void mp_scale_r(float (&X)[16], const unsigned char* sm, int wl, int g, int ev) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int ey = etab(sm, kEy)[16 * wl + g + 8 * hh];
+    float f1, f2;
+    exp2_pair(ey - ev, f1, f2);
+    if (ey == kNone) f1 = 0.f;
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      X[4 * n + 2 * hh] = X[4 * n + 2 * hh] * f1 * f2;
+      X[4 * n + 2 * hh + 1] = X[4 * n + 2 * hh + 1] * f1 * f2;
+    }
+  }
+}
+// MP from consumer c's 64 x 32 accumulator X (rows u = 16 wl + g (+8), columns s = 32 c + 8 n + 2 q (+1)), split,
+// stored [s / 8][u][8] (chunk_bwd_sm90's put_weights), times scale.
+__device__ __forceinline__ void put_mp(unsigned char* sm, const float (&X)[16], int c, int wl, int g, int q,
+                                       float scale) {
+#pragma unroll
+  for (int n = 0; n < 4; ++n)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int u = 16 * wl + g + 8 * hh, s = 32 * c + 8 * n + 2 * q;
+      uint32_t hi, lo;
+      psplit(X[4 * n + 2 * hh] * scale, X[4 * n + 2 * hh + 1] * scale, hi, lo);
+      const int off = (s >> 3) * 1024 + u * 16 + (s & 7) * 2;
+      *reinterpret_cast<uint32_t*>(sm + kMP + off) = hi;
+      *reinterpret_cast<uint32_t*>(sm + kMP + kW + off) = lo;
+    }
+}
+// G's rows ir, ir + 8 (all columns) as its pair ([j / 8][i][8], MN-major for KG's B).
+__device__ __forceinline__ void put_g(unsigned char* sm, const float (&G)[64], int ir, int q, float scale) {
+#pragma unroll
+  for (int n = 0; n < 16; ++n)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int i = ir + 8 * hh, j = 8 * n + 2 * q;
+      uint32_t hi, lo;
+      psplit(G[4 * n + 2 * hh] * scale, G[4 * n + 2 * hh + 1] * scale, hi, lo);
+      const int off = (j >> 3) * 2048 + i * 16 + (j & 7) * 2;
+      *reinterpret_cast<uint32_t*>(sm + kGH + off) = hi;
+      *reinterpret_cast<uint32_t*>(sm + kGL + off) = lo;
+    }
+}
+
+// Consumer c (0, 1): G's rows i = 64 c .. 64 c + 63 in its accumulator G (m64n128 layout: rows ir (+8), columns
+// 8 n + 2 q (+1)); dv's columns j = 64 c ..
+__device__ __forceinline__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh) {
+  const int lt = threadIdx.x - 128, wl = (lt >> 5) & 3, lane = lt & 31, g = lane >> 2, q = lane & 3;
+  const int ir = 64 * c + 16 * wl + g;
+  const int64_t b = bh / p.H, h = bh - b * p.H;
+  float G[64];
+  {  // the last chunk's raw rows (later chunks': issued during the chunk before)
+    const int cl = p.nck - 1;
+    issue_raw(p, sm, kQ, p.q, p.sq, b, h, cl, lt);
+    issue_raw(p, sm, kK, p.k, p.sk, b, h, cl, lt);
+    issue_raw(p, sm, kY, p.dy, p.sdy, b, h, cl, lt);
+  }
+  load_g(G, p, b, h, ir, q);
+  int eg;  // the exponent of G's pair: its tile's max |G| near 2^15
+  put_max(p, sm, sG, lt >> 5, max_abs(G));
+  consumers_sync();
+  eg = tile_exp<8>(sm, sG);
+  put_g(sm, G, ir, q, exp2i(-eg));
+  fence_async_smem();
+  sync_all();  // (0) G's pair; the last chunk's tables
+  for (int ch = p.nck - 1; ch >= 0; --ch) {
+    const float* L = ltab(sm, ch);
+    int eq, eqa, ek, ey;  // this thread's rows' exponents
+    int ev, eu;  // the product exponents E of dv's MP^T dY and of U
+    {  // q and k: raw rows to pairs (qA = q A[t] in fp32, then split: one rounding); dy's may still be in flight
+      raw_wait<1>();
+      consumers_sync();  // (1a) every thread's q and k rows landed
+      float4 vq[4][2], vk[4][2];
+      read_raw(sm, kQ, lt, vq);
+      read_raw(sm, kK, lt, vk);
+      const float a = L[kA + 8 * (lt >> 5) + (lt & 7)];
+      {  // this thread's row t's exponents; q's and k's into their tables
+        const int t = 8 * (lt >> 5) + (lt & 7);
+        eq = row_exp(row_max(max_abs(vq)), 0);
+        eqa = row_exp(row_max(max_abs(vq, a)), kNone);
+        ek = row_exp(row_max(max_abs(vk)), 0);
+        if ((lt & 24) == 0) {
+          reinterpret_cast<signed char*>(sm + kEq)[t] = (signed char)eq;
+          reinterpret_cast<signed char*>(sm + kEk)[t] = (signed char)ek;
+        }
+      }
+      consumers_sync();  // (1b) the raw tiles read: their space becomes the pairs
+      write_pair(sm, kQ, lt, vq, exp2i(-eq));
+      write_pair(sm, kQA, lt, vq, a * exp2i(eqa == kNone ? 0 : -eqa));  // (q (A[t] 2^-e) rounds as (q A[t]) 2^-e)
+      write_pair(sm, kK, lt, vk, exp2i(-ek));
+    }
+    fence_async_smem();
+    consumers_sync();  // (1) q, qA and k's pairs
+    float X[16];  // QK[:, 32 c ..]: B = k's rows s = 32 c .. (K-major: LBO stays the tile's 1024)
+    ss_product<3, 0, 0, 8, true>(X, sm, kmaj(kQ, kTile, 64), Op{kK + 512 * c, kK + 512 * c + kTile, 1024, 128, 2048});
+    wg_wait<0>();
+    acc_fence(X);
+    mp_values_r(X, L, sm, c, wl, g, q);  // (split after (2a), dy's exponents known)
+    raw_wait<0>();
+    fence_async_smem();
+    consumers_sync();  // (2) MP's row exponents; every thread's dy rows landed; both QKs have read q's pair
+    float4 vy[4][2];
+    read_raw(sm, kY, lt, vy);
+    {  // dy's row exponent; the row's product exponents of dv (MP's row, both consumers') and U
+      const int t = 8 * (lt >> 5) + (lt & 7);
+      ey = row_exp(row_max(max_abs(vy)), kNone);
+      const int em = max(etab(sm, kEmp)[t], etab(sm, kEmp)[64 + t]);
+      int pv = ey == kNone || em == kNone ? kLow : ey + em, pu = ey == kNone || eqa == kNone ? kLow : ey + eqa;
+#pragma unroll
+      for (int o = 1; o < 8; o <<= 1) {  // the warp's 8 rows (a row's four lanes agree)
+        pv = max(pv, __shfl_xor_sync(0xffffffffu, pv, o));
+        pu = max(pu, __shfl_xor_sync(0xffffffffu, pu, o));
+      }
+      if ((lt & 31) == 0) {
+        reinterpret_cast<int*>(sm + kEs)[lt >> 5] = pv;
+        reinterpret_cast<int*>(sm + kEs)[8 + (lt >> 5)] = pu;
+      }
+      if ((lt & 24) == 0) reinterpret_cast<signed char*>(sm + kEy)[t] = (signed char)ey;
+    }
+    consumers_sync();  // (2a) dy's raw tile read; its row exponents, E's slots
+    {
+      const int* es = reinterpret_cast<const int*>(sm + kEs);
+      ev = es[0];
+      eu = es[8];
+#pragma unroll
+      for (int w = 1; w < 8; ++w) {
+        ev = max(ev, es[w]);
+        eu = max(eu, es[8 + w]);
+      }
+    }
+    if (ch > 0) issue_raw(p, sm, kQ, p.q, p.sq, b, h, ch - 1, lt);
+    float R[32];  // KG, then dv: rows s = 16 wl + g (+8), columns j = 64 c + 8 n + 2 q (+1)
+    ss_product<3, 0, 1, 8, true>(R, sm, kmaj(kK, kTile, 64), mnmaj(kGH + 16384 * c, kGL - kGH, 128));
+    write_pair(sm, kY, lt, vy, exp2i(ey == kNone ? 0 : -ey));  // (while KG runs)
+    // (while KG runs) qA's pair rescaled, MP taken to dv's scale and split
+    rescale_qa(sm, lt, eqa + ey - eu, eqa == kNone || ey == kNone);  // (the row's own exponents: none, d unused)
+    if (ev == kLow) ev = 0;  // (no step where both sides are nonzero: every product zero)
+    if (eu == kLow) eu = 0;
+    mp_scale_r(X, sm, wl, g, ev);
+    put_mp(sm, X, c, wl, g, q, 1.f);
+    fence_async_smem();
+    wg_wait<0>();
+    acc_fence(R);
+    consumers_sync();  // (2b) dy's pair whole; both KGs have read k's pair; MP's pair, qA's rescaled
+    if (ch > 0) issue_raw(p, sm, kK, p.k, p.sk, b, h, ch - 1, lt);
+    {  // MP^T dY from zero at 2^E while KG takes 2^e_k[s] 2^e_G and beta w; then one add
+      float D[32];
+      ss_product<3, 1, 1, 4, true>(D, sm, mnmaj(kMP, kW, 64), mnmaj(kY + 8192 * c, kTile, 64));
+      const float k2 = exp2i(eg);
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const int s = 16 * wl + g + 8 * ((i >> 1) & 1);
+        R[i] = R[i] * exp2i(etab(sm, kEk)[s]) * k2 * L[kBW + s];
+      }
+      wg_wait<0>();
+      acc_fence(D);
+      float v1, v2;
+      exp2_pair(ev, v1, v2);
+#pragma unroll
+      for (int i = 0; i < 32; ++i) R[i] = R[i] + __fmul_rn(D[i] * v1, v2);
+    }
+    // G's update from zero (its wgmmas run while dv is stored): U = (diag(A) Q)^T dY, A = qA^T, B = dy, MN-major
+    float U[64];
+    ss_product<3, 1, 1, 4, true>(U, sm, mnmaj(kQA + 8192 * c, kTile, 64), mnmaj(kY, kTile, 64));
+    {  // dv: (B, T, H, 128) contiguous, rows t < T; its maximum flags
+      float m = 0.f;
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int s = 16 * wl + g + 8 * hh, t = ch * 64 + s;
+          if (t < p.T) {
+            const float2 x = make_float2(R[4 * n + 2 * hh], R[4 * n + 2 * hh + 1]);
+            *reinterpret_cast<float2*>(static_cast<float*>(p.dv) + ((b * p.T + t) * p.H + h) * 128 + 64 * c + 8 * n +
+                                       2 * q) = x;
+            m = fmax_nan(m, fmax_nan(fabsf(x.x), fabsf(x.y)));
+          }
+        }
+      flag_if(p, !isfinite(m));
+    }
+    wg_wait<0>();
+    acc_fence(U);
+    const float a63 = L[kA + 63];
+    float u1, u2;
+    exp2_pair(eu, u1, u2);
+#pragma unroll
+    for (int i = 0; i < 64; ++i) G[i] = fmaf(a63, G[i], U[i] * u1 * u2);  // one rounding: the join of 8.3
+    put_max(p, sm, sG, lt >> 5, max_abs(G));
+    consumers_sync();  // (3) both consumers' KG have read G's pair, both Us dy's and qA's; G's maximum
+    if (ch > 0) issue_raw(p, sm, kY, p.dy, p.sdy, b, h, ch - 1, lt);
+    eg = tile_exp<8>(sm, sG);
+    put_g(sm, G, ir, q, exp2i(-eg));
+    fence_async_smem();
+    sync_all();  // (4) the chunk is done; WG0's tables of ch - 1
+  }
+  if (p.ds0 == nullptr) return;
+  float m = 0.f;  // dS_0: (B, H, 128, 128) contiguous; its maximum flags
+#pragma unroll
+  for (int n = 0; n < 16; ++n)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const float2 x = make_float2(G[4 * n + 2 * hh], G[4 * n + 2 * hh + 1]);
+      *reinterpret_cast<float2*>(p.ds0 + bh * 16384 + (ir + 8 * hh) * 128 + 8 * n + 2 * q) = x;
+      m = fmax_nan(m, fmax_nan(fabsf(x.x), fabsf(x.y)));
+    }
+  flag_if(p, !isfinite(m));
+}
+
+// WG0: the tables a chunk ahead, and the L2 prefetch of the next chunk's rows; the block barriers (0) and (4).
+__device__ __forceinline__ void aux(const Params& p, unsigned char* sm, int64_t bh) {
+  const int64_t b = bh / p.H, h = bh - b * p.H;
+  build_tables(p, sm, b, h, p.nck - 1);
+  sync_all();  // (0)
+  for (int ch = p.nck - 1; ch >= 0; --ch) {
+    if (ch > 0) {
+      prefetch_chunk(p, b, h, ch - 1);
+      build_tables(p, sm, b, h, ch - 1);
+    }
+    sync_all();  // (4)
+  }
+}
+
+__global__ void __launch_bounds__(384, 1) chunk_bwd_sm90_fp32_dv_kernel(const Params p) {
+  roles<kAuxRegs, kConsRegs, aux, consumer>(p);
+}
+}  // namespace pb
+
+namespace pa {
+// ---- chunk_bwd_sm90_fp32_kernel: dq, dk, dgate, dbeta (dev pass A, split t)
+// - WG0 (setmaxnreg 56): the tables (L packed, A, w, beta) and Lx's pair a chunk ahead, the checkpoint's exponent
+//   (from its 8 maxima), the L2 prefetch of the next chunk's rows and checkpoint, dgate and dbeta a chunk behind from
+//   the consumers' double-buffered row-dot partials (chunk_bwd_sm90's dgate_dbeta: fixed-order sums, deterministic);
+// - two consumer warpgroups (224 registers), consumer c holding G's rows i = 64 c .. (the state gradient after the
+//   chunk) in registers: k, v and dy's fp32 rows land by cp.async in their own pair's space during the chunk before,
+//   as soon as it has read that pair (v after Rk^T, k after dbeta's row dots, dy once dy A[t] is made), and the top
+//   splits them in place while q's rows load from global memory (q's pair is read until G's update). Dd and QK's
+//   columns s = 32 c .. -> MQ, MD (split, shared) and E; M_c = E[:, s half] Lx[:, s half]^T (dgate's C^3 term split
+//   over the contraction: WG0 adds the two halves' column sums); R^T = S dY^T (S's fp32 rows from the checkpoint,
+//   split a k-step at a time; c0 = sum S o G from the same values), f's part, dq^T = R^T diag(A) + K^T MQ^T;
+//   Rk^T = G V^T (G split a k-step at a time), e's part, dkt^T = Rk^T diag(w) + Q^T MD, dbeta's part, dk = beta dkt;
+//   G's update in two N = 64 halves, each from zero, U = Q^T diag(A) dY (B = dy A[t] as a pair in MQ / MD's space,
+//   from dy's pair), joined by G = fmaf(A_63, G, U). The row dots read the pairs' hi + lo times their tile's 2^e.
+// - One exponent a tile, each the model's matrix: q, k, v, dy (each warp's maximum at the top's in-place split,
+//   through 8 slots across a barrier it already has); MQ and MD (both consumers' halves) and E (consumer c's 64 x 32,
+//   M_c's A) across one more barrier (1w); Lx per column half (WG0's, read before barrier 3's arrival); S from the
+//   forward's 8 maxima (WG0's); G (its maximum across barrier (4)); dy A[t] (across (4b)). Where a product
+//   accumulates onto a result (dq^T onto R^T diag(A), dkt^T onto Rk^T diag(w)) the result is taken to the product's
+//   scale first and back after, one power of two at a time.
+// Shared memory (bytes). Pairs (hi at off, lo at off + kTile; [d / 8][t][8]): q, k, v, dy. The weights' pairs MQ,
+// MD ([s / 8][row][8], lo at + kW), Lx's pair ([s / 8][t][8], one buffer: WG0 rewrites it once the consumers have
+// read it, barrier 4); two table buffers (the dv kernel's: L packed, A, w, beta, beta w); the gates; two buffers of
+// the consumers' row-dot partials (chunk ch's in ch & 1; WG0 reduces them during chunk ch - 1).
+constexpr int kTile = 16384, kW = 8192;
+constexpr int kQ = 0, kK = 32768, kV = 65536, kY = 98304, kMQ = 131072, kMD = 147456, kLx = 163840, kTab = 180224;
+constexpr int kA = 2080, kWt = kA + 64, kBeta = kA + 128, kBW = kA + 192, kTabBuf = (kA + 256) * 4;
+static_assert(kK == kQ + 2 * kTile && kV == kK + 2 * kTile && kY == kV + 2 * kTile && kMQ == kY + 2 * kTile &&
+              kMD == kMQ + 2 * kW && kLx == kMD + 2 * kW && kTab == kLx + 2 * kW, "the pairs (a tile 32 KB)");
+constexpr int kGates = kTab + 2 * kTabBuf, kPart = kGates + 256;
+// partials (floats): f [8][64] at 0, e at 512, dbeta at 1024 (slot 4 c + warp), c0 [8] at 1536, the sums of f at
+// 1544 and of e at 1608, dgate's term (d) [8][64] at 1672 (slot 4 c + warp: consumer c's half of M's contraction)
+// kScl: the tile scales' slots, 8 floats a tile (sQ .. sLx below): a consumer warp's max |x| at 4 c + warp, Lx's
+// (WG0's) at its warp; then (kES) the checkpoints' exponents, an int a chunk parity (WG0's, a chunk ahead).
+constexpr int kPartBuf = (1672 + 512) * 4, kScl = kPart + 2 * kPartBuf, kES = kScl + 320, kSmem = kScl + 512;
+static_assert(kSmem == kChunkBwdSm90Fp32Smem, "the dq kernel's shared memory (PRELUDE)");
+constexpr int kAuxRegs = 56, kConsRegs = 224;  // (chunk_bwd_sm90's split: its WG0 spilled at 40 with dgate's sums)
+static_assert(kAuxRegs * 128 + kConsRegs * 256 <= 65536, "the split fits the register file");
+""" + BWD_FP32_SHARED_SRC + r"""
+enum { sQ, sK, sV, sY, sMQ, sMD, sE, sG, sYA, sLx };  // the tiles' slots (kES: after sLx's)
+// A pair's 16-bit element (fp16) as float
+__device__ __forceinline__ float ld16(const unsigned char* p) {
+  return __half2float(*reinterpret_cast<const __half*>(p));
+}
+__device__ __forceinline__ float* parts(unsigned char* sm, int ch) {
+  return reinterpret_cast<float*>(sm + kPart + (ch & 1) * kPartBuf);
+}
+// Barrier 4: the consumers arrive after their last read of Lx in a chunk; WG0 waits before writing the next one's.
+__device__ __forceinline__ void lx_free_arrive() { asm volatile("barrier.arrive 4, 384;\n" ::: "memory"); }
+__device__ __forceinline__ void lx_free_wait() { asm volatile("barrier.sync 4, 384;\n" ::: "memory"); }
+
+// WG0: Lx of chunk ch (Lx[t][s] = L[t-1][s] for s < t, else 0; pair [s / 8][t][8]) from its L (chunk_bwd_sm90's
+// build_lx, by lx_pairs): row t = tid % 64, columns 32 (tid / 64) ..; then the fence that makes it visible to wgmma.
+// Each column half's max |Lx| first (warps 0, 1: half 0; 2, 3: half 1), its exponent from its two warps' slots (the
+// consumers read the same slots before barrier 3's arrival: WG0 writes them again after its wait).
+__device__ __forceinline__ void build_lx(const Params& p, unsigned char* sm, int ch) {
+  float m = 0.f;
+  lx_pairs(ltab(sm, ch), threadIdx.x, [&](float x0, float x1, int) { m = fmaxf(m, fmaxf(fabsf(x0), fabsf(x1))); });
+  put_max(p, sm, sLx, threadIdx.x >> 5, m);
+  wg0_sync();
+  const float sc = exp2i(-tile_exp<2>(sm, sLx, 2 * (threadIdx.x >> 6)));
+  lx_pairs(ltab(sm, ch), threadIdx.x, [&](float x0, float x1, int off) {
+    uint32_t hi, lo;
+    psplit(x0 * sc, x1 * sc, hi, lo);
+    *reinterpret_cast<uint32_t*>(sm + kLx + off) = hi;
+    *reinterpret_cast<uint32_t*>(sm + kLx + kW + off) = lo;
+  });
+  fence_async_smem();
+}
+// WG0 (warp 0): chunk ch's checkpoint exponent e_S, the tile exponent (max_exp) of the forward's 8 warp maxima of
+// |S| (its row's last 8 floats), into kES's slot of the chunk's parity; a maximum that is not finite flags (c0's
+// sum flags the S values themselves).
+__device__ __forceinline__ void ckpt_exp(const Params& p, unsigned char* sm, int64_t bh, int ch) {
+  if (threadIdx.x >= 32) return;
+  float m = __ldg(p.ckpt + (bh * p.nck + ch) * kCk32 + 16384 + (threadIdx.x & 7));
+#pragma unroll
+  for (int o = 4; o > 0; o >>= 1) m = fmax_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if (threadIdx.x == 0) {
+    flag_if(p, !isfinite(m));
+    reinterpret_cast<int*>(sm + kES)[ch & 1] = max_exp(m);
+  }
+}
+// WG0: chunk ch's q, k, v, dy rows and its checkpoint row (kCk32 floats: 513 or 514 lines of 128 B, its start
+// 16-byte aligned) into L2 a chunk ahead of the consumers' loads (13 lines a thread; not unrolled, for WG0's
+// registers).
+__device__ __forceinline__ void prefetch_chunk(const Params& p, int64_t bh, int64_t b, int64_t h, int ch) {
+  const unsigned char* S = reinterpret_cast<const unsigned char*>(p.ckpt + (bh * p.nck + ch) * kCk32);
+#pragma unroll 1
+  for (int m = 0; m < 13; ++m) {
+    const int x = threadIdx.x + 128 * m;
+    if (x < 514) {  // (the last two: the lines of the row's byte 65536 and of its last float)
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(S + min(128 * x, 4 * kCk32 - 4)));
+      continue;
+    }
+    const int y = x - 514, tile = y >> 8, t = ch * 64 + ((y >> 2) & 63);
+    if (tile >= 4 || t >= p.T) continue;
+    const float* src = tile == 0 ? row_of(p.q, p.sq, b, h, t) : tile == 1 ? row_of(p.k, p.sk, b, h, t)
+                     : tile == 2 ? row_of(p.v, p.sv, b, h, t) : row_of(p.dy, p.sdy, b, h, t);
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src + 32 * (y & 3)));
+  }
+}
+// WG0: chunk ch's dgate and dbeta ((B, T, H) contiguous) from the consumers' partials and its tables
+// (chunk_bwd_sm90's dgate_dbeta, every sum in a fixed order: deterministic), two threads a step t: x = 0 terms (a),
+// (b), (d) and dbeta, x = 1 term (c). One that is not finite flags.
+__device__ __forceinline__ void dgate_dbeta(const Params& p, unsigned char* sm, int64_t b, int64_t h, int ch) {
+  const int tid = threadIdx.x, t0 = ch * 64, tc = min(64, p.T - t0);
+  const int64_t go = (b * p.T + t0) * p.H + h;  // (b, t0, h) of dgate / dbeta
+  const float* L = ltab(sm, ch);
+  float* part = parts(sm, ch);
+  const int t = tid >> 1, x = tid & 1;
+  {  // f (threads 0..63) and e (64..127): the 8 warps' parts
+    const int u = tid & 63, base = tid < 64 ? 0 : 512;
+    float acc = 0.f;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) acc += part[base + w * 64 + u];
+    part[1544 + (tid >> 6) * 64 + u] = acc;
+  }
+  wg0_sync();
+  const float ah = t > 0 ? L[kA + t - 1] : 1.f;  // A[t - 1]
+  float td = 0.f;
+  if (x == 0) {
+#pragma unroll
+    for (int w = 0; w < 8; ++w) td += part[1672 + w * 64 + t];  // (d)
+    float c0 = 0.f;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) c0 += part[1536 + w];
+    float sb = 0.f;
+    for (int s = 0; s < t; ++s) sb = fmaf(L[lp(t - 1, s)] * L[kBeta + s], part[1608 + s], sb);
+    td += L[kWt + t] * (ah * c0 + sb);  // (a) + (b)
+    float db = 0.f;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) db += part[1024 + w * 64 + t];
+    if (t < tc) {
+      static_cast<float*>(p.dbeta)[go + t * p.H] = db;
+      flag_if(p, !isfinite(db));
+    }
+  } else {
+    float sc = 0.f;
+    for (int u = t; u < 64; ++u) sc = fmaf(L[lp(u, t)], part[1544 + u], sc);
+    td = ah * sc;  // (c)
+  }
+  td += __shfl_xor_sync(0xffffffffu, td, 1);
+  if (x == 0 && t < tc) {
+    static_cast<float*>(p.dgate)[go + t * p.H] = td;
+    flag_if(p, !isfinite(td));
+  }
+}
+
+// The consumers (lt 0..255): chunk ch's rows of x from global memory into registers (read_raw's share: row t =
+// 8 (lt / 32) + lt % 8, 8-column pieces kc = (lt / 8) % 4 + 4 m); rows past T zeros. q's, at the top: its pair is
+// read until G's update, so q alone has no space to land in during the chunk before; its loads fly while k, v and dy
+// are split.
+__device__ __forceinline__ void load_rows(const void* x_in, const Strides4& st, const Params& p, int64_t b, int64_t h,
+                                          int ch, int lt, float4 (&v)[4][2]) {
+  const float* x = static_cast<const float*>(x_in);
+  asm volatile("" : "+l"(x));  // (opaque: its row addresses are not hoisted above the chunk loop into registers)
+  const int t = 8 * (lt >> 5) + (lt & 7), kq = (lt >> 3) & 3;
+  const bool valid = ch * 64 + t < p.T;
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    const float4* src =
+        reinterpret_cast<const float4*>(row_of(x, st, b, h, valid ? ch * 64 + t : 0) + 8 * (4 * m + kq));
+    v[m][0] = valid ? __ldg(src) : make_float4(0.f, 0.f, 0.f, 0.f);
+    v[m][1] = valid ? __ldg(src + 1) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+}
+// A raw tile split in place into its pair: every thread's share read, then (barrier) written; the tile's maximum
+// through its slots across that barrier, and its exponent returned.
+__device__ __forceinline__ int split_in_place(const Params& p, unsigned char* sm, int base, int lt, int tile) {
+  float4 v[4][2];
+  read_raw(sm, base, lt, v);
+  put_max(p, sm, tile, lt >> 5, max_abs(v));
+  consumers_sync();
+  const int e = tile_exp<8>(sm, tile);
+  write_pair(sm, base, lt, v, exp2i(-e));
+  return e;
+}
+// dy A[t] (G's update's B, MN-major) as a pair at kMQ (lo at + kTile: MQ and MD's space, free after Q^T MD), from
+// dy's pair (its fp16 hi + lo times 2^e_y: the row dots' dy) times A[t] in fp32 (one rounding), split times 2^-e_ya
+// (scale = A[t] 2^-e_ya: RN(x A[t]) 2^-e_ya); no second read of dy's rows from L2 (that variant spilled 44 B and
+// emulated no better: perf-notes, thirty-first session). With PUT false, only this thread's max |x A[t]|, returned.
+__device__ __forceinline__ void dy_words(const uint32_t (&hw)[4], const uint32_t (&lw)[4], float sy, float (&x)[8]) {
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {  // (a pair word: element 2 e in its low half)
+    const __half2 h = *reinterpret_cast<const __half2*>(&hw[e]), l = *reinterpret_cast<const __half2*>(&lw[e]);
+    x[2 * e] = (__low2float(h) + __low2float(l)) * sy;
+    x[2 * e + 1] = (__high2float(h) + __high2float(l)) * sy;
+  }
+}
+template <bool PUT>
+__device__ __forceinline__ float put_dya(unsigned char* sm, const float* L, int lt, float sy, float sya) {
+  const int t = 8 * (lt >> 5) + (lt & 7), kq = (lt >> 3) & 3;
+  const float a = L[kA + t];
+  float mx = 0.f;
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    const int off = (4 * m + kq) * 1024 + t * 16;
+    const uint4 hi = *reinterpret_cast<const uint4*>(sm + kY + off);
+    const uint4 lo = *reinterpret_cast<const uint4*>(sm + kY + kTile + off);
+    const uint32_t hw[4] = {hi.x, hi.y, hi.z, hi.w}, lw[4] = {lo.x, lo.y, lo.z, lo.w};
+    float x[8];
+    dy_words(hw, lw, sy, x);
+    if constexpr (PUT) {
+      put_pair(sm + kMQ + off, make_float4(x[0], x[1], x[2], x[3]), make_float4(x[4], x[5], x[6], x[7]), a * sya);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) mx = fmaxf(mx, fabsf(x[e] * a));
+    }
+  }
+  return mx;
+}
+
+// acc = A B over KSTEPS k-steps, 3 terms, A fp32 values in registers split a k-step at a time (RS): load(kb, sv)
+// fetches k-step kb's eight values (an accumulator row pair's fragment order) a k-step ahead of their use; prep(kb,
+// sv) works on them just before the split (c0's part). B a pair (K-major, or MN-major with TB). The values are split
+// times sc (the tile's 2^-e).
+template <int KSTEPS, int TB, int R, typename FL, typename FP>
+__device__ __forceinline__ void rs_split(float (&acc)[R], const unsigned char* sm, const Op& b, float sc, FL&& load,
+                                         FP&& prep) {
+  float sv[2][8];
+  load(0, sv[0]);
+#pragma unroll
+  for (int kb = 0; kb < KSTEPS; ++kb) {
+    prep(kb, sv[kb & 1]);
+    uint32_t ah[4], al[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) psplit(sv[kb & 1][2 * r] * sc, sv[kb & 1][2 * r + 1] * sc, ah[r], al[r]);
+    if (kb + 1 < KSTEPS) load(kb + 1, sv[(kb + 1) & 1]);
+    pin(ah, al);
+    wg_fence();
+    rs_kstep<3, TB>(acc, ah, al, sm, b, kb);
+    wg_commit();
+    if (kb + 1 < KSTEPS) wg_wait<1>();  // (a k-step's A registers stay live until its wgmmas complete: two at most)
+  }
+  wg_wait<0>();
+  acc_fence(acc);
+}
+
+// MQ[t][s] = L[t][s] beta_s Dd[t][s], MD[t][s] = L[t][s] Dd[t][s] (s <= t, else 0) from consumer c's columns
+// s = 32 c .. of Dd (X: rows t = 16 wl + g (+8), columns 32 c + 8 n + 2 q (+1)); split (MD times smd, MQ times smq:
+// their 2^-e), stored [s / 8][t][8]. With PUT false, only this thread's max |MD| and |MQ|.
+template <bool PUT>
+__device__ __forceinline__ void put_weights(unsigned char* sm, const float (&X)[16], const float* L, int c, int wl,
+                                            int g, int q, float smd, float smq, float& mmd, float& mmq) {
+#pragma unroll
+  for (int n = 0; n < 4; ++n)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int t = 16 * wl + g + 8 * hh, s = 32 * c + 8 * n + 2 * q;
+      const float d0 = s <= t ? X[4 * n + 2 * hh] * L[lp(t, s)] : 0.f;  // (every lp(t, s < 64) is inside L)
+      const float d1 = s + 1 <= t ? X[4 * n + 2 * hh + 1] * L[lp(t, s + 1)] : 0.f;
+      if constexpr (!PUT) {
+        mmd = fmaxf(mmd, fmaxf(fabsf(d0), fabsf(d1)));
+        mmq = fmaxf(mmq, fmaxf(fabsf(d0 * L[kBeta + s]), fabsf(d1 * L[kBeta + s + 1])));
+        continue;
+      }
+      const int off = (s >> 3) * 1024 + t * 16 + (s & 7) * 2;
+      uint32_t hi, lo;
+      psplit(d0 * smd, d1 * smd, hi, lo);
+      *reinterpret_cast<uint32_t*>(sm + kMD + off) = hi;
+      *reinterpret_cast<uint32_t*>(sm + kMD + kW + off) = lo;
+      psplit(d0 * L[kBeta + s] * smq, d1 * L[kBeta + s + 1] * smq, hi, lo);
+      *reinterpret_cast<uint32_t*>(sm + kMQ + off) = hi;
+      *reinterpret_cast<uint32_t*>(sm + kMQ + kW + off) = lo;
+    }
+}
+// A pair's value: its fp16 hi + lo times the tile's 2^e (sc), the row dots' operand (as the model's)
+__device__ __forceinline__ float ldp(const unsigned char* p, float sc) { return (ld16(p) + ld16(p + kTile)) * sc; }
+// Column u of a transposed 64 x 64 accumulator X[i][u] (rows i = ir (+8)) against row u of a pair tile, over this
+// warp's 16 rows i: one partial a warp and column, at part[u].
+__device__ __forceinline__ void col_dots(const unsigned char* sm, const float (&X)[32], int tile, int ir, float* part,
+                                         int g, int q, float sc) {
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int u = 8 * n + 2 * q + e;
+      float x = X[4 * n + e] * ldp(sm + tile + (ir >> 3) * 1024 + u * 16 + (ir & 7) * 2, sc) +
+                X[4 * n + 2 + e] * ldp(sm + tile + ((ir >> 3) + 1) * 1024 + u * 16 + (ir & 7) * 2, sc);
+      x += __shfl_xor_sync(0xffffffffu, x, 4);
+      x += __shfl_xor_sync(0xffffffffu, x, 8);
+      x += __shfl_xor_sync(0xffffffffu, x, 16);
+      if (g == 0) part[u] = x;
+    }
+}
+// A transposed accumulator X[i][t] (rows i = ir (+8), columns t = 8 n + 2 q + e) to out[(b, ch 64 + t, h)][i]
+// ((B, T, H, 128) contiguous), times scale[t] (or 1); rows t < T only; their maximum flags. 32-bit offsets from one
+// base (64-bit addresses of 16 rows, hoisted above the product before the store, were most of the consumers' spill).
+__device__ __forceinline__ void store_t(void* out, const Params& p, int64_t b, int64_t h, int ch, const float (&X)[32],
+                                        const float* scale, int ir, int q) {
+  float* o = static_cast<float*>(out) + ((b * p.T + ch * 64 + 2 * q) * p.H + h) * 128 + ir;  // row t = 2 q
+  int rs = p.H * 128;  // a step's stride; rows 8 n + e < left exist
+  const int left = p.T - ch * 64 - 2 * q;
+  // (the stride opaque, so that its 16 row offsets are not hoisted above the chunk loop: they spilled)
+  asm volatile("" : "+r"(rs));
+  float m = 0.f;
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      if (8 * n + e >= left) continue;
+      const float sc = scale ? scale[8 * n + 2 * q + e] : 1.f;
+      float* r = o + (8 * n + e) * rs;
+      const float x0 = X[4 * n + e] * sc, x1 = X[4 * n + 2 + e] * sc;
+      r[0] = x0;
+      r[8] = x1;
+      m = fmax_nan(m, fmax_nan(fabsf(x0), fabsf(x1)));
+    }
+  flag_if(p, !isfinite(m));
+}
+
+// Consumer c (0, 1): G's rows i = 64 c .. 64 c + 63 in registers (m64n128 layout: rows ir (+8), columns 8 n + 2 q
+// (+1)), dq^T's and dkt^T's rows i, dgate's M over the contraction's half s = 32 c ..
+__device__ __forceinline__ void consumer(const Params& p, unsigned char* sm_in, int c_in, int64_t bh) {
+  const int lt_in = threadIdx.x - 128;
+  const int64_t b = bh / p.H, h = bh - b * p.H;
+  float G[64];
+  {  // the last chunk's raw k, v, dy rows (later chunks': issued during the chunk before, as each pair is read)
+    const int cl = p.nck - 1;
+    issue_raw(p, sm_in, kK, p.k, p.sk, b, h, cl, lt_in);
+    issue_raw(p, sm_in, kV, p.v, p.sv, b, h, cl, lt_in);
+    issue_raw(p, sm_in, kY, p.dy, p.sdy, b, h, cl, lt_in);
+  }
+  load_g(G, p, b, h, 64 * c_in + 16 * ((lt_in >> 5) & 3) + ((lt_in & 31) >> 2), lt_in & 3);  // (rows ir, ir + 8)
+  put_max(p, sm_in, sG, lt_in >> 5, max_abs(G));  // (G's tile: both consumers' rows, read after (0))
+  sync_all();  // (0) the last chunk's tables, Lx and checkpoint exponent
+  for (int ch = p.nck - 1; ch >= 0; --ch) {
+    // sm, the thread's index and c made opaque each chunk: the loop-invariant descriptors and offsets derived from
+    // them, otherwise hoisted above the loop, were spilled (recomputed a chunk instead)
+    unsigned char* sm = sm_in;
+    asm volatile("" : "+l"(sm));
+    int lt = lt_in;
+    asm volatile("" : "+r"(lt));
+    int c = c_in;
+    asm volatile("" : "+r"(c));
+    const int wl = (lt >> 5) & 3, lane = lt & 31, g = lane >> 2, q = lane & 3;
+    const int ir = 64 * c + 16 * wl + g, slot = 4 * c + wl;  // this thread's state rows ir, ir + 8
+    const float* L = ltab(sm, ch);
+    float* part = parts(sm, ch);
+    // this chunk's tile exponents: q, k, v, dy at the top's split, MQ and MD at (1w), G's from the chunk before's
+    // barrier (4) (or (0))
+    int eq, ek, ev, ey, emq, emd;
+    {  // q's loads first; k, v, dy landed by cp.async during the chunk before (the last chunk's: before the loop)
+      float4 vq[4][2];
+      load_rows(p.q, p.sq, p, b, h, ch, lt, vq);
+      raw_wait<0>();
+      consumers_sync();  // (1a) every thread's raw rows landed
+      ek = split_in_place(p, sm, kK, lt, sK);
+      ev = split_in_place(p, sm, kV, lt, sV);
+      put_max(p, sm, sQ, lt >> 5, max_abs(vq));  // (across dy's split's barrier)
+      ey = split_in_place(p, sm, kY, lt, sY);
+      eq = tile_exp<8>(sm, sQ);
+      write_pair(sm, kQ, lt, vq, exp2i(-eq));
+    }
+    fence_async_smem();
+    consumers_sync();  // (1) the chunk's pairs
+    {
+      float X[16], Y[16];  // Dd's and QK's columns s = 32 c .. (B: v's and k's rows s; K-major, LBO the tile's 1024)
+      ss_product<3, 0, 0, 8, true>(X, sm, kmaj(kY, kTile, 64), Op{kV + 512 * c, kV + 512 * c + kTile, 1024, 128, 2048});
+      ss_product<3, 0, 0, 8, true>(Y, sm, kmaj(kQ, kTile, 64), Op{kK + 512 * c, kK + 512 * c + kTile, 1024, 128, 2048});
+      wg_wait<1>();  // (Dd's; QK's still running)
+      acc_fence(X);
+      float ee, elx;  // E's and Lx's halves' 2^e, M's scales
+      {
+        {
+          const float d1 = exp2i(ey), d2 = exp2i(ev);
+#pragma unroll
+          for (int i = 0; i < 16; ++i) X[i] = X[i] * d1 * d2;  // Dd
+        }
+        float mmd = 0.f, mmq = 0.f;
+        put_weights<false>(sm, X, L, c, wl, g, q, 1.f, 1.f, mmd, mmq);
+        put_max(p, sm, sMD, lt >> 5, mmd);
+        put_max(p, sm, sMQ, lt >> 5, mmq);
+        wg_wait<0>();
+        acc_fence(Y);
+        {
+          const float d1 = exp2i(eq), d2 = exp2i(ek);
+#pragma unroll
+          for (int i = 0; i < 16; ++i) Y[i] = Y[i] * d1 * d2;  // QK
+        }
+#pragma unroll
+        for (int x = 0; x < 16; ++x) {  // E[u][s] = beta_s QK[u][s] Dd[u][s], s < u (into Y: X, Dd, is split below)
+          const int u = 16 * wl + g + 8 * ((x >> 1) & 1), s = 32 * c + 8 * (x >> 2) + 2 * q + (x & 1);
+          Y[x] = s < u ? L[kBeta + s] * Y[x] * X[x] : 0.f;
+        }
+        put_max(p, sm, sE, lt >> 5, max_abs(Y));
+        consumers_sync();  // (1w) MQ's and MD's maxima (both consumers' halves), E's (this consumer's)
+        emq = tile_exp<8>(sm, sMQ);
+        emd = tile_exp<8>(sm, sMD);
+        const int e_e = tile_exp<4>(sm, sE, 4 * c);
+        put_weights<true>(sm, X, L, c, wl, g, q, exp2i(-emd), exp2i(-emq), mmd, mmq);
+        fence_async_smem();
+#pragma unroll
+        for (int i = 0; i < 16; ++i) X[i] = Y[i] * exp2i(-e_e);  // E times 2^-e_E, as it is split (exact)
+        ee = exp2i(e_e);
+        elx = exp2i(tile_exp<2>(sm, sLx, 2 * c));  // (WG0's slots: rewritten only after barrier 3's arrival below)
+      }
+      // dgate's term (d), consumer c's half of the contraction: M_c = E[:, s half] Lx[:, s half]^T (RS, 2 k-steps,
+      // B = Lx's rows t, K-major), then sum_{u >= t} L[u][t] M_c[u][t] over this warp's rows u (WG0 adds the 8)
+      float M[32];
+      rs_split<2, 0>(M, sm, kmaj(kLx + 4096 * c, kW, 64), 1.f, [&](int kb, float (&sv)[8]) {
+#pragma unroll
+        for (int r = 0; r < 8; ++r) sv[r] = X[8 * kb + r];
+      }, [](int, float (&)[8]) {});
+      if (ch > 0) lx_free_arrive();  // (3) this consumer's reads of Lx are done: WG0 writes chunk ch - 1's
+#pragma unroll
+      for (int i = 0; i < 32; ++i) M[i] = M[i] * ee * elx;
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int t = 8 * n + 2 * q + e, u = 16 * wl + g;
+          float x = (u >= t ? L[lp(u, t)] * M[4 * n + e] : 0.f) +
+                    (u + 8 >= t ? L[lp(u + 8, t)] * M[4 * n + 2 + e] : 0.f);
+          x += __shfl_xor_sync(0xffffffffu, x, 4);
+          x += __shfl_xor_sync(0xffffffffu, x, 8);
+          x += __shfl_xor_sync(0xffffffffu, x, 16);
+          if (g == 0) part[1672 + slot * 64 + t] = x;
+        }
+    }
+    // R^T = S dY^T: S's rows ir, ir + 8 from the checkpoint (fp32, L2: WG0 prefetched them), split a k-step at a
+    // time times 2^-e_S (WG0's exponent of the whole checkpoint); c0's part (sum S o G) from the same values,
+    // unscaled (a value of S that is not finite makes c0 so: its flag); B = dy K-major
+    float c0 = 0.f;
+    {
+      float R[32];
+      const float* S = p.ckpt + (bh * p.nck + ch) * kCk32;
+      const int es = reinterpret_cast<const int*>(sm + kES)[ch & 1];
+      rs_split<8, 0>(R, sm, kmaj(kY, kTile, 64), exp2i(-es), [&](int kb, float (&sv)[8]) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {  // sv[4 e + 2 hh ..] = S[ir + 8 hh][16 kb + 8 e + 2 q ..], G's place
+            const float2 v = __ldg(reinterpret_cast<const float2*>(S + (ir + 8 * hh) * 128 + 16 * kb + 8 * e + 2 * q));
+            sv[4 * e + 2 * hh] = v.x;
+            sv[4 * e + 2 * hh + 1] = v.y;
+          }
+      }, [&](int kb, float (&sv)[8]) {
+#pragma unroll
+        for (int r = 0; r < 8; ++r) c0 = fmaf(sv[r], G[8 * kb + r], c0);
+      });
+      {
+        const float s1 = exp2i(es), s2 = exp2i(ey);
+#pragma unroll
+        for (int i = 0; i < 32; ++i) R[i] = R[i] * s1 * s2;
+      }
+      col_dots(sm, R, kQ, ir, part + slot * 64, g, q, exp2i(eq));  // f_u's part
+      {  // diag(A) on columns t (one rounding, as Rt A), then K^T MQ^T's accumulation scale (one power at a time)
+        const float d1 = exp2i(-ek), d2 = exp2i(-emq);
+#pragma unroll
+        for (int i = 0; i < 32; ++i) R[i] = R[i] * L[kA + 8 * (i >> 2) + 2 * q + (i & 1)] * d1 * d2;
+      }
+      consumers_sync();  // (2) MQ and MD whole (both consumers' halves)
+      ss_product<3, 1, 0, 4, false>(R, sm, mnmaj(kK + 8192 * c, kTile, 64), kmaj(kMQ, kW, 64));  // += K^T MQ^T
+      wg_wait<0>();
+      acc_fence(R);
+      {
+        const float s1 = exp2i(ek), s2 = exp2i(emq);
+#pragma unroll
+        for (int i = 0; i < 32; ++i) R[i] = R[i] * s1 * s2;
+      }
+      store_t(p.y, p, b, h, ch, R, nullptr, ir, q);  // dq
+    }
+    {  // Rk^T = G V^T (A = G's registers split a k-step), e's part; dkt^T = Rk^T diag(w) + Q^T MD, dbeta's part
+      float Rk[32];
+      const int eg = tile_exp<8>(sm, sG);
+      rs_split<8, 0>(Rk, sm, kmaj(kV, kTile, 64), exp2i(-eg), [&](int kb, float (&sv)[8]) {
+#pragma unroll
+        for (int r = 0; r < 8; ++r) sv[r] = G[8 * kb + r];
+      }, [](int, float (&)[8]) {});
+      {
+        const float s1 = exp2i(eg), s2 = exp2i(ev);
+#pragma unroll
+        for (int i = 0; i < 32; ++i) Rk[i] = Rk[i] * s1 * s2;
+      }
+      col_dots(sm, Rk, kK, ir, part + 512 + slot * 64, g, q, exp2i(ek));
+      consumers_sync();  // (4a) both Rk^Ts have read v's pair: the next chunk's v rows land there
+      if (ch > 0) issue_raw(p, sm, kV, p.v, p.sv, b, h, ch - 1, lt);
+      {  // diag(w) on columns s (one rounding, as Rk^T w), then Q^T MD's accumulation scale
+        const float d1 = exp2i(-eq), d2 = exp2i(-emd);
+#pragma unroll
+        for (int i = 0; i < 32; ++i) Rk[i] = Rk[i] * L[kWt + 8 * (i >> 2) + 2 * q + (i & 1)] * d1 * d2;
+      }
+      ss_product<3, 1, 1, 4, false>(Rk, sm, mnmaj(kQ + 8192 * c, kTile, 64), mnmaj(kMD, kW, 64));  // += Q^T MD
+      wg_wait<0>();
+      acc_fence(Rk);
+      {
+        const float s1 = exp2i(eq), s2 = exp2i(emd);
+#pragma unroll
+        for (int i = 0; i < 32; ++i) Rk[i] = Rk[i] * s1 * s2;
+      }
+      col_dots(sm, Rk, kK, ir, part + 1024 + slot * 64, g, q, exp2i(ek));
+      store_t(p.dk, p, b, h, ch, Rk, L + kBeta, ir, q);  // dk = beta dkt
+    }
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) c0 += __shfl_xor_sync(0xffffffffu, c0, o);
+    if (lane == 0) {
+      part[1536 + slot] = c0;
+      flag_if(p, !isfinite(c0));
+    }
+    // dy A[t]'s maximum from dy's pair (stable since (1)), across (4b)
+    put_max(p, sm, sYA, lt >> 5, put_dya<false>(sm, L, lt, exp2i(ey), 1.f));
+    consumers_sync();  // (4b) both consumers past Q^T MD and dbeta's row dots: MQ, MD and k's pair are free
+    if (ch > 0) issue_raw(p, sm, kK, p.k, p.sk, b, h, ch - 1, lt);
+    const int eya = tile_exp<8>(sm, sYA);
+    put_dya<true>(sm, L, lt, exp2i(ey), exp2i(-eya));
+    fence_async_smem();
+    consumers_sync();  // (4c) dy A[t]'s pair whole; dy's pair read: the next chunk's dy rows land there
+    if (ch > 0) issue_raw(p, sm, kY, p.dy, p.sdy, b, h, ch - 1, lt);
+    // G's update in two N = 64 halves, each from zero: U = Q^T diag(A) dY (A = q's pair, MN-major; B = dy A[t]'s
+    // pair, MN-major), G = fmaf(A_63, G, U): wgmma's in-place accumulation truncates (perf-notes, thirtieth session);
+    // U times 2^e_q and 2^e_ya, one at a time (exact), inside the one rounding
+    const float a63 = L[kA + 63];
+    const float u1 = exp2i(eq), u2 = exp2i(eya);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float U[32];
+      ss_product<3, 1, 1, 4, true>(U, sm, mnmaj(kQ + 8192 * c, kTile, 64), mnmaj(kMQ + 8192 * half, kTile, 64));
+      wg_wait<0>();
+      acc_fence(U);
+#pragma unroll
+      for (int i = 0; i < 32; ++i) G[32 * half + i] = fmaf(a63, G[32 * half + i], U[i] * u1 * u2);
+    }
+    put_max(p, sm, sG, lt >> 5, max_abs(G));  // (the next chunk's Rk^T reads it after (4))
+    sync_all();  // (4) the chunk is done: its pairs and weights read, its partials written; WG0's next tables, Lx
+  }
+}
+
+// WG0: the tables, Lx and the checkpoint's exponent a chunk ahead, the L2 prefetch of the next chunk, dgate and dbeta
+// a chunk behind (from the double-buffered partials); the block barriers (0) and (4).
+__device__ __forceinline__ void aux(const Params& p, unsigned char* sm, int64_t bh_in) {
+  const int64_t b_in = bh_in / p.H, h_in = bh_in - b_in * p.H;
+  int64_t bh = bh_in, b = b_in, h = h_in;
+  build_tables(p, sm, b, h, p.nck - 1);
+  wg0_sync();  // (L by warps 0, 1: build_tables' other threads left early)
+  build_lx(p, sm, p.nck - 1);
+  ckpt_exp(p, sm, bh, p.nck - 1);
+  sync_all();  // (0)
+  for (int ch = p.nck - 1; ch >= 0; --ch) {
+    // (b, h opaque each chunk: the strided inputs' row and gate addresses, hoisted above the loop, spilled at WG0's
+    // 56 registers)
+    bh = bh_in, b = b_in, h = h_in;
+    asm volatile("" : "+l"(bh), "+l"(b), "+l"(h));
+    if (ch + 1 < p.nck) {  // the chunk after's, from its buffers, which the next tables overwrite
+      dgate_dbeta(p, sm, b, h, ch + 1);
+      wg0_sync();
+    }
+    if (ch > 0) {
+      prefetch_chunk(p, bh, b, h, ch - 1);
+      build_tables(p, sm, b, h, ch - 1);
+      wg0_sync();
+      lx_free_wait();  // (3) both consumers' M products have read Lx
+      build_lx(p, sm, ch - 1);
+      ckpt_exp(p, sm, bh, ch - 1);  // (its slot's last reader was chunk ch + 1, before the last (4))
+    }
+    sync_all();  // (4)
+  }
+  dgate_dbeta(p, sm, b, h, 0);
+}
+
+__global__ void __launch_bounds__(384, 1) chunk_bwd_sm90_fp32_kernel(const Params p) {
+  roles<kAuxRegs, kConsRegs, aux, consumer>(p);
+}
+}  // namespace pa
+}  // namespace bwd32
+
+// One kernel's launch, one CTA of 384 threads a (b, h): its shared memory opted in once a device, its registers read
+// once: the setmaxnreg split assumes 168 a thread, and with another count the consumers' setmaxnreg.inc would wait
+// forever (an error instead, cudaErrorInvalidKernelImage with *failed = regs_failed).
+template <typename K>
+cudaError_t launch_bwd32(K kernel, bool (&done)[64], int& regs, size_t smem, const bwd32::Params& p, cudaStream_t s,
+                         const char** failed, const char* regs_failed) {
+  if (regs == 0) {
+    cudaFuncAttributes fa = {};
+    const cudaError_t err = cudaFuncGetAttributes(&fa, kernel);
+    if (err != cudaSuccess) return err;
+    regs = fa.numRegs;
+  }
+  if (regs != 168) {
+    *failed = regs_failed;
+    return cudaErrorInvalidKernelImage;
+  }
+  const cudaError_t err = allow_smem(kernel, done);
+  return err != cudaSuccess ? err : launch_threads(kernel, dim3((unsigned)p.BH), 384, smem, s, false, p);
+}
+cudaError_t launch_chunk_bwd_sm90_fp32_dq(const bwd32::Params& p, cudaStream_t s, const char** failed) {
+  static bool done[64] = {};
+  static int regs = 0;
+  *failed = "chunk_bwd_sm90_fp32";
+  return launch_bwd32(bwd32::pa::chunk_bwd_sm90_fp32_kernel, done, regs, kChunkBwdSm90Fp32Smem, p, s, failed,
+                      "chunk_bwd_sm90_fp32: not 168 registers a thread, which its setmaxnreg split assumes");
+}
+cudaError_t launch_chunk_bwd_sm90_fp32_dv(const bwd32::Params& p, cudaStream_t s, const char** failed) {
+  static bool done[64] = {};
+  static int regs = 0;
+  *failed = "chunk_bwd_sm90_fp32_dv";
+  return launch_bwd32(bwd32::pb::chunk_bwd_sm90_fp32_dv_kernel, done, regs, kChunkBwdSm90Fp32DvSmem, p, s, failed,
+                      "chunk_bwd_sm90_fp32_dv: not 168 registers a thread, which its setmaxnreg split assumes");
+}
+// The two launches of a call: dq, dk, dgate, dbeta, then dv, dS_0. No launch without steps or heads; else
+// pr.fwd_ckpt: the checkpoints ((B H, chunks, kCk32) float32), pr.nonfinite: the flag the host zeroed (both required).
+cudaError_t launch_chunk_bwd_sm90_fp32(const BwdProblem& pr, cudaStream_t s, const char** failed) {
+  bwd32::Params p;
+  static_cast<BwdProblem&>(p) = pr;
+  p.ckpt = static_cast<const float*>(pr.fwd_ckpt);
+  p.nck = (pr.T + 63) / 64;
+  if (p.nck == 0 || p.BH == 0) return cudaSuccess;
+  if (p.ckpt == nullptr || p.nonfinite == nullptr) return cudaErrorInvalidValue;
+  const cudaError_t err = launch_chunk_bwd_sm90_fp32_dq(p, s, failed);
+  return err != cudaSuccess ? err : launch_chunk_bwd_sm90_fp32_dv(p, s, failed);
+}
+
+}  // namespace
+}  // namespace gr
+
+// The backward_sm90_fp32 unit's entry point (its Problem is a BwdProblem; float32 only, as planned). `work` is unused.
+extern "C" int gr_execute_backward_sm90_fp32(const gr::Plan* pl, const gr::Problem* pr, float* work, cudaStream_t s,
+                                             const char** failed) {
+  (void)work;
+  *failed = "chunk_bwd_sm90_fp32";
+  if (pl->kernel != gr::Kernel::chunk_bwd_sm90_fp32 || pl->dtype != gr::DType::f32) return (int)cudaErrorInvalidValue;
+  return (int)gr::launch_chunk_bwd_sm90_fp32(static_cast<const gr::BwdProblem&>(*pr), s, failed);
+}
+""")
+
 HOST_SRC = r"""
 // ===================================== host: argument checks, the plan, the launch ==========
 // Only the headers it needs (torch/extension.h would triple the host compile time).
@@ -6129,15 +7467,17 @@ constexpr int kMaxDim = 256;
 constexpr size_t kRecurrentSmem = 48 * 1024;  // the recurrent kernel stays under the static limit
 constexpr int64_t kChunkedMinT = 256;         // use_chunked(): from the crossover sweep (BENCHMARKS.md)
 const char* const kKernelNames[] = {"recurrent", "parallel", "chunk_tf32", "chunk_bf16", "chunk_sm90", "decode",
-                                    "decode_persistent", "recurrent_bwd", "chunk_bwd", "chunk_bwd_sm90"};
+                                    "decode_persistent", "recurrent_bwd", "chunk_bwd", "chunk_bwd_sm90",
+                                    "chunk_bwd_sm90_fp32"};
 const char* const kSourceNames[] = {"RECURRENT_SRC", "PARALLEL_SRC", "CHUNK_TF32_SRC", "CHUNK_BF16_SRC", "CHUNK_SM90_SRC",
-                                    "DECODE_SRC", "DECODE_SRC", "BACKWARD_SRC", "BACKWARD_SRC", "BACKWARD_SM90_SRC"};
+                                    "DECODE_SRC", "DECODE_SRC", "BACKWARD_SRC", "BACKWARD_SRC", "BACKWARD_SM90_SRC",
+                                    "BACKWARD_SM90_FP32_SRC"};
 const char* const kUnitNames[] = {"core", "chunk_tf32", "chunk_bf16", "reference", "chunk_sm90", "decode", "backward",
-                                  "backward_sm90"};
+                                  "backward_sm90", "backward_sm90_fp32"};
 constexpr Unit kUnitOf[] = {Unit::core,       Unit::core,   Unit::chunk_tf32, Unit::chunk_bf16,
                             Unit::chunk_sm90, Unit::decode, Unit::decode,     Unit::backward,
-                            Unit::backward,   Unit::backward_sm90};
-constexpr int kUnits = 8;
+                            Unit::backward,   Unit::backward_sm90, Unit::backward_sm90_fp32};
+constexpr int kUnits = 9;
 // The unit that runs a plan: its kernel's, except the recurrent kernel's rounding mode (its own unit).
 inline int unit_of(const Plan& pl) { return pl.round_ref ? (int)Unit::reference : (int)kUnitOf[(int)pl.kernel]; }
 constexpr int64_t kParallelMaxT = 256;  // warp 0's lanes hold at most 8 gates each (PARALLEL_SRC)
@@ -7498,7 +8838,8 @@ SOURCES = {"prelude": PRELUDE_SRC, "device": DEVICE_SRC, "recurrent": RECURRENT_
            "chunk": CHUNK_SRC,
            "segment_scan": SEGMENT_SCAN_SRC, "tf32_mma": TF32_MMA_SRC, "chunk_tf32": CHUNK_TF32_SRC, "chunk_bf16": CHUNK_BF16_SRC,
            "wgmma": WGMMA_SRC, "sm90": SM90_SRC, "chunk_sm90_tf32": CHUNK_SM90_TF32_SRC, "chunk_sm90": CHUNK_SM90_SRC, "decode": DECODE_SRC, "backward": BACKWARD_SRC,
-           "backward_sm90": BACKWARD_SM90_SRC, "host": HOST_SRC, "host_run": HOST_RUN_SRC}
+           "backward_sm90": BACKWARD_SM90_SRC, "backward_sm90_fp32": BACKWARD_SM90_FP32_SRC, "host": HOST_SRC,
+           "host_run": HOST_RUN_SRC}
 
 # Each unit's CUDA sources (PRELUDE and DEVICE first) and C entry point; core adds the host file.
 _UNIT_CUDA = {
@@ -7510,10 +8851,12 @@ _UNIT_CUDA = {
     "decode": [DECODE_SRC],
     "backward": [TF32_MMA_SRC, BACKWARD_SRC],
     "backward_sm90": [WGMMA_SRC, BACKWARD_SM90_SRC],
+    "backward_sm90_fp32": [WGMMA_SRC, BACKWARD_SM90_FP32_SRC],
 }
 # Units built for one target whatever the device or TORCH_CUDA_ARCH_LIST (wgmma is sm_90a-only code).
 _UNIT_GENCODE = {"chunk_sm90": ["-gencode=arch=compute_90a,code=sm_90a"],
-                 "backward_sm90": ["-gencode=arch=compute_90a,code=sm_90a"]}
+                 "backward_sm90": ["-gencode=arch=compute_90a,code=sm_90a"],
+                 "backward_sm90_fp32": ["-gencode=arch=compute_90a,code=sm_90a"]}
 CUDA_FLAGS = ["-O3"]
 
 
@@ -7617,8 +8960,9 @@ _ops = getattr(torch.ops, _OPS_NS)
 
 
 def _default_units():
-    """What build() compiles without arguments: every unit, but the sm_90a units (chunk_sm90, backward_sm90)
-    only where they can run (a compute capability 9.0 device) or where no device says (a build or CI machine)."""
+    """What build() compiles without arguments: every unit, but the sm_90a units (_UNIT_GENCODE: chunk_sm90,
+    backward_sm90, backward_sm90_fp32) only where they can run (a compute capability 9.0 device) or where no device
+    says (a build or CI machine)."""
     hopper = not torch.cuda.is_available() or torch.cuda.get_device_capability() == (9, 0)
     return tuple(u for u in UNITS if u not in _UNIT_GENCODE or hopper)
 

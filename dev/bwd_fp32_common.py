@@ -1,8 +1,10 @@
-"""What the two dev passes of the float32 Hopper backward share (dev/bwd_fp32_passA.py, dev/bwd_fp32_passB.py): the
-CUDA preamble and the kernel's entry (the warpgroups' roles and setmaxnreg split, the launch), the host helpers, the
-build, the chunk models' products, padding and tables, the test cases and metric, the --cpu-check and --check loops
-with their verdict, --bench's report, the result file and the command line. Not a script: each pass imports it and
-is run itself, from the repository root (each pass's docstring says what its commands do):
+"""What the two dev harnesses of the float32 Hopper backward share (dev/bwd_fp32_passA.py, dev/bwd_fp32_passB.py):
+the build of solution.py's unit backward_sm90_fp32 (its production CUDA text, from solution's constants: nothing
+compiled twice, no kernel text here) with a dev entry and a torch binding, its launch on a case's tensors (the
+checkpoint rows made here), the chunk models' products, padding and tables, the test cases and metric, the
+--cpu-check and --check loops with their verdict, --bench's report, the result file and the command line. Not a
+script: each harness imports it and is run itself, from the repository root (each one's docstring says what its
+commands do):
 
     python3 dev/bwd_fp32_passB.py --cpu-check [--split b|d|t|k|r] | --build-only | --check | --bench [--trials N]
     python3 dev/bwd_fp32_passA.py --cpu-check [--split b|d|t|k|r] | --build-only | --check | --bench [--trials N]
@@ -14,103 +16,167 @@ import sys
 
 import torch
 
-import bwd_fp32_probe as probe
 import fp32_split_emulation as emu
 import naive
 from tools.common import save
-from tools.sm90_build import BF16_TILE_SRC, PROBE_HELPERS_SRC, build, print_build, probe_cuda, solution_constant
+from tools.sm90_build import FUNC_ATTRS_SRC, build, print_build, solution_source
 
 RESULT = {}  # this run's results (one pass a process), saved as the pass's JSON
+KCK32 = 128 * 128 + 8  # a checkpoint row (solution's kCk32): S [dk][dv], then the forward's 8 warps' max |S|
 
-
-def probe_kstep_src():
-    """The probe's k-step helpers (ss_terms, Op, kmaj, mnmaj, ss_product, consumers_sync, ...): its CUDA text between
-    the two markers, so that both passes issue the same three-term forms."""
-    src = probe.CUDA_SRC
-    a = src.index("// One k-step of a product in TERMS terms")
-    b = src.index("// =============================== P1")
-    return src[a:b]
-
-
-# The head of a pass's CUDA text, up to its own constants: the includes, GR_WGMMA where wgmma exists (sm_90a), the
-# pass's namespace (NAMESPACE) and the helpers spliced in by build_module.
-
-# Where a pass writes KERNEL_ENTRY, after its aux (WG0) and consumer: the kernel (KERNEL_NAME), WG0 down to
-# kAuxRegs registers, the two consumer warpgroups up to kConsRegs (the warpgroup index read from lane 0, so that the
-# compiler sees it uniform), a trap where compiled without wgmma; launch_kernel, one CTA of 384 threads a (b, h)
-# with kSmem of opt-in shared memory; func_attrs; the anonymous namespace's end.
-KERNEL_ENTRY = r"""__global__ void __launch_bounds__(384, 1) KERNEL_NAME(const Params p) {
-#if defined(__CUDA_ARCH__) && !defined(GR_WGMMA)
-  __trap();
-#endif
-  extern __shared__ __align__(1024) unsigned char sm[];
-  const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0);
-  if (wg == 0) {
-    maxnreg_dec<kAuxRegs>();
-    aux(p, sm, blockIdx.x);
-    return;
+# The dev entry, after the unit's text (its kernels and launches are in gr's anonymous namespace): which 0, the unit's
+# entry point (both kernels, as the host launches them); 1, the dq kernel (pass A) alone; 2, the dv kernel (pass B)
+# alone; and a kernel's attributes (registers, local bytes, threads, static shared memory).
+DEV_CUDA = r"""
+namespace gr {
+int dev_bwd32(int which, const BwdProblem& pr, cudaStream_t s, const char** failed) {
+  if (which == 0) {
+    Plan pl = {};
+    pl.kernel = Kernel::chunk_bwd_sm90_fp32;
+    pl.dtype = DType::f32;
+    return gr_execute_backward_sm90_fp32(&pl, &pr, nullptr, s, failed);
   }
-  maxnreg_inc<kConsRegs>();
-  consumer(p, sm, wg - 1, blockIdx.x);
+  bwd32::Params p;
+  static_cast<BwdProblem&>(p) = pr;
+  p.ckpt = static_cast<const float*>(pr.fwd_ckpt);
+  p.nck = (pr.T + 63) / 64;
+  return (int)(which == 1 ? launch_chunk_bwd_sm90_fp32_dq(p, s, failed) : launch_chunk_bwd_sm90_fp32_dv(p, s, failed));
 }
-
-int launch_kernel(const Params& p, int ctas, cudaStream_t s) {
-  cudaError_t e = cudaFuncSetAttribute(KERNEL_NAME, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  if (e != cudaSuccess) return (int)e;
-  KERNEL_NAME<<<ctas, 384, kSmem, s>>>(p);
-  return (int)cudaGetLastError();
-}
-
 FUNC_ATTRS
+int dev_bwd32_attrs(int which, int* res) {
+  return func_attrs(which == 1 ? (const void*)bwd32::pa::chunk_bwd_sm90_fp32_kernel
+                               : (const void*)bwd32::pb::chunk_bwd_sm90_fp32_dv_kernel, res);
+}
+}  // namespace gr
+"""
 
-}  // namespace"""
-
-# The head of a pass's host text: check (a CUDA error code to a Python exception), f32 (a tensor's float pointer,
-# checked: contiguous float32 on CUDA, 16-byte aligned for the kernel's float4 loads) and kernel_attrs (the kernel's
-# registers, local bytes, threads, static shared memory from a pass's *_attrs).
-HOST_PREAMBLE = r"""
+# The binding (after solution's PRELUDE, which declares gr::BwdProblem): bwd32(which, ...) fills a BwdProblem from
+# the tensors as the host does (q, k, v, dy: any (b, t, h) strides that are multiples of 4 with unit d-stride and
+# 16-byte rows; gate, beta: any strides; dfinal: any strides or empty; the outputs contiguous, ds0 empty for none;
+# ckpt (B H, chunks, KCK32) contiguous, empty for the dv kernel alone; flag an int32 the caller zeroed) and runs
+# dev_bwd32 on the current stream.
+DEV_HOST = r"""
 #include <torch/extension.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 #include <vector>
-static void check(int e, const char* what) {
-  TORCH_CHECK(e == 0, what, ": ", cudaGetErrorString((cudaError_t)e));
+PRELUDE
+namespace gr {
+int dev_bwd32(int which, const BwdProblem& pr, cudaStream_t s, const char** failed);
+int dev_bwd32_attrs(int which, int* res);
 }
-static const float* f32(const at::Tensor& t) {
-  TORCH_CHECK(t.is_cuda() && t.scalar_type() == at::kFloat && t.is_contiguous(), "contiguous float32 CUDA tensor");
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "16-byte aligned");
-  return t.data_ptr<float>();
+static gr::Strides4 rows(const at::Tensor& t, const at::Tensor& q, const char* name) {
+  TORCH_CHECK(t.is_cuda() && t.scalar_type() == at::kFloat && t.sizes() == q.sizes() && t.stride(3) == 1 &&
+              reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && t.stride(0) % 4 == 0 && t.stride(1) % 4 == 0 &&
+              t.stride(2) % 4 == 0, name, ": (B, T, H, 128) float32 on the GPU, unit d-stride, 16-byte rows");
+  return {t.stride(0), t.stride(1), t.stride(2), 1};
 }
-static std::vector<int64_t> kernel_attrs(int (*attrs)(int*), const char* what) {
+static gr::Strides3 steps(const at::Tensor& t, const at::Tensor& q, const char* name) {
+  TORCH_CHECK(t.is_cuda() && t.scalar_type() == at::kFloat && t.dim() == 3 && t.size(0) == q.size(0) &&
+              t.size(1) == q.size(1) && t.size(2) == q.size(2), name, ": (B, T, H) float32 on the GPU");
+  return {t.stride(0), t.stride(1), t.stride(2)};
+}
+static void* out(const at::Tensor& t, std::vector<int64_t> shape, const char* name) {
+  TORCH_CHECK(t.is_cuda() && t.scalar_type() == at::kFloat && t.is_contiguous() && t.sizes() == at::IntArrayRef(shape),
+              name, ": a contiguous float32 output of its shape");
+  return t.data_ptr();
+}
+void bwd32(int64_t which, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dy,
+           const at::Tensor& gate, const at::Tensor& beta, const at::Tensor& ckpt, const at::Tensor& dfinal,
+           const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dv, const at::Tensor& dgate,
+           const at::Tensor& dbeta, const at::Tensor& ds0, const at::Tensor& flag) {
+  TORCH_CHECK(q.dim() == 4 && q.size(3) == 128, "q (B, T, H, 128)");
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), nck = (T + 63) / 64;
+  gr::BwdProblem pr{};
+  pr.q = q.data_ptr(); pr.k = k.data_ptr(); pr.v = v.data_ptr(); pr.dy = dy.data_ptr();
+  pr.sq = rows(q, q, "q"); pr.sk = rows(k, q, "k"); pr.sv = rows(v, q, "v"); pr.sdy = rows(dy, q, "dy");
+  pr.gate = gate.data_ptr(); pr.beta = beta.data_ptr();
+  pr.sg = steps(gate, q, "gate"); pr.sb = steps(beta, q, "beta");
+  pr.g32 = pr.b32 = true;
+  pr.T = (int)T; pr.H = (int)H; pr.Dk = 128; pr.Dv = 128; pr.BH = B * H;
+  TORCH_CHECK((which == 2 && ckpt.numel() == 0) ||  // (the dv kernel reads no checkpoint)
+              (ckpt.is_cuda() && ckpt.scalar_type() == at::kFloat && ckpt.is_contiguous() &&
+               ckpt.sizes() == at::IntArrayRef({B * H, nck, (int64_t)gr::kCk32})), "ckpt (B H, chunks, kCk32)");
+  pr.fwd_ckpt = ckpt.numel() ? ckpt.data_ptr() : nullptr;
+  const std::vector<int64_t> state{B, H, 128, 128};
+  TORCH_CHECK(dfinal.numel() == 0 || (dfinal.is_cuda() && dfinal.scalar_type() == at::kFloat &&
+                                      dfinal.sizes() == at::IntArrayRef(state)), "dfinal (B, H, 128, 128) or empty");
+  pr.dfinal = dfinal.numel() ? dfinal.data_ptr<float>() : nullptr;
+  if (dfinal.numel()) pr.sdf = {dfinal.stride(0), dfinal.stride(1), dfinal.stride(2), dfinal.stride(3)};
+  pr.y = out(dq, q.sizes().vec(), "dq"); pr.dk = out(dk, q.sizes().vec(), "dk"); pr.dv = out(dv, q.sizes().vec(), "dv");
+  pr.dgate = out(dgate, {B, T, H}, "dgate"); pr.dbeta = out(dbeta, {B, T, H}, "dbeta");
+  pr.ds0 = ds0.numel() ? static_cast<float*>(out(ds0, state, "ds0")) : nullptr;
+  TORCH_CHECK(flag.is_cuda() && flag.scalar_type() == at::kInt && flag.numel() == 1, "flag: one int32");
+  pr.nonfinite = flag.data_ptr<int>();
+  const c10::cuda::OptionalCUDAGuard guard(q.device());
+  const char* failed = "";
+  const int e = gr::dev_bwd32((int)which, pr, c10::cuda::getCurrentCUDAStream(), &failed);
+  TORCH_CHECK(e == 0, failed, ": ", cudaGetErrorString((cudaError_t)e));
+}
+std::vector<int64_t> bwd32_attrs(int64_t which) {  // (registers, local bytes, threads, static shared memory)
   int r[4] = {0, 0, 0, 0};
-  check(attrs(r), what);
+  const int e = gr::dev_bwd32_attrs((int)which, r);
+  TORCH_CHECK(e == 0, "attributes: ", cudaGetErrorString((cudaError_t)e));
   return {r[0], r[1], r[2], r[3]};
 }
 """
+FUNCTIONS = ["bwd32", "bwd32_attrs"]
+KERNELS = {1: "chunk_bwd_sm90_fp32", 2: "chunk_bwd_sm90_fp32_dv"}  # which -> the kernel
 
 
-def build_module(name, namespace, kernel, cuda_src, host_src, functions, splices=(), split="b"):
-    """Compiles a pass (tools/sm90_build.probe_cuda's head, the probe's k-step helpers and cuda_src; HOST_PREAMBLE +
-    host_src), its ptxas report printed and kept in RESULT["build"]; splices: the pass's own (placeholder, text)
-    pairs, replaced after DECAY_TABLES. split "t" (a pass that has it: SPLIT_T in its text): every wgmma form on
-    fp16 operands instead of bf16, SPLIT_T true, the module name suffixed _t; "r" (SPLIT_R in its text): the same
-    with SPLIT_R true, suffixed _r."""
-    body = "PROBE_KSTEP\n" + cuda_src.replace("KERNEL_ENTRY", KERNEL_ENTRY.replace("KERNEL_NAME", kernel))
-    forms = probe.wgmma_forms()
-    if split in ("t", "r"):  # (r: a pass that has it, SPLIT_R in its text; SPLIT_T true as well)
-        forms, name = forms.replace(".bf16.bf16", ".f16.f16"), name + "_" + split
-    cuda = probe_cuda(namespace, forms, body, PROBE_HELPERS_SRC + BF16_TILE_SRC)
-    cuda = cuda.replace("DECAY_TABLES", solution_constant("DECAY_TABLES_SRC"))
-    for placeholder, text in splices:
-        cuda = cuda.replace(placeholder, text)
-    cuda = cuda.replace("PROBE_KSTEP", probe_kstep_src())
-    cuda = cuda.replace("SPLIT_T", "true" if split in ("t", "r") else "false")
-    cuda = cuda.replace("SPLIT_R", "true" if split == "r" else "false")
-    mod, summary = build(name, HOST_PREAMBLE + host_src, cuda, functions, namespace)
-    print_build(summary, launch_regs=168, split_kernels=kernel)
+def build_module():
+    """The dev extension: solution.py's unit backward_sm90_fp32 as it builds (PRELUDE, DEVICE, WGMMA,
+    BACKWARD_SM90_FP32 sources, read by tools/sm90_build.solution_source) plus DEV_CUDA, and DEV_HOST; sm_90a, its
+    ptxas report printed and kept in RESULT["build"]. One module for both harnesses (the same cache)."""
+    prelude, device, wgmma, unit = solution_source("PRELUDE_SRC", "DEVICE_SRC", "WGMMA_SRC", "BACKWARD_SM90_FP32_SRC")
+    cuda = "\n".join((prelude, device, wgmma, unit, DEV_CUDA.replace("FUNC_ATTRS", FUNC_ATTRS_SRC)))
+    mod, summary = build("bwd_fp32_dev", DEV_HOST.replace("PRELUDE", prelude), cuda, FUNCTIONS, "gr")
+    print_build(summary, launch_regs=168, split_kernels="bwd32::")
     RESULT["build"] = summary
     return mod
+
+
+def checkpoints(k, v, gate, beta):
+    """S at each 64-step chunk start, (B, H, nck, D, D) float64, by the forward recurrence a step at a time (on k's
+    device: --check makes them on the GPU)."""
+    k, v, gate, beta = (x.double() for x in (k, v, gate, beta))
+    B, T, H, D = k.shape
+    S = torch.zeros(B, H, D, v.shape[-1], dtype=torch.float64, device=k.device)
+    out = []
+    for t in range(T):
+        if t % 64 == 0:
+            out.append(S)
+        S = gate[:, t, :, None, None] * S + beta[:, t, :, None, None] * k[:, t, :, :, None] * v[:, t, :, None, :]
+    return torch.stack(out, 2)
+
+
+def ckpt_rows(ck):
+    """The kernel's checkpoint rows from S (B, H, nck, 128, 128) [dk][dv]: (B H, nck, KCK32) float32, S rounded once,
+    then the 8 maxima the forward writes: slot w = 4 cw + wl, the max |S| over the dv columns 16 w .. 16 w + 15 that
+    its consumer warp held (all dk rows; amax: an inf stays, a NaN propagates)."""
+    B, H, nck = ck.shape[:3]
+    s = ck.float().reshape(B * H, nck, 128, 128)
+    slots = s.abs().reshape(B * H, nck, 128, 8, 16).amax((2, 4))
+    return torch.cat([s.reshape(B * H, nck, 128 * 128), slots], -1).contiguous()
+
+
+def run_unit(mod, which, q, k, v, gate, beta, dy, dsT=None, ckpt=None, want_ds0=True):
+    """The dev extension on one case's tensors (CUDA, any layouts the kernels take): which 0, both kernels (the unit's
+    entry), 1, the dq kernel, 2, the dv kernel; ckpt: the checkpoint rows (made from the float64 recurrence when None;
+    none for the dv kernel alone).
+    Every output NaN-poisoned first (an element a kernel misses stays NaN), the flag zeroed. Returns dq, dk, dv, dgate,
+    dbeta, dS_0 (None without want_ds0) and the flag (an int)."""
+    B, T, H, _ = q.shape
+    if ckpt is None:
+        ckpt = q.new_empty(0) if which == 2 else ckpt_rows(checkpoints(k, v, gate, beta))
+    dq, dk, dv = (torch.full((B, T, H, 128), float("nan"), device=q.device) for _ in range(3))
+    dgate, dbeta = (torch.full((B, T, H), float("nan"), device=q.device) for _ in range(2))
+    ds0 = torch.full((B, H, 128, 128), float("nan"), device=q.device) if want_ds0 else q.new_empty(0)
+    flag = torch.zeros(1, dtype=torch.int32, device=q.device)
+    mod.bwd32(which, q, k, v, dy, gate, beta, ckpt, dsT if dsT is not None else q.new_empty(0), dq, dk, dv, dgate,
+              dbeta, ds0, flag)
+    return dq, dk, dv, dgate, dbeta, ds0 if want_ds0 else None, int(flag.item())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -328,6 +394,18 @@ def cases():
     return [(s, gname, i % 2 == 1) for i, (s, gname) in enumerate(out)]
 
 
+# --check only: cases in other layouts the kernels take (on_device's "strided"), and inputs that are not finite, where
+# the kernels' flag must be set (the host then recomputes with chunk_bwd): an inf in k, a NaN in dy.
+STRIDED = [((2, 130, 3), "sigmoid"), ((1, 300, 2), "above1")]
+NONFINITE = {"inf in k": ("k", (0, 70, 1, 5), math.inf), "NaN in dy": ("dy", (0, 100, 0, 7), math.nan)}
+
+
+def device_cases():
+    """--check's cases (shape, gate, dS_T, layout): cases() contiguous, STRIDED strided, NONFINITE's (flag only)."""
+    return [(s, g, d, "contiguous") for s, g, d in cases()] + [(s, g, True, "strided") for s, g in STRIDED] + \
+        [((1, 130, 2), name, True, "contiguous") for name in NONFINITE]
+
+
 def make_case(shape, gname, with_dsT, seed):
     gen = torch.Generator().manual_seed(seed)
     B, T, H = shape
@@ -350,6 +428,10 @@ def make_case(shape, gname, with_dsT, seed):
             dy[:, t % 16 != 15] = 0
         else:  # last-token loss: dy at step T - 1 only
             dy[:, :T - 1] = 0
+    elif gname in NONFINITE:
+        gate = torch.sigmoid(torch.randn(B, T, H, generator=gen))
+        name, at, x = NONFINITE[gname]
+        (k if name == "k" else dy)[at] = x
     else:
         spec = GATES[gname]
         if spec is None:
@@ -395,19 +477,50 @@ def cpu_check(names, header, reference, models, line, emulated_worst, split="b")
     RESULT["cpu_check"] = {"rows": rows, "model_worst": worst, "emulated_worst": emu_worst, "split": split}
 
 
-def device_check(mod, names, labels, measure, emulated_text, split="b"):
-    """--check: at every case, measure(mod, case) gives the kernel's row (rel-L2 per gradient of `names`, printed
-    as `labels`, and "finite", in the pass's order) and a thunk of the case's RZ emulation errors; the 1e-5 bar, and
-    where a row is over it, whether the bf16 x3 scheme itself is (emulated_text(row) prints the emulation's errors)."""
+def on_device(case, layout):
+    """A case (q, k, v, gate, beta, dy, dS_T) on the GPU in a layout the kernels take: "contiguous", or "strided": q
+    stored (B, H, T, D), k in rows padded to 132 floats, v one head's rows expanded over the heads (h stride 0: the
+    values change, and the CPU case returned with them), dy stored (T, B, H, D), gate a slice of (B, T, H, 2), beta
+    stored (B, H, T), dS_T transposed. Returns (the CPU case, the device tensors)."""
+    if layout == "contiguous":
+        return case, tuple(x.cuda().contiguous() if x is not None else None for x in case)
+    q, k, v, gate, beta, dy, dsT = case
+    B, T, H, D = q.shape
+    v = v[:, :, :1].expand(B, T, H, D).contiguous()
+    kp = torch.zeros(B, T, H, D + 4)
+    kp[..., :D] = k
+    dev = (q.transpose(1, 2).contiguous().cuda().transpose(1, 2), kp.cuda()[..., :D],
+           v[:, :, :1].contiguous().cuda().expand(B, T, H, D), torch.stack([gate, -gate], -1).cuda()[..., 0],
+           beta.transpose(1, 2).contiguous().cuda().transpose(1, 2),
+           dy.permute(1, 0, 2, 3).contiguous().cuda().permute(1, 0, 2, 3),
+           dsT.transpose(2, 3).contiguous().cuda().transpose(2, 3) if dsT is not None else None)
+    return (q, k, v, gate, beta, dy, dsT), dev
+
+
+def device_check(mod, names, labels, measure, emulated_text, split):
+    """--check: at every case of device_cases(), measure(mod, cpu_case, device_case, split) gives the kernels' row
+    (rel-L2 per gradient of `names`, printed as `labels`, "finite" and the non-finite "flag", in the pass's order) and
+    a thunk of the case's RZ emulation errors; the 1e-5 bar and the flag 0, and where a row is over the bar, whether
+    the scheme itself is (emulated_text(row) prints the emulation's errors). A NONFINITE case: the flag 1, nothing
+    else."""
     rows, worst = [], 0.0
-    for n, (shape, gname, with_dsT) in enumerate(cases()):
-        measured, emulated = measure(mod, *make_case(shape, gname, with_dsT, seed=100 + n), split=split)
-        row = {"shape": shape, "gate": gname, "dsT": with_dsT, **measured}
-        row["ok"] = row["finite"] and all(row[x] < 1e-5 for x in names)
+    for n, (shape, gname, with_dsT, layout) in enumerate(device_cases()):
+        cpu, dev = on_device(make_case(shape, gname, with_dsT, seed=100 + n), layout)
+        label = f"{str(shape) + ' ' + gname + (' strided' if layout != 'contiguous' else ''):42s} " \
+                f"dS_T {'yes' if with_dsT else 'no ':3s}"
+        if gname in NONFINITE:
+            flag = measure(mod, cpu, dev, split=split, flag_only=True)
+            row = {"shape": shape, "gate": gname, "dsT": with_dsT, "layout": layout, "flag": flag, "ok": flag == 1}
+            rows.append(row)
+            print(f"{label}  flag {flag} (must be 1)  {'ok' if row['ok'] else 'FLAG NOT SET'}", flush=True)
+            continue
+        measured, emulated = measure(mod, cpu, dev, split=split)
+        row = {"shape": shape, "gate": gname, "dsT": with_dsT, "layout": layout, **measured}
+        row["ok"] = row["finite"] and row["flag"] == 0 and all(row[x] < 1e-5 for x in names)
         note = ""
-        if row["finite"] and not row["ok"]:
-            # over the bar: is the bf16 x3 scheme itself over it here (T = 1: single dot products, whose relative
-            # error grows with their cancellation), and is the kernel within 2x of the scheme's emulation?
+        if row["finite"] and row["flag"] == 0 and not row["ok"]:
+            # over the bar: is the scheme itself over it here (T = 1: single dot products, whose relative error grows
+            # with their cancellation), and is the kernel within 2x of the scheme's emulation?
             row.update({f"emu_rz_{x}": e for x, e in zip(names, emulated())})
             row["as_emulated"] = all(row[x] < 1e-5 or (row[f"emu_rz_{x}"] >= 1e-5 and row[x] < 2 * row[f"emu_rz_{x}"])
                                      for x in names)
@@ -415,14 +528,16 @@ def device_check(mod, names, labels, measure, emulated_text, split="b"):
                    f"{'as the scheme' if row['as_emulated'] else 'WORSE than the scheme'})"
         worst = max([worst] + [row[x] for x in names]) if row["finite"] else float("inf")
         rows.append(row)
-        print(f"{str(shape) + ' ' + gname:34s} dS_T {'yes' if with_dsT else 'no ':3s}  "
-              + "  ".join(f"{label} {row[x]:.2e}" for x, label in zip(names, labels))
-              + f"  finite {row['finite']}  {'ok' if row['ok'] else 'OVER'}{note}", flush=True)
+        print(f"{label}  " + "  ".join(f"{lab} {row[x]:.2e}" for x, lab in zip(names, labels))
+              + f"  finite {row['finite']}  flag {row['flag']}  {'ok' if row['ok'] else 'OVER'}{note}", flush=True)
     ok = all(r["ok"] for r in rows)
     scheme = all(r["ok"] or r.get("as_emulated", False) for r in rows)
-    verdict = "PASS" if ok else "PASS but for the scheme's own error (see OVER rows)" if scheme else "FAIL"
-    print(f"check: worst rel-L2 {worst:.2e} against the 1e-5 bar: {verdict}")
-    RESULT["check"] = {"rows": rows, "worst": worst, "pass": ok, "verdict": verdict}
+    flags = all(r["ok"] for r in rows if r["gate"] in NONFINITE) and all(r["flag"] == 0 for r in rows
+                                                                       if r["gate"] not in NONFINITE)
+    verdict = "PASS" if ok else "PASS but for the scheme's own error (see OVER rows)" if scheme and flags else "FAIL"
+    print(f"check: worst rel-L2 {worst:.2e} against the 1e-5 bar; the non-finite flag "
+          f"{'as expected' if flags else 'WRONG'} (0 on every finite case, 1 on {', '.join(NONFINITE)}): {verdict}")
+    RESULT["check"] = {"rows": rows, "worst": worst, "flags": flags, "pass": ok, "verdict": verdict}
 
 
 def bench_report(st, shape, attrs, trials, finite):
@@ -446,46 +561,42 @@ def save_result(json_name):
         save(json_name, RESULT)
 
 
-def split_registers_guard(attrs, kernel, regs=168):
-    """main's before_launch for a kernel with a setmaxnreg split: it assumes the launch gives `regs` registers a
-    thread; with fewer, the consumers' setmaxnreg.inc waits forever (a hang). attrs: the module's attributes
-    function."""
-    def guard(mod):
-        got = getattr(mod, attrs)()[0]
+def split_registers_guard(mod, regs=168):
+    """main's check before a launch: each kernel's setmaxnreg split assumes `regs` registers a thread (with another
+    count the unit's launch returns an error rather than hang in setmaxnreg.inc: said here before any launch)."""
+    for which, kernel in KERNELS.items():
+        got = mod.bwd32_attrs(which)[0]
         if got != regs:
             sys.exit(f"{kernel} has {got} registers, not {regs}: its setmaxnreg split would hang; not launched")
-    return guard
 
 
-def main(doc, json_name, check_help, cpu_check, build_module, device_check, bench, before_launch=None, splits="b"):
-    """A pass's command line (its module docstring doc); before_launch(mod), where given, may refuse the launch;
-    splits: the schemes its kernel is built in (--check, --bench and --build-only take --split among them)."""
+def main(doc, json_name, check_help, cpu_check, device_check, bench, split):
+    """A harness's command line (its module docstring doc); split: the scheme the production kernel runs (--check's
+    emulation beside the kernel is that scheme's; --cpu-check emulates any)."""
     ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--cpu-check", action="store_true", help="the chunk model against naive; no GPU, no build")
     ap.add_argument("--build-only", action="store_true", help="compile, print the ptxas report; no GPU")
     ap.add_argument("--check", action="store_true", help=check_help)
     ap.add_argument("--bench", action="store_true", help="device: the kernel's time at (16, 4096, 32, 128)")
     ap.add_argument("--trials", type=int, default=20, help="timed calls in --bench")
-    ap.add_argument("--split", choices=sorted(SPLITS), default="b",
-                    help="the scheme (training-design 8.4, 8.6): b, bf16 x3; d, fp16 x3 with power-of-two scales a "
-                         "row of A and a column of B; t, one scale a tile; k / r, t with scales along the steps (a "
+    ap.add_argument("--split", choices=sorted(SPLITS), default=split,
+                    help="the scheme (training-design 8.4, 8.6, 8.7): b, bf16 x3; d, fp16 x3 with power-of-two "
+                         "scales a row of A and a column of B; t, one scale a tile; k / r, t with scales along the steps (a "
                          "16-step k-step / every step) and each product over the steps compensated on its own operand "
-                         "(StepScaled). --cpu-check emulates any; the kernel is "
-                         f"built in {', '.join(splits)}")
+                         f"(StepScaled). --cpu-check emulates any; the kernel (solution.py's) runs {split}")
     args = ap.parse_args()
-    if args.split not in splits and not args.cpu_check:  # --check's emulation beside the kernel is the kernel's
-        ap.error(f"--split {args.split} is --cpu-check's only here (the kernel: {', '.join(splits)})")
+    if args.split != split and not args.cpu_check:  # --check's emulation beside the kernel is the kernel's
+        ap.error(f"--split {args.split} is --cpu-check's only here (the kernel: {split})")
     if args.cpu_check:
         cpu_check(args.split)
         save_result(json_name)
         return
     RESULT["split"] = args.split
-    mod = build_module(args.split)
+    mod = build_module()
     if args.build_only:
         return
     RESULT.update(device=torch.cuda.get_device_name(0), torch=torch.__version__)
-    if before_launch is not None:
-        before_launch(mod)
+    split_registers_guard(mod)
     if args.check or not args.bench:
         device_check(mod, args.split)
         save_result(json_name)

@@ -1,4 +1,4 @@
-"""CPU emulation of pass B's own split-r arithmetic (dev/bwd_fp32_passB.py's consumer built with --split r), compared
+"""CPU emulation of pass B's own split-r arithmetic (solution.py's chunk_bwd_sm90_fp32_dv_kernel's consumer), compared
 bit for bit with pass_b_model(split="r") on every --check case, rounding to nearest and truncating. It follows the
 kernel's operations, not the model's: exponents from a maximum's float bits (row_exp, clamped at -126; q's and k's
 zero rows 0, dy's / MP's / qA's kNone), E from the int slots (kLow where no step has both sides), each power of two as

@@ -74,7 +74,7 @@ import fp32_split_emulation as emu  # noqa: E402
 from timing import kernelbench_time  # noqa: E402
 from tools.common import save  # noqa: E402
 from tools.sm90_build import (BF16_TILE_SRC, PROBE_HELPERS_SRC, build, print_build, probe_cuda,  # noqa: E402
-                              run_probes, solution_function)
+                              run_probes, solution_function, solution_source)
 
 torch.set_grad_enabled(True)  # (the emulation module turns it off at import; nothing here needs either)
 
@@ -117,72 +117,17 @@ def wgmma_forms():
 # split2, kdesc, mdesc).
 CUDA_SRC = r"""
 
-// One k-step of a product in TERMS terms (3: hi hi + hi lo + lo hi; 1: hi hi); FIRST: d = (not +=) the first.
-template <int TERMS, int TA, int TB, bool FIRST, int R>
-__device__ __forceinline__ void ss_terms(float (&d)[R], uint64_t ah, uint64_t al, uint64_t bh, uint64_t bl) {
-  if constexpr (FIRST) ss_z<TA, TB>(d, ah, bh);
-  else ss<TA, TB>(d, ah, bh);
-  if constexpr (TERMS == 3) {
-    ss<TA, TB>(d, ah, bl);
-    ss<TA, TB>(d, al, bh);
-  }
-}
-template <int TERMS, int TB, bool FIRST, int R>
-__device__ __forceinline__ void rs_terms(float (&d)[R], const uint32_t (&ah)[4], const uint32_t (&al)[4], uint64_t bh,
-                                         uint64_t bl) {
-  if constexpr (FIRST) rs_z<TB>(d, ah, bh);
-  else rs<TB>(d, ah, bh);
-  if constexpr (TERMS == 3) {
-    rs<TB>(d, ah, bl);
-    rs<TB>(d, al, bh);
-  }
-}
-
-// A pair tile's k-step descriptors: hi at off, lo at off + lo_off; step bytes a k16 step.
-struct Op {
-  int hi, lo, lbo, sbo, step;
-};
-__device__ __forceinline__ Op kmaj(int off, int lo_off, int rows) { return {off, off + lo_off, rows * 16, 128, 32 * rows}; }
-__device__ __forceinline__ Op mnmaj(int off, int lo_off, int krows) { return {off, off + lo_off, 128, krows * 16, 256}; }
-__device__ __forceinline__ uint64_t od(const unsigned char* sm, const Op& o, int kb, int lo) {
-  return sm_desc(sm + (lo ? o.lo : o.hi) + kb * o.step, o.lbo, o.sbo);
-}
-// d (=, or += with !ZERO) A B over KSTEPS k16 steps, both operands pairs in shared memory; one commit group.
-template <int TERMS, int TA, int TB, int KSTEPS, bool ZERO, int R>
-__device__ __forceinline__ void ss_product(float (&d)[R], const unsigned char* sm, const Op& a, const Op& b) {
-#pragma unroll
-  for (int kb = 0; kb < KSTEPS; ++kb) {
-    wg_fence();
-    if (ZERO && kb == 0) ss_terms<TERMS, TA, TB, true>(d, od(sm, a, kb, 0), od(sm, a, kb, 1), od(sm, b, kb, 0), od(sm, b, kb, 1));
-    else ss_terms<TERMS, TA, TB, false>(d, od(sm, a, kb, 0), od(sm, a, kb, 1), od(sm, b, kb, 0), od(sm, b, kb, 1));
-  }
-  wg_commit();
-}
-
+// The k-step helpers (ss_terms, rs_terms, Op, kmaj, mnmaj, od, ss_product, pin, rs_kstep, consumers_sync):
+// solution.py's BWD_FP32_KSTEP_SRC, spliced here by main() (on this file's bf16 dispatchers).
+KSTEP_HELPERS
 __device__ __forceinline__ float ldb(const unsigned char* p) {
   return __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(p));
-}
-// Keeps a k-step's A fragments from being computed ahead of the previous k-step's issue (64 registers of hi / lo
-// beside G and the accumulator otherwise; the spill of pass A at 3 terms did not change with it: see the docstring).
-__device__ __forceinline__ void pin(uint32_t (&ah)[4], uint32_t (&al)[4]) {
-#pragma unroll
-  for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(ah[r]), "+r"(al[r]));
-}
-// k-step kb of an RS product over a k-major operand pair b: the first one zeroes d (kb is unrolled: no branch).
-template <int TERMS, int TB, int R>
-__device__ __forceinline__ void rs_kstep(float (&d)[R], const uint32_t (&ah)[4], const uint32_t (&al)[4],
-                                         const unsigned char* sm, const Op& b, int kb) {
-  if (kb == 0) rs_terms<TERMS, TB, true>(d, ah, al, od(sm, b, kb, 0), od(sm, b, kb, 1));
-  else rs_terms<TERMS, TB, false>(d, ah, al, od(sm, b, kb, 0), od(sm, b, kb, 1));
 }
 // Accumulator values x[8 kb ..] of k-step kb as RS A fragments, split into hi / lo (lo unused with one term).
 template <int TERMS, int N>
 __device__ __forceinline__ void acc_frags(const float (&x)[N], int kb, uint32_t (&ah)[4], uint32_t (&al)[4]) {
 #pragma unroll
   for (int r = 0; r < 4; ++r) split2<TERMS == 3 ? 2 : 1>(x[8 * kb + 2 * r], x[8 * kb + 2 * r + 1], ah[r], al[r]);
-}
-__device__ __forceinline__ void consumers_sync() {  // the two consumer warpgroups (named barrier 1)
-  asm volatile("bar.sync 1, 256;\n" ::: "memory");
 }
 
 // =============================== P1: the split products against float64 ===============================
@@ -1015,6 +960,7 @@ def main():
         return
     cuda = probe_cuda("fp", wgmma_forms(), CUDA_SRC, PROBE_HELPERS_SRC + BF16_TILE_SRC,
                       ("cuda_runtime.h", "cuda_bf16.h", "cuda_fp16.h"))
+    cuda = cuda.replace("KSTEP_HELPERS", solution_source("BWD_FP32_KSTEP_SRC"))
     mod, summary = build("bwd_fp32_probe", HOST_SRC, cuda, FUNCTIONS, "fp")
     print_build(summary, launch_regs=168, split_kernels="p2_kernel")
     RESULT["build"] = summary

@@ -69,12 +69,13 @@ def test_build_of_one_unit_builds_that_unit(fresh_build):
 def test_build_builds_every_unit_once(fresh_build):
     steps, proc = fresh_build
     built, units, _ = steps["build"]
-    assert sorted(units) == ["backward", "backward_sm90", "chunk_bf16", "chunk_sm90", "chunk_tf32", "core", "decode",
-                             "reference"]
+    assert sorted(units) == ["backward", "backward_sm90", "backward_sm90_fp32", "chunk_bf16", "chunk_sm90", "chunk_tf32",
+                             "core", "decode", "reference"]
     hopper = not torch.cuda.is_available() or torch.cuda.get_device_capability() == (9, 0)
-    sm90a = ("chunk_sm90", "backward_sm90")  # sm_90a code where it runs
+    sm90a = ("chunk_sm90", "backward_sm90", "backward_sm90_fp32")  # sm_90a code where it runs
     assert sorted(built) == sorted(u for u in units if hopper or u not in sm90a)
-    for unit in ("chunk_tf32", "chunk_bf16", "reference", "chunk_sm90", "decode", "backward", "backward_sm90"):
+    for unit in ("chunk_tf32", "chunk_bf16", "reference", "chunk_sm90", "decode", "backward", "backward_sm90",
+                 "backward_sm90_fp32"):
         assert proc.stderr.count(f"compiling unit {unit} for ") == 1, proc.stderr[-4000:]
 
 
@@ -91,8 +92,8 @@ def test_no_process_wide_symbols(fresh_build):
         pytest.skip("nm (binutils) not installed")
     steps, _ = fresh_build
     paths = steps["build"][2]
-    assert sorted(paths) == ["backward", "backward_sm90", "chunk_bf16", "chunk_sm90", "chunk_tf32", "core", "decode",
-                             "reference"]
+    assert sorted(paths) == ["backward", "backward_sm90", "backward_sm90_fp32", "chunk_bf16", "chunk_sm90", "chunk_tf32",
+                             "core", "decode", "reference"]
     for unit, path in paths.items():
         out = subprocess.run(["nm", "-C", "--defined-only", path], capture_output=True, text=True, check=True).stdout
         unique = [ln for ln in out.splitlines() if " u gr::" in ln]

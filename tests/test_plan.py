@@ -20,7 +20,8 @@ SMEM = torch.cuda.get_device_properties(0).shared_memory_per_block_optin if torc
 def test_kernels_are_the_cuda_kernels(sol):
     assert sol.KERNELS == ("recurrent", "parallel", "chunk_tf32", "chunk_bf16", "chunk_sm90", "segment_scan",
                            "decode", "decode_persistent", "recurrent_bwd", "chunk_bwd", "chunk_bwd_prep",
-                           "chunk_bwd_scan", "chunk_bwd_sm90", "chunk_bwd_sm90_ckpt")
+                           "chunk_bwd_scan", "chunk_bwd_sm90", "chunk_bwd_sm90_ckpt", "chunk_bwd_sm90_fp32",
+                           "chunk_bwd_sm90_fp32_dv")
     found = re.findall(GLOBAL_KERNEL, "".join(sol.SOURCES.values()))
     assert sorted(found) == sorted(sol.KERNELS)
 

@@ -99,6 +99,23 @@ def solution_constant(name):
     raise RuntimeError(f"solution.py has no {name}")
 
 
+def solution_source(*names, path=None):
+    """solution.py's constants `names`, those built from others and from _wgmma included (WGMMA_SRC,
+    BACKWARD_SM90_FP32_SRC, ...): its `def _wgmma` and its upper-case top-level assignments, executed in file order
+    in a fresh namespace, from the source text alone (solution is not imported: nothing is compiled). One name: its
+    value; several: a tuple. path: another copy of solution.py."""
+    tree = ast.parse(open(path or os.path.join(ROOT, "solution.py")).read())
+    keep = [node for node in tree.body if (isinstance(node, ast.FunctionDef) and node.name == "_wgmma") or
+            (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) and
+             re.fullmatch(r"[A-Z][A-Z0-9_]*", node.targets[0].id))]
+    scope = {}
+    exec(compile(ast.Module(keep, []), "solution.py", "exec"), scope)
+    missing = [n for n in names if n not in scope]
+    if missing:
+        raise RuntimeError(f"solution.py has no {', '.join(missing)}")
+    return scope[names[0]] if len(names) == 1 else tuple(scope[n] for n in names)
+
+
 def solution_function(name):
     """A module-level function of solution.py (e.g. _wgmma, the wgmma generator), compiled from its
     source text alone."""
