@@ -127,9 +127,10 @@ compare against; forward only, sequential, on the recurrent kernel.
 Autograd: with grad mode on and an argument that requires grad, gated_recurrence runs through the
 registered operators, whose backward saves only the inputs and recomputes the states (numerics
 "reference" included: its gradient is the exact recurrence's); eager calls whose plans are chunk_sm90 (one
-segment) and chunk_bwd_sm90 also save the state at every 64-step chunk start, written by the forward (bfloat16,
-or float32 beside a float32 gate: B*H*ceil(T/64)*D_k*D_v elements held until the backward), which spares the
-backward's checkpoint kernel (solution.FORWARD_CHECKPOINTS = False: not held). cu_seqlens calls and the decode step
+segment) and chunk_bwd_sm90 or chunk_bwd_sm90_fp32 also save the state at every 64-step chunk start, written by
+the forward (bfloat16, or float32 beside a float32 gate: B*H*ceil(T/64)*D_k*D_v elements; float32 q: rows of
+D_k*D_v + 8 floats; held until the backward), which spares the backward's checkpoint launch
+(solution.FORWARD_CHECKPOINTS = False: not held). cu_seqlens calls and the decode step
 are forward only: an input that requires grad there raises NotImplementedError naming it.
 Errors: a bad argument raises ValueError or TypeError naming it (checked in C++ before any launch);
 a failed launch raises RuntimeError naming the launch. Timings live in BENCHMARKS.md.
@@ -7955,7 +7956,7 @@ def _no_double_backward(ctx, *grads):
 
 
 # Eager autograd on Hopper (forward_checkpoints): the forward writes the backward's chunk-start states, held from
-# the forward to the backward (bfloat16: twice q's bytes; beside a float32 gate, four times). False: nothing beyond
+# the forward to the backward (bfloat16: twice q's bytes; beside a float32 gate, four times; float32 q: twice). False: nothing beyond
 # the inputs is held, and the backward forms them itself (one more launch, during the backward only).
 FORWARD_CHECKPOINTS = True
 
@@ -7966,8 +7967,8 @@ class _EagerGrad(torch.autograd.Function):
     torch.compile traces the registered operators and their formulas (_traced_call) instead; both backwards
     run the same kernels. Saved: the inputs, and where the core's plans allow them (forward_checkpoints in
     HOST_RUN_SRC) the backward's checkpoints written by the forward (the state at every 64-step chunk start,
-    (B H, chunks, 128, 128) in bfloat16, float32 beside a float32 gate), so that the backward skips its
-    checkpoint kernel."""
+    (B H, chunks, 128, 128) in bfloat16, float32 beside a float32 gate; float32 q: (B H, chunks, 128 * 128 + 8),
+    S and 8 maxima of |S|), so that the backward skips its checkpoint launch."""
 
     @staticmethod
     def forward(ctx, q, k, v, gate, beta, initial_state, want_final, reference, kernel, config):
