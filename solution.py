@@ -342,8 +342,9 @@ enum : int { kBwdChunk = 32, kBwdThreads = 512,
              kChunkBwdSmem = 4 * (2 * 128 * 132 + 4 * 32 * 132 + 4 * 32 * 33 + 7 * 32 + kBwdThreads / 32) };
 // chunk_bwd_sm90's shared memory (bwd90:: in BACKWARD_SM90_SRC lays it out and checks it).
 enum : int { kChunkBwdSm90Smem = 231776 };
-// chunk_bwd_sm90_fp32's two kernels' shared memory (bwd32:: in BACKWARD_SM90_FP32_SRC lays them out and checks them).
-enum : int { kChunkBwdSm90Fp32SmemA = 217152, kChunkBwdSm90Fp32SmemB = 232448 };
+// chunk_bwd_sm90_fp32's shared memory: its dq kernel's and its dv kernel's (bwd32:: in BACKWARD_SM90_FP32_SRC lays
+// them out and checks them).
+enum : int { kChunkBwdSm90Fp32Smem = 217152, kChunkBwdSm90Fp32DvSmem = 232448 };
 // Rows a thread of recurrent_bwd (D_k <= 32 R): its instantiations.
 #define GR_BWD_ROWS(X) X(1) X(2) X(4) X(8)
 
@@ -6151,7 +6152,8 @@ constexpr int kMaxDim = 256;
 constexpr size_t kRecurrentSmem = 48 * 1024;  // the recurrent kernel stays under the static limit
 constexpr int64_t kChunkedMinT = 256;         // use_chunked(): from the crossover sweep (BENCHMARKS.md)
 const char* const kKernelNames[] = {"recurrent", "parallel", "chunk_tf32", "chunk_bf16", "chunk_sm90", "decode",
-                                    "decode_persistent", "recurrent_bwd", "chunk_bwd", "chunk_bwd_sm90", "chunk_bwd_sm90_fp32"};
+                                    "decode_persistent", "recurrent_bwd", "chunk_bwd", "chunk_bwd_sm90",
+                                    "chunk_bwd_sm90_fp32"};
 const char* const kSourceNames[] = {"RECURRENT_SRC", "PARALLEL_SRC", "CHUNK_TF32_SRC", "CHUNK_BF16_SRC", "CHUNK_SM90_SRC",
                                     "DECODE_SRC", "DECODE_SRC", "BACKWARD_SRC", "BACKWARD_SRC", "BACKWARD_SM90_SRC",
                                     "BACKWARD_SM90_FP32_SRC"};
@@ -6759,8 +6761,8 @@ std::string describe(const Plan& pl) {
              ")");
   else if (pl.kernel == Kernel::chunk_bwd_sm90_fp32)
     s += cat("C=64 products=fp16 wgmma (fp32 operands as hi + lo, one power-of-two scale a tile; dv: a step), one block"
-             " a (b, h), two launches: chunk_bwd_sm90_fp32 (dq, dk, dgate, dbeta, smem=", (int)kChunkBwdSm90Fp32SmemA,
-             ") then chunk_bwd_sm90_fp32_dv (dv, dS_0, smem=", (int)kChunkBwdSm90Fp32SmemB, "), the state at every chunk "
+             " a (b, h), two launches: chunk_bwd_sm90_fp32 (dq, dk, dgate, dbeta, smem=", (int)kChunkBwdSm90Fp32Smem,
+             ") then chunk_bwd_sm90_fp32_dv (dv, dS_0, smem=", (int)kChunkBwdSm90Fp32DvSmem, "), the state at every chunk "
              "start (float32 rows of ", (int)kCk32 * 4, "B) from the forward");
   else if (pl.kernel == Kernel::recurrent_bwd)
     s += cat("rows_a_thread=", pl.R, " column_tiles=", pl.vtiles, " (in order, one block a (b, h)) checkpoints=",
@@ -6965,9 +6967,9 @@ bool make_plan_backward(const Shape& s, DType dt, const Layout& lay_dq, const La
   lay_ck.y = true;
   const char* unfit = sm90_unfit(s, DType::f32, lay_ck, lim, false);
   const bool sm90_fp32 = dt == DType::f32 && unfit == nullptr && lay_dq.q &&
-                         (size_t)std::max<int>(kChunkBwdSm90Fp32SmemA, kChunkBwdSm90Fp32SmemB) <= lim.smem;
+                         (size_t)std::max<int>(kChunkBwdSm90Fp32Smem, kChunkBwdSm90Fp32DvSmem) <= lim.smem;
   GR_REQUIRE("ValueError", kernel != "chunk_bwd_sm90_fp32" || sm90_fp32, "chunk_bwd_sm90_fp32 needs float32, dy's "
-             "rows 16-byte aligned with unit column stride, ", std::max<int>(kChunkBwdSm90Fp32SmemA, kChunkBwdSm90Fp32SmemB),
+             "rows 16-byte aligned with unit column stride, ", std::max<int>(kChunkBwdSm90Fp32Smem, kChunkBwdSm90Fp32DvSmem),
              " bytes of shared memory a block, and chunk_sm90's float32 forward for its checkpoints, which ",
              unfit ? unfit : "fits", "; got ", dtype_str(dt), ", D_k = ", s.Dk, ", D_v = ", s.Dv, ", compute capability ",
              lim.arch / 10, ".", lim.arch % 10, lay_dq.q ? ", dy's rows aligned" : ", dy's rows not aligned", ", ", lim.smem,
@@ -6975,7 +6977,7 @@ bool make_plan_backward(const Shape& s, DType dt, const Layout& lay_dq, const La
   if (kernel == "chunk_bwd_sm90_fp32" || (kernel.empty() && sm90_fp32 && 2 * bwd.blocks >= lim.sms)) {
     dq_pass = false;
     bwd.kernel = Kernel::chunk_bwd_sm90_fp32;
-    bwd.smem = kChunkBwdSm90Fp32SmemA;
+    bwd.smem = kChunkBwdSm90Fp32Smem;
     bwd.nseg = 1;
     bwd.seg_chunks = (int)ceil_div(s.T, 64);
     bwd.work_floats = 0;  // (the checkpoints: the forward's, or run_backward's own buffer)
