@@ -140,9 +140,10 @@ compare against; forward only, sequential, on the recurrent kernel.
 Autograd: with grad mode on and an argument that requires grad, gated_recurrence runs through the
 registered operators, whose backward saves only the inputs and recomputes the states (numerics
 "reference" included: its gradient is the exact recurrence's); eager calls whose plans are chunk_sm90 (one
-segment) and chunk_bwd_sm90 also save the state at every 64-step chunk start, written by the forward (bfloat16,
-or float32 beside a float32 gate: B*H*ceil(T/64)*D_k*D_v elements held until the backward), which spares the
-backward's checkpoint kernel (solution.FORWARD_CHECKPOINTS = False: not held). cu_seqlens calls and the decode step
+segment) and chunk_bwd_sm90 or chunk_bwd_sm90_fp32 also save the state at every 64-step chunk start, written by
+the forward (bfloat16, or float32 beside a float32 gate: B*H*ceil(T/64)*D_k*D_v elements; float32 q: rows of
+D_k*D_v + 8 floats; held until the backward), which spares the backward's checkpoint launch
+(solution.FORWARD_CHECKPOINTS = False: not held). cu_seqlens calls and the decode step
 are forward only: an input that requires grad there raises NotImplementedError naming it.
 Errors: a bad argument raises ValueError or TypeError naming it (checked in C++ before any launch);
 a failed launch raises RuntimeError naming the launch. Timings live in BENCHMARKS.md.
@@ -3031,6 +3032,23 @@ __device__ __forceinline__ void tf32_consumer(unsigned char* sm, const Sm90Maps&
         rs3_split(Y, x, sm_desc(sm + TL::kQH + 2048 * kb, 1024, 128), sm_desc(sm + TL::kQL + 2048 * kb, 1024, 128),
                   kb == 0);
       }
+    }
+    if (p.fwd_ckpt != nullptr) {
+      // the float32 backward's checkpoint of chunk c (one segment: c counts the sequence's chunks): S at the
+      // chunk's start, [dk][dv], behind O1's products; then each warp's max |S| over its finite values (the backward's
+      // tile scale)
+      float* d = static_cast<float*>(p.fwd_ckpt) + ((int64_t)(sg.b * p.H + sg.h) * sg.nch + c) * kCk32;
+      float m = 0.f;
+#pragma unroll
+      for (int i = 0; i < 64; ++i) {
+        __stcs(d + (8 * (i >> 2) + qd + 4 * (i & 1)) * 128 + dv0 + 8 * ((i >> 1) & 1), S[i]);
+        m = fmaxf(m, fabsf(S[i]) < INFINITY ? fabsf(S[i]) : 0.f);  // (finite values only: an inf scales nothing)
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+      if (lane == 0) __stcs(d + 16384 + 4 * cw + wl, m);
+    }
+    if (outputs) {
       wg_wait<0>();
       acc_fence(Y);
 #pragma unroll
@@ -4772,6 +4790,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) chunk_bwd_kernel(const ChunkBw
   const int h = (int)(bh - b * p.H), Dk = p.Dk, Dv = p.Dv;
   const int seg = (int)(blockIdx.x % p.nseg), c0 = seg * p.seg_chunks, n = min(p.nck, c0 + p.seg_chunks) - c0;
   constexpr bool kExact = !std::is_same<E, float>::value;  // staged 16-bit inputs are TF32 values
+  if (p.run_if != nullptr && *p.run_if == 0) return;  // chunk_bwd_sm90_fp32 flagged nothing (BwdProblem)
   float* ck = p.ckpt + (int64_t)blockIdx.x * p.seg_chunks * Dk * Dv;  // the segment's checkpoints
   // The segment's first and last chunk, reread from shared memory in phase R: held in registers through it they
   // spilled (16-bit inputs, at the 128-register cap). Published by phase F's barriers.
@@ -8074,6 +8093,11 @@ std::string describe(const Plan& pl) {
     s += cat("C=64 products=bf16 wgmma (fp32 operands as hi + lo), one block a (b, h), a checkpoint launch first:"
              " the state at every chunk start in the workspace=", pl.work_floats * 4, "B (", pl.ck16 ? "bf16" : "fp32",
              ")");
+  else if (pl.kernel == Kernel::chunk_bwd_sm90_fp32)
+    s += cat("C=64 products=fp16 wgmma (fp32 operands as hi + lo, one power-of-two scale a tile; dv: a step), one block"
+             " a (b, h), two launches: chunk_bwd_sm90_fp32 (dq, dk, dgate, dbeta, smem=", (int)kChunkBwdSm90Fp32Smem,
+             ") then chunk_bwd_sm90_fp32_dv (dv, dS_0, smem=", (int)kChunkBwdSm90Fp32DvSmem, "), the state at every chunk "
+             "start (float32 rows of ", (int)kCk32 * 4, "B) from the forward");
   else if (pl.kernel == Kernel::recurrent_bwd)
     s += cat("rows_a_thread=", pl.R, " column_tiles=", pl.vtiles, " (in order, one block a (b, h)) checkpoints=",
              (int)kBwdCheckpoint, " steps, recomputed runs of ", pl.TC, " workspace=", pl.work_floats * 4, "B");
@@ -8088,7 +8112,8 @@ std::string describe(const Plan& pl) {
              pl.work_floats > 0 ? cat(" workspace=", pl.work_floats * 4, "B") : "");
   if (pl.varlen)
     s += pl.kernel == Kernel::recurrent ? " varlen" : " varlen (segments: a capacity; a sequence takes what it needs)";
-  return s + cat(" grid=", pl.blocks, "x", pl.kernel == Kernel::chunk_sm90 || pl.kernel == Kernel::chunk_bwd_sm90
+  return s + cat(" grid=", pl.blocks, "x", pl.kernel == Kernel::chunk_sm90 || pl.kernel == Kernel::chunk_bwd_sm90 ||
+                                                  pl.kernel == Kernel::chunk_bwd_sm90_fp32
                                               ? (int)kSm90Threads
                                           : pl.kernel == Kernel::chunk_bwd ? (int)kBwdThreads : (int)kMaxThreads,
                  " smem=", (int64_t)pl.smem);
@@ -8149,11 +8174,12 @@ bool unit_ready(const Plan& pl) {
 
 // Runs the plan on the current stream (a workspace for segment states when it has segments; the
 // caching allocator reuses it only after this stream's work).
-bool execute(const Plan& pl, const Problem& pr, const at::Tensor& like) {
+// work_in: a workspace of at least pl.work_floats floats that the caller holds (or nullptr: one is allocated).
+bool execute(const Plan& pl, const Problem& pr, const at::Tensor& like, float* work_in = nullptr) {
   at::Tensor work;
-  if (pl.work_floats > 0) work = at::empty({pl.work_floats}, like.options().dtype(at::kFloat));
+  if (pl.work_floats > 0 && work_in == nullptr) work = at::empty({pl.work_floats}, like.options().dtype(at::kFloat));
   const char* failed = "";
-  const int err = g_execute[unit_of(pl)](&pl, &pr, work.defined() ? work.data_ptr<float>() : nullptr,
+  const int err = g_execute[unit_of(pl)](&pl, &pr, work.defined() ? work.data_ptr<float>() : work_in,
                                             c10::cuda::getCurrentCUDAStream(), &failed);
   GR_REQUIRE("RuntimeError", err == 0, kKernelNames[(int)pl.kernel], " (", failed, ") launch failed: ",
              cudaGetErrorString((cudaError_t)err));
@@ -8224,7 +8250,8 @@ bool run_ex(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
     bool ck16 = false;
     const bool write = y.numel() > 0 && kernel.empty() && config.empty() && !reference &&
                        forward_checkpoints(&pl, q, k, v, gate, beta, y, &ck16);
-    ck = write ? at::empty({B * H, ceil_div(T, 64), Dk, Dv}, q.options().dtype(ck16 ? at::kBFloat16 : at::kFloat))
+    ck = write && pl.dtype == DType::f32 ? at::empty({B * H, ceil_div(T, 64), kCk32}, q.options().dtype(at::kFloat))
+       : write ? at::empty({B * H, ceil_div(T, 64), Dk, Dv}, q.options().dtype(ck16 ? at::kBFloat16 : at::kFloat))
                : at::empty({0}, q.options().dtype(at::kFloat));
     pr.fwd_ckpt = write ? ck.data_ptr() : nullptr;
     pr.fwd_ck16 = ck16;
@@ -8241,16 +8268,21 @@ bool run_ex(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
 // kernel, the fastest that fits); `bwd`, recurrent_bwd, computes the rest (BACKWARD_SRC).
 // chunk_bwd computes dq itself (dq_pass false) where it fits: D_k, D_v <= 128 and its shared memory (Hopper's
 // and newer opt-in); recurrent_bwd elsewhere. chunk_bwd_sm90 (dq itself too) on compute capability 9.0 for
-// bfloat16 with D_k = D_v = 128 and q, k, v, dy rows aligned (q_rows: q's; lay_dq has dy's, v's and k's), where
-// B H is at least half the SMs (it has no segments: smaller B H keep chunk_bwd's). kernel: "" (planned),
-// "chunk_bwd", "chunk_bwd_sm90" or "recurrent_bwd" (tests).
-bool make_plan_backward(const Shape& s, DType dt, const Layout& lay_dq, bool q_rows, const DeviceLimits& lim,
+// bfloat16 with D_k = D_v = 128 and q, k, v, dy rows aligned (lay_fwd: layout_of(q, k, v, gate, beta); lay_dq has
+// dy's, v's and k's), where B H is at least half the SMs (it has no segments: smaller B H keep chunk_bwd's).
+// chunk_bwd_sm90_fp32 likewise for float32, where chunk_sm90's TF32 forward can also serve (q, k, v rows aligned,
+// nonzero step strides): `dq` is then that forward's plan, which writes the backward's checkpoints where the
+// forward did not (dq_pass false: dq is chunk_bwd_sm90_fp32's). kernel: "" (planned), "chunk_bwd",
+// "chunk_bwd_sm90", "chunk_bwd_sm90_fp32" or "recurrent_bwd" (tests).
+bool make_plan_backward(const Shape& s, DType dt, const Layout& lay_dq, const Layout& lay_fwd, const DeviceLimits& lim,
                         const std::string& kernel, int64_t segments, Plan& dq, Plan& bwd, bool& dq_pass) {
   GR_REQUIRE("ValueError", segments >= 0, "segments must be 0 (planned) or a count, got ", segments);
   GR_REQUIRE("ValueError", segments == 0 || kernel == "chunk_bwd", "segments apply to kernel chunk_bwd, got kernel '",
              kernel, "'");
-  GR_REQUIRE("ValueError", kernel.empty() || kernel == "chunk_bwd" || kernel == "chunk_bwd_sm90" || kernel == "recurrent_bwd",
-             "the backward's kernel must be chunk_bwd, chunk_bwd_sm90, recurrent_bwd or planned, got '", kernel, "'");
+  GR_REQUIRE("ValueError", kernel.empty() || kernel == "chunk_bwd" || kernel == "chunk_bwd_sm90" ||
+                               kernel == "chunk_bwd_sm90_fp32" || kernel == "recurrent_bwd",
+             "the backward's kernel must be chunk_bwd, chunk_bwd_sm90, chunk_bwd_sm90_fp32, recurrent_bwd or planned, got '",
+             kernel, "'");
   const bool fits = s.Dk <= 128 && s.Dv <= 128 && (size_t)kChunkBwdSmem <= lim.smem;
   GR_REQUIRE("ValueError", kernel != "chunk_bwd" || fits, "chunk_bwd needs D_k, D_v <= 128 and ", kChunkBwdSmem,
              " bytes of shared memory a block, got D_k = ", s.Dk, ", D_v = ", s.Dv, " and ", lim.smem);
@@ -8258,12 +8290,34 @@ bool make_plan_backward(const Shape& s, DType dt, const Layout& lay_dq, bool q_r
   bwd.dtype = dt;
   bwd.blocks = s.B * s.H;
   GR_REQUIRE("ValueError", bwd.blocks <= INT32_MAX, "B * H must be below 2^31 for the backward, got ", bwd.blocks);
-  const bool sm90 = lim.arch == 90 && dt == DType::bf16 && s.Dk == 128 && s.Dv == 128 && q_rows && lay_dq.q &&
+  const bool sm90 = lim.arch == 90 && dt == DType::bf16 && s.Dk == 128 && s.Dv == 128 && lay_fwd.q && lay_dq.q &&
                     lay_dq.k && lay_dq.v && (size_t)kChunkBwdSm90Smem <= lim.smem;
   GR_REQUIRE("ValueError", kernel != "chunk_bwd_sm90" || sm90, "chunk_bwd_sm90 needs compute capability 9.0, "
              "bfloat16, D_k = D_v = 128 and the rows of q, k, v and dy 16-byte aligned with unit column stride; got ",
              "compute capability ", lim.arch / 10, ".", lim.arch % 10, ", ", dtype_str(dt), ", D_k = ", s.Dk, ", D_v = ", s.Dv,
-             q_rows && lay_dq.q && lay_dq.k && lay_dq.v ? ", aligned rows" : ", a row not 16-byte aligned");
+             lay_fwd.q && lay_dq.q && lay_dq.k && lay_dq.v ? ", aligned rows" : ", a row not 16-byte aligned");
+  // float32: the checkpoints' forward (chunk_sm90's TF32 block, one segment, y into dq's memory) must fit too
+  Layout lay_ck = lay_fwd;
+  lay_ck.y = true;
+  const char* unfit = sm90_unfit(s, DType::f32, lay_ck, lim, false);
+  const bool sm90_fp32 = dt == DType::f32 && unfit == nullptr && lay_dq.q &&
+                         (size_t)std::max<int>(kChunkBwdSm90Fp32Smem, kChunkBwdSm90Fp32DvSmem) <= lim.smem;
+  GR_REQUIRE("ValueError", kernel != "chunk_bwd_sm90_fp32" || sm90_fp32, "chunk_bwd_sm90_fp32 needs float32, dy's "
+             "rows 16-byte aligned with unit column stride, ", std::max<int>(kChunkBwdSm90Fp32Smem, kChunkBwdSm90Fp32DvSmem),
+             " bytes of shared memory a block, and chunk_sm90's float32 forward for its checkpoints, which ",
+             unfit ? unfit : "fits", "; got ", dtype_str(dt), ", D_k = ", s.Dk, ", D_v = ", s.Dv, ", compute capability ",
+             lim.arch / 10, ".", lim.arch % 10, lay_dq.q ? ", dy's rows aligned" : ", dy's rows not aligned", ", ", lim.smem,
+             " bytes");
+  if (kernel == "chunk_bwd_sm90_fp32" || (kernel.empty() && sm90_fp32 && 2 * bwd.blocks >= lim.sms)) {
+    dq_pass = false;
+    bwd.kernel = Kernel::chunk_bwd_sm90_fp32;
+    bwd.smem = kChunkBwdSm90Fp32Smem;
+    bwd.nseg = 1;
+    bwd.seg_chunks = (int)ceil_div(s.T, 64);
+    bwd.work_floats = 0;  // (the checkpoints: the forward's, or run_backward's own buffer)
+    const std::vector<int64_t> one{1};
+    return make_plan(s, DType::f32, lay_ck, lim, "chunk_sm90", one, false, dq);
+  }
   if (kernel == "chunk_bwd_sm90" || (kernel.empty() && sm90 && 2 * bwd.blocks >= lim.sms)) {
     dq_pass = false;
     bwd.kernel = Kernel::chunk_bwd_sm90;
@@ -8319,8 +8373,9 @@ bool make_plan_backward(const Shape& s, DType dt, const Layout& lay_dq, bool q_r
 // `dy` (run_ex: its y, which is what autograd hands on as a rule; run_backward: the real one): the forward's plan
 // (run_ex: the one it runs; run_backward, fwd nullptr: the planned one) is chunk_sm90's bfloat16 block with
 // D_k = 128 (its consumers hold S^T in the checkpoint kernel's fragment layout), dense, with one segment a (b, h)
-// (a later segment's start state is not known while it runs), and the backward's plan is chunk_bwd_sm90.
-// *ck16: that plan's checkpoint dtype (bf16, or fp32 beside a float32 gate).
+// (a later segment's start state is not known while it runs), and the backward's plan is chunk_bwd_sm90. Or, for
+// float32, chunk_sm90's TF32 block, dense, one segment, and chunk_bwd_sm90_fp32 (its rows of kCk32 floats).
+// *ck16: that plan's checkpoint dtype (bf16, or fp32 beside a float32 gate; float32 rows for float32 q).
 bool forward_checkpoints(const Plan* fwd, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const at::Tensor& gate, const at::Tensor& beta, const at::Tensor& dy, bool* ck16) {
   const Shape s = shape_of(q, v);
@@ -8330,11 +8385,11 @@ bool forward_checkpoints(const Plan* fwd, const at::Tensor& q, const at::Tensor&
   bool dq_pass = true;
   if (fwd == nullptr && make_plan(s, dt, layout_of(q, k, v, gate, beta), lim, kPlanned, kNoConfig, false, planned))
     fwd = &planned;
-  const bool yes = fwd != nullptr && fwd->kernel == Kernel::chunk_sm90 && fwd->dtype == DType::bf16 &&
+  const bool yes = fwd != nullptr && fwd->kernel == Kernel::chunk_sm90 && fwd->dtype == dt && dt != DType::f16 &&
                    fwd->DK == 128 && !fwd->varlen && fwd->nseg == 1 &&
-                   make_plan_backward(s, dt, layout_of(dy, v, k, gate, beta), rows_aligned(q), lim, kPlanned, 0, dq, bwd,
-                                      dq_pass) &&
-                   bwd.kernel == Kernel::chunk_bwd_sm90;
+                   make_plan_backward(s, dt, layout_of(dy, v, k, gate, beta), layout_of(q, k, v, gate, beta), lim,
+                                      kPlanned, 0, dq, bwd, dq_pass) &&
+                   bwd.kernel == (dt == DType::f32 ? Kernel::chunk_bwd_sm90_fp32 : Kernel::chunk_bwd_sm90);
   if (!yes) g_error.clear();  // a plan refused here is no error of the call: it runs without them
   *ck16 = yes && bwd.ck16;
   return yes;
@@ -8360,6 +8415,12 @@ bool check_grads(const at::Tensor& dy, const at::Tensor* dfinal, const at::Tenso
   return true;
 }
 
+const Plan chunk_bwd_fallback = [] {  // (its unit: chunk_bwd_sm90_fp32's non-finite fallback)
+  Plan pl = Plan{};
+  pl.kernel = Kernel::chunk_bwd;
+  return pl;
+}();
+
 // The backward's checks and plans, and whether their units are loaded (NeedUnit names a missing one). kernel:
 // make_plan_backward's; dq_pass: whether a forward plan computes dq.
 bool plan_backward_call(const at::Tensor& dy, const at::Tensor* dfinal, const at::Tensor& q, const at::Tensor& k,
@@ -8373,9 +8434,11 @@ bool plan_backward_call(const at::Tensor& dy, const at::Tensor* dfinal, const at
     GR_REQUIRE("ValueError", m.first == nullptr || m.first->device() == q.device(), m.second, " is on ",
                device_str(*m.first), " but q is on ", device_str(q));
   const c10::cuda::CUDAGuard guard(q.device());
-  return make_plan_backward(shape_of(q, v), dtype_of(q), layout_of(dy, v, k, gate, beta), rows_aligned(q), device_limits(), kernel,
+  return make_plan_backward(shape_of(q, v), dtype_of(q), layout_of(dy, v, k, gate, beta), layout_of(q, k, v, gate, beta),
+                            device_limits(), kernel,
                             segments, pdq, pbw, dq_pass) &&
-         (!dq_pass || unit_ready(pdq)) && unit_ready(pbw);
+         ((!dq_pass && pbw.kernel != Kernel::chunk_bwd_sm90_fp32) || unit_ready(pdq)) && unit_ready(pbw) &&
+         (pbw.kernel != Kernel::chunk_bwd_sm90_fp32 || unit_ready(chunk_bwd_fallback));
 }
 
 // The registered operators cannot build a unit, and an eager call that records autograd goes through them:
@@ -8404,16 +8467,17 @@ bool run_backward(const at::Tensor& dy, const at::Tensor* dfinal, const at::Tens
   if (!plan_backward_call(dy, dfinal, q, k, v, gate, beta, s_in, kernel, segments, pdq, pbw, dq_pass)) return false;
   const c10::cuda::CUDAGuard guard(q.device());
   bool ck16 = false;
-  const bool use_ckpt = ckpt != nullptr && ckpt->numel() > 0 && pbw.kernel == Kernel::chunk_bwd_sm90 &&
+  const bool fp32_90 = pbw.kernel == Kernel::chunk_bwd_sm90_fp32;
+  const bool use_ckpt = ckpt != nullptr && ckpt->numel() > 0 && (pbw.kernel == Kernel::chunk_bwd_sm90 || fp32_90) &&
                         forward_checkpoints(nullptr, q, k, v, gate, beta, dy, &ck16) && ck16 == pbw.ck16;
-  if (use_ckpt) {
-    const int64_t want[4] = {q.size(0) * q.size(2), ceil_div(q.size(1), 64), q.size(3), v.size(3)};
+  if (use_ckpt) {  // float32: rows of kCk32 floats a chunk (B H, chunks, kCk32); else (B H, chunks, D_k, D_v)
+    const int64_t want[4] = {q.size(0) * q.size(2), ceil_div(q.size(1), 64), fp32_90 ? kCk32 : q.size(3), v.size(3)};
+    const at::IntArrayRef want_ref(want, fp32_90 ? 3 : 4);
     const auto st = ck16 ? at::kBFloat16 : at::kFloat;
     GR_REQUIRE("ValueError", ckpt->scalar_type() == st && ckpt->is_contiguous() && ckpt->device() == q.device() &&
-                                 ckpt->sizes() == at::IntArrayRef(want, 4) &&
-                                 reinterpret_cast<uintptr_t>(ckpt->data_ptr()) % 16 == 0,
+                                 ckpt->sizes() == want_ref && reinterpret_cast<uintptr_t>(ckpt->data_ptr()) % 16 == 0,
                "ckpt must be the forward's checkpoints: contiguous, 16-byte aligned ", dtype_str(st), " ",
-               shape_str(at::IntArrayRef(want, 4)), " on q's device, got ", dtype_str(ckpt->scalar_type()), " ",
+               shape_str(want_ref), " on q's device, got ", dtype_str(ckpt->scalar_type()), " ",
                shape_str(ckpt->sizes()), " on ", device_str(*ckpt));
     pbw.work_floats = 0;  // (the workspace held only the checkpoints)
   }
@@ -8433,7 +8497,36 @@ bool run_backward(const at::Tensor& dy, const at::Tensor* dfinal, const at::Tens
     bp.dk = dk.data_ptr(); bp.dv = dv.data_ptr(); bp.dgate = dg.data_ptr(); bp.dbeta = db.data_ptr();
     bp.ds0 = s_in ? ds0.data_ptr<float>() : nullptr;
     bp.fwd_ckpt = use_ckpt ? ckpt->data_ptr() : nullptr;
-    if (!execute(pbw, bp, q)) return false;
+    if (fp32_90) {
+      // chunk_bwd_sm90_fp32: the checkpoints (the forward's, or pdq's TF32 forward writing them, y into dq's memory,
+      // which the backward then overwrites), its two kernels, then chunk_bwd, which recomputes every gradient only
+      // where they flagged an inf or NaN (no sync: it reads the flag itself). One buffer holds the checkpoints and
+      // then chunk_bwd's workspace.
+      Plan dq2, fb;
+      bool dqp = true;
+      if (!make_plan_backward(shape_of(q, v), dtype_of(q), layout_of(dy, v, k, gate, beta), layout_of(q, k, v, gate, beta),
+                              device_limits(), "chunk_bwd", 1, dq2, fb, dqp) ||
+          !unit_ready(fb))
+        return false;
+      const int64_t ck_floats = q.size(0) * q.size(2) * ceil_div(q.size(1), 64) * kCk32;
+      at::Tensor work = at::empty({use_ckpt ? fb.work_floats : std::max<int64_t>(fb.work_floats, ck_floats)},
+                                  q.options().dtype(at::kFloat));
+      if (!use_ckpt) {
+        Problem pc = problem_of(q, k, v, gate, beta, dq, s_in, nullptr);
+        pc.fwd_ckpt = work.data_ptr();
+        if (!execute(pdq, pc, q)) return false;
+        bp.fwd_ckpt = work.data_ptr();
+      }
+      at::Tensor flag = at::zeros({1}, q.options().dtype(at::kInt));
+      bp.nonfinite = flag.data_ptr<int>();
+      if (!execute(pbw, bp, q)) return false;
+      bp.nonfinite = nullptr;
+      bp.run_if = flag.data_ptr<int>();
+      bp.fwd_ckpt = nullptr;
+      if (!execute(fb, bp, q, work.data_ptr<float>())) return false;
+    } else if (!execute(pbw, bp, q)) {
+      return false;
+    }
   }
   out = {dq, dk, dv, dg, db, ds0};
   return true;
@@ -8600,8 +8693,17 @@ std::string plan_backward_text(int64_t B, int64_t T, int64_t H, int64_t Dk, int6
   const Layout lay{Dv % V == 0, Dv % V == 0, Dk % V == 0, Dk % V == 0, false, true};
   Plan dq, bwd;
   bool dq_pass = true;
-  if (!make_plan_backward(s, dt, lay, Dk % V == 0, device_limits(), kernel, segments, dq, bwd, dq_pass)) return std::string();
-  return describe(bwd) + "\ndq: " + (dq_pass ? describe(dq) : cat("in ", kKernelNames[(int)bwd.kernel]));
+  const Layout lay_fwd{Dk % V == 0, Dk % V == 0, Dv % V == 0, Dv % V == 0, false, true};
+  if (!make_plan_backward(s, dt, lay, lay_fwd, device_limits(), kernel, segments, dq, bwd, dq_pass)) return std::string();
+  std::string text = describe(bwd) + "\ndq: " + (dq_pass ? describe(dq) : cat("in ", kKernelNames[(int)bwd.kernel]));
+  if (bwd.kernel == Kernel::chunk_bwd_sm90_fp32) {
+    Plan dq2, fb;
+    make_plan_backward(s, dt, lay, lay_fwd, device_limits(), "chunk_bwd", 1, dq2, fb, dq_pass);
+    text += "\ncheckpoints: " + describe(dq) + " (y discarded; skipped where the forward wrote them)" +
+            "\nnon-finite values: " + describe(fb) + " (launched always; it exits at once unless chunk_bwd_sm90_fp32 "
+            "read or wrote an inf or NaN, and then recomputes every gradient)";
+  }
+  return text;
 }
 
 // plan() for Python: the planned record for contiguous inputs of this shape and dtype, as text.
@@ -9123,8 +9225,8 @@ def _forward_ex_fake(q, k, v, gate, beta, initial_state, want_final, kernel, con
 # ---------------------------------------------------------------------------------------------
 def _prepare_backward(dy, k):
     """The units a backward needs, built before its operator runs (eagerly, or at trace time in the fake):
-    backward, backward_sm90 where contiguous inputs of this shape plan it, and where dq is a forward plan
-    (dy, v, k) that plan's unit."""
+    backward, every unit that the plan of contiguous inputs of this shape names (backward_sm90, backward_sm90_fp32
+    and its checkpoints' chunk_sm90), and where dq is a forward plan (dy, v, k) that plan's unit."""
     if dy.device.type != "cuda":
         return
     if "backward" not in _units:
@@ -9132,8 +9234,9 @@ def _prepare_backward(dy, k):
     dims = tuple(dy.shape[:3]) + (k.shape[-1], dy.shape[-1]) if dy.dim() == 4 and k.dim() == 4 else None
     text = "" if dims is None or not all(isinstance(d, int) for d in dims) or str(dy.dtype)[6:] not in _DTYPE_CODES \
         or not 1 <= min(dims[3:]) <= max(dims[3:]) <= 256 else plan_backward(*dims, dy.dtype)
-    if "unit backward_sm90" in text and "backward_sm90" not in _units:
-        build("backward_sm90")
+    for unit in re.findall(r"unit (\w+)", text):  # the backward's, and chunk_sm90 where it writes checkpoints
+        if unit not in _units:
+            build(unit)
     if "dq: in chunk_bwd" not in text:
         _prepare_units(dy, k, False)
 
@@ -9193,7 +9296,7 @@ def _no_double_backward(ctx, *grads):
 
 
 # Eager autograd on Hopper (forward_checkpoints): the forward writes the backward's chunk-start states, held from
-# the forward to the backward (bfloat16: twice q's bytes; beside a float32 gate, four times). False: nothing beyond
+# the forward to the backward (bfloat16: twice q's bytes; beside a float32 gate, four times; float32 q: twice). False: nothing beyond
 # the inputs is held, and the backward forms them itself (one more launch, during the backward only).
 FORWARD_CHECKPOINTS = True
 
@@ -9204,8 +9307,8 @@ class _EagerGrad(torch.autograd.Function):
     torch.compile traces the registered operators and their formulas (_traced_call) instead; both backwards
     run the same kernels. Saved: the inputs, and where the core's plans allow them (forward_checkpoints in
     HOST_RUN_SRC) the backward's checkpoints written by the forward (the state at every 64-step chunk start,
-    (B H, chunks, 128, 128) in bfloat16, float32 beside a float32 gate), so that the backward skips its
-    checkpoint kernel."""
+    (B H, chunks, 128, 128) in bfloat16, float32 beside a float32 gate; float32 q: (B H, chunks, 128 * 128 + 8),
+    S and 8 maxima of |S|), so that the backward skips its checkpoint launch."""
 
     @staticmethod
     def forward(ctx, q, k, v, gate, beta, initial_state, want_final, reference, kernel, config):

@@ -2,7 +2,7 @@
 columns, several chunks and segments, initial and final states, strided and aligned layouts.
 
     compute-sanitizer --tool memcheck python tools/sanitize_smoke.py [--sm90-only | --decode-only | --varlen-only | --backward-only
-                                                               | --backward-sm90-only]
+                                                               | --backward-sm90-only | --backward-sm90-fp32-only]
 """
 import os
 import sys
@@ -99,6 +99,32 @@ def backward_sm90_smoke():
         y = solution.gated_recurrence(*xs)
         torch.autograd.grad(y, xs, torch.randn_like(y))
 
+
+def backward_sm90_fp32_smoke():
+    """chunk_bwd_sm90_fp32 on Hopper: T ragged, 1 and several chunks; both states; a transposed q and sliced gates;
+    NaN in k (its flag, then chunk_bwd); an autograd step whose forward writes the checkpoints."""
+    if torch.cuda.get_device_capability() == (9, 0):
+        for B, T, H in [(1, 100, 2), (2, 1, 1), (1, 200, 1)]:
+            q, k, v, g, b = reference.make_inputs(B, T, H, 128, 128, dtype=torch.float32, device="cuda")
+            dy = torch.randn_like(v)
+            solution._backward_with(dy, torch.randn(B, H, 128, 128, device="cuda"), q, k, v, g, b,
+                                    torch.randn(B, H, 128, 128, device="cuda"), kernel="chunk_bwd_sm90_fp32")
+            k[0, T // 2, 0, 3] = float("nan")
+            g2 = torch.cat([g, g], -1)[..., ::2]
+            solution._backward_with(dy, None, q.transpose(1, 2).contiguous().transpose(1, 2), k, v, g2, b,
+                                    kernel="chunk_bwd_sm90_fp32")
+        H = torch.cuda.get_device_properties(0).multi_processor_count // 2 + 1
+        xs = [x.requires_grad_() for x in reference.make_inputs(2, 130, H, 128, 128, dtype=torch.float32, device="cuda")]
+        y = solution.gated_recurrence(*xs)
+        torch.autograd.grad(y, xs, torch.randn_like(y))
+    backward_sm90_fp32_smoke()
+
+
+if "--backward-sm90-fp32-only" in sys.argv:
+    backward_sm90_fp32_smoke()
+    torch.cuda.synchronize()
+    print("sanitize smoke (chunk_bwd_sm90_fp32 only): done")
+    sys.exit(0)
 
 if "--backward-sm90-only" in sys.argv:
     backward_sm90_smoke()
