@@ -8308,22 +8308,19 @@ bool make_plan_backward(const Shape& s, DType dt, const Layout& lay_dq, const La
              unfit ? unfit : "fits", "; got ", dtype_str(dt), ", D_k = ", s.Dk, ", D_v = ", s.Dv, ", compute capability ",
              lim.arch / 10, ".", lim.arch % 10, lay_dq.q ? ", dy's rows aligned" : ", dy's rows not aligned", ", ", lim.smem,
              " bytes");
-  if (kernel == "chunk_bwd_sm90_fp32" || (kernel.empty() && sm90_fp32 && 2 * bwd.blocks >= lim.sms)) {
+  // the Hopper kernels have no segments: planned where B H is at least half the SMs (smaller B H keep chunk_bwd's)
+  const bool fp32_90 = kernel == "chunk_bwd_sm90_fp32" || (kernel.empty() && sm90_fp32 && 2 * bwd.blocks >= lim.sms);
+  if (fp32_90 || kernel == "chunk_bwd_sm90" || (kernel.empty() && sm90 && 2 * bwd.blocks >= lim.sms)) {
     dq_pass = false;
-    bwd.kernel = Kernel::chunk_bwd_sm90_fp32;
-    bwd.smem = kChunkBwdSm90Fp32Smem;
+    bwd.kernel = fp32_90 ? Kernel::chunk_bwd_sm90_fp32 : Kernel::chunk_bwd_sm90;
+    bwd.smem = fp32_90 ? kChunkBwdSm90Fp32Smem : kChunkBwdSm90Smem;
     bwd.nseg = 1;
     bwd.seg_chunks = (int)ceil_div(s.T, 64);
-    bwd.work_floats = 0;  // (the checkpoints: the forward's, or run_backward's own buffer)
-    const std::vector<int64_t> one{1};
-    return make_plan(s, DType::f32, lay_ck, lim, "chunk_sm90", one, false, dq);
-  }
-  if (kernel == "chunk_bwd_sm90" || (kernel.empty() && sm90 && 2 * bwd.blocks >= lim.sms)) {
-    dq_pass = false;
-    bwd.kernel = Kernel::chunk_bwd_sm90;
-    bwd.smem = kChunkBwdSm90Smem;
-    bwd.nseg = 1;
-    bwd.seg_chunks = (int)ceil_div(s.T, 64);
+    if (fp32_90) {  // the checkpoints: the forward's, or run_backward's own buffer written by this forward plan
+      bwd.work_floats = 0;
+      const std::vector<int64_t> one{1};
+      return make_plan(s, DType::f32, lay_ck, lim, "chunk_sm90", one, false, dq);
+    }
     // bf16 checkpoints where the gate is bf16: dgate then has a bf16 tolerance, and S's rounding (2^-9) is below
     // it; float32 gates keep float32 checkpoints (their dgate is held to 1e-5)
     bwd.ck16 = !lay_dq.gate32;

@@ -17,10 +17,16 @@ KERNEL = "chunk_bwd_sm90"
 BF16 = torch.bfloat16
 
 
-def forced(sol, xs, s0, w, ws):
-    """The six gradients by chunk_bwd_sm90 through the hook, on NaN-poisoned memory."""
+def forced(sol, xs, s0, w, ws, kernel=KERNEL):
+    """The six gradients by `kernel` (chunk_bwd_sm90) through the hook, on NaN-poisoned memory."""
     poison_allocator()
-    return list(sol._backward_with(w, ws, *xs, s0, kernel=KERNEL))
+    return list(sol._backward_with(w, ws, *xs, s0, kernel=kernel))
+
+
+def check_forced(sol, shape, dtype, seed, kernel=KERNEL, **kw):
+    """`kernel` on problem(shape, dtype, seed, **kw) against float64."""
+    xs, s0, w, ws = problem(shape, dtype, seed=seed, **kw)
+    check_grads(forced(sol, xs, s0, w, ws, kernel), reference_grads(xs, s0, w, ws), list(xs) + [s0])
 
 
 # ---- correctness against float64
@@ -32,9 +38,7 @@ SHAPES = [(1, 1, 1), (2, 63, 1), (1, 64, 2), (1, 100, 3), (1, 300, 2)]
 @pytest.mark.parametrize("states", ["both", "none"])
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 def test_gradients_match_float64(sol, shape, states):
-    xs, s0, w, ws = problem(shape + (128, 128), BF16, seed=sum(shape), initial=states == "both",
-                            final=states == "both")
-    check_grads(forced(sol, xs, s0, w, ws), reference_grads(xs, s0, w, ws), list(xs) + [s0])
+    check_forced(sol, shape + (128, 128), BF16, sum(shape), initial=states == "both", final=states == "both")
 
 
 GATES = {"zero": 0.0, "negative": (-1.0, 0.0), "above1": (1.0, 1.05), "near1": (1 - 1e-3, 1 + 1e-3),
@@ -45,8 +49,7 @@ GATES = {"zero": 0.0, "negative": (-1.0, 0.0), "above1": (1.0, 1.05), "near1": (
 @pytest.mark.parametrize("gate", list(GATES))
 def test_gate_classes(sol, gate):
     """Gates 0, negative, above 1, near 1, both signs: the tables are direct products (no quotient, no log)."""
-    xs, s0, w, ws = problem((1, 130, 2, 128, 128), BF16, seed=7, gate=GATES[gate])
-    check_grads(forced(sol, xs, s0, w, ws), reference_grads(xs, s0, w, ws), list(xs) + [s0])
+    check_forced(sol, (1, 130, 2, 128, 128), BF16, 7, gate=GATES[gate])
 
 
 @sm90
@@ -77,9 +80,10 @@ def test_float32_gates_and_betas(sol, wide):
 
 
 @sm90
-def test_deterministic(sol):
-    xs, s0, w, ws = problem((1, 200, 2, 128, 128), BF16, seed=3)
-    first, second = forced(sol, xs, s0, w, ws), forced(sol, xs, s0, w, ws)
+@pytest.mark.parametrize("kernel,dtype", [(KERNEL, BF16), (KERNEL + "_fp32", torch.float32)], ids=["bf16", "fp32"])
+def test_deterministic(sol, kernel, dtype):
+    xs, s0, w, ws = problem((1, 200, 2, 128, 128), dtype, seed=3)
+    first, second = forced(sol, xs, s0, w, ws, kernel), forced(sol, xs, s0, w, ws, kernel)
     for name, a, b in zip(NAMES, first, second):
         assert torch.equal(a, b), name
 
@@ -114,9 +118,12 @@ def test_planned_through_autograd(sol):
 
 
 # ---- the plan
+# B H from half the SMs (132 on an H200) up, at D = 128: the Hopper backwards' shapes
+PLAN_SHAPES = [(8, 2048, 16, 128, 128), (16, 4096, 32, 128, 128), (2, 64, 33, 128, 128)]
+
+
 @plan_only
-@pytest.mark.parametrize("shape", [(8, 2048, 16, 128, 128), (16, 4096, 32, 128, 128), (2, 64, 33, 128, 128)],
-                         ids=shape_id)
+@pytest.mark.parametrize("shape", PLAN_SHAPES, ids=shape_id)
 def test_plan_takes_it_for_bfloat16_d128_from_half_the_sms(sol, shape):
     text = sol.plan_backward(*shape, dtype="bfloat16")
     assert text.startswith(KERNEL + " (BACKWARD_SM90_SRC, unit backward_sm90)"), text
@@ -127,8 +134,9 @@ def test_plan_takes_it_for_bfloat16_d128_from_half_the_sms(sol, shape):
 
 @plan_only
 @pytest.mark.parametrize("shape,dtype", [((2, 2048, 4, 128, 128), "bfloat16"), ((2, 2048, 4, 128, 128), "float32"),
-                                         ((8, 2048, 16, 128, 128), "float16"), ((8, 2048, 16, 64, 128), "bfloat16")],
-                         ids=["few-heads", "fp32", "fp16", "dk64"])
+                                         ((8, 2048, 16, 128, 128), "float16"), ((8, 2048, 16, 64, 128), "bfloat16"),
+                                         ((8, 2048, 16, 64, 128), "float32"), ((8, 2048, 16, 128, 64), "float32")],
+                         ids=["few-heads", "fp32-few-heads", "fp16", "dk64", "fp32-dk64", "fp32-dv64"])
 def test_plan_keeps_chunk_bwd_elsewhere(sol, shape, dtype):
     """Small B H (no segments yet), other dtypes and head sizes: chunk_bwd (float32 at D = 128 and many heads:
     chunk_bwd_sm90_fp32, tests/test_backward_sm90_fp32.py)."""
@@ -136,19 +144,27 @@ def test_plan_keeps_chunk_bwd_elsewhere(sol, shape, dtype):
 
 
 @plan_only
-def test_forced_on_few_heads(sol):
-    assert sol.plan_backward(1, 100, 1, 128, 128, dtype="bfloat16", kernel=KERNEL).startswith(KERNEL + " ")
+@pytest.mark.parametrize("kernel,dtype", [(KERNEL, "bfloat16"), (KERNEL + "_fp32", "float32")], ids=["bf16", "fp32"])
+def test_forced_on_few_heads(sol, kernel, dtype):
+    assert sol.plan_backward(1, 100, 1, 128, 128, dtype=dtype, kernel=kernel).startswith(kernel + " ")
 
 
-@pytest.mark.parametrize("shape,dtype", [((1, 100, 1, 128, 128), "float32"), ((1, 100, 1, 64, 128), "bfloat16")],
-                         ids=["fp32", "dk64"])
-def test_forced_refusal_names_the_kernel(sol, shape, dtype):
-    with pytest.raises(ValueError, match=KERNEL + " needs compute capability 9.0, bfloat16, D_k = D_v = 128"):
-        sol.plan_backward(*shape, dtype=dtype, kernel=KERNEL)
+REFUSED = {"fp32": (KERNEL, (1, 100, 1, 128, 128), "float32", "needs compute capability 9.0, bfloat16, D_k = D_v = 128"),
+           "dk64": (KERNEL, (1, 100, 1, 64, 128), "bfloat16", "needs compute capability 9.0, bfloat16, D_k = D_v = 128"),
+           "fp32-on-bf16": (KERNEL + "_fp32", (1, 100, 1, 128, 128), "bfloat16", "needs float32"),
+           "fp32-dk64": (KERNEL + "_fp32", (1, 100, 1, 64, 128), "float32", "needs float32")}
 
 
-def test_unit_and_kernel_are_named(sol):
-    assert "backward_sm90" in sol.UNITS and KERNEL in sol.KERNELS
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_forced_refusal_names_the_kernel(sol, case):
+    kernel, shape, dtype, message = REFUSED[case]
+    with pytest.raises(ValueError, match=f"{kernel} {message}"):
+        sol.plan_backward(*shape, dtype=dtype, kernel=kernel)
+
+
+def test_units_and_kernels_are_named(sol):
+    assert {"backward_sm90", "backward_sm90_fp32"} <= set(sol.UNITS)
+    assert {KERNEL, KERNEL + "_fp32", KERNEL + "_fp32_dv"} <= set(sol.KERNELS)
 
 
 @sm90

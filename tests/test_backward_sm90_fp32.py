@@ -1,16 +1,16 @@
 """chunk_bwd_sm90_fp32, the Hopper float32 backward (D_k = D_v = 128, fp16 wgmma on scaled hi + lo operands): GPU
 (compute capability 9.0), forced through the _backward_with hook against float64 (T = 1, 63, 64, 100, 300; gate
-classes; rows spread over 1e6; with and without both states; strided rows and states; bitwise determinism), inf and
+classes; rows spread over 1e6; a loss on few steps; with and without both states; strided rows and states), inf and
 NaN in each input (its chunk_bwd fallback), the checkpoints the forward writes (float32 rows of kCk32) and those it
-recomputes (bitwise the same gradients), planned through autograd; CPU or Hopper: what the plan sends to it, and its
-refusals naming the argument."""
-import naive
+recomputes (bitwise the same gradients), planned through autograd; CPU or Hopper: the plan's text. Its determinism,
+refusals and the shapes it leaves to chunk_bwd: tests/test_backward_sm90.py."""
 import pytest
 import torch
 
-from helpers import poison_allocator, rel_l2, shape_id, strided_state, with_layout
-from test_backward import FP32_TOL, NAMES, check_grads, check_masks, kernel_grads, problem, reference_grads
-from test_backward_sm90 import HOPPER, plan_only, sm90
+from helpers import rel_l2, shape_id, strided_state, with_layout
+from test_backward import FP32_TOL, NAMES, check_grads, check_nonfinite, kernel_grads, problem, reference_grads
+from test_backward_sm90 import GATES, HOPPER, NONFINITE, PLAN_SHAPES, SHAPES, check_forced, plan_only, sm90
+from test_backward_sm90 import forced as forced_with
 from test_forward_checkpoints import chunk_states, forward_ex, kernels_of
 
 KERNEL = "chunk_bwd_sm90_fp32"
@@ -19,38 +19,27 @@ CK32 = 128 * 128 + 8  # a checkpoint row: S [dk][dv], then 8 warps' max |S|
 
 
 def forced(sol, xs, s0, w, ws, kernel=KERNEL):
-    """The six gradients by `kernel` through the hook, on NaN-poisoned memory."""
-    poison_allocator()
-    return list(sol._backward_with(w, ws, *xs, s0, kernel=kernel))
+    return forced_with(sol, xs, s0, w, ws, kernel)
 
 
 def sms():
     return torch.cuda.get_device_properties(0).multi_processor_count if HOPPER else 132
 
 
-# ---- correctness against float64
-SHAPES = [(1, 1, 1), (2, 63, 1), (1, 64, 2), (1, 100, 3), (1, 300, 2)]
-
-
+# ---- correctness against float64 (test_backward_sm90's shapes)
 @sm90
 @pytest.mark.parametrize("states", ["both", "none"])
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 def test_gradients_match_float64(sol, shape, states):
-    xs, s0, w, ws = problem(shape + (128, 128), FP32, seed=sum(shape), initial=states == "both",
-                            final=states == "both")
-    check_grads(forced(sol, xs, s0, w, ws), reference_grads(xs, s0, w, ws), list(xs) + [s0])
-
-
-GATES = {"zero": 0.0, "negative": (-1.0, 0.0), "above1": (1.0, 1.05), "near1": (1 - 1e-4, 1 + 1e-4),
-         "mixed-sign": (-1.2, 1.2)}
+    check_forced(sol, shape + (128, 128), FP32, sum(shape), KERNEL, initial=states == "both", final=states == "both")
 
 
 @sm90
-@pytest.mark.parametrize("gate", list(GATES))
+@pytest.mark.parametrize("gate", ["zero", "negative", "above1", "near1", "mixed-sign"])
 def test_gate_classes(sol, gate):
-    """Gates 0, negative, above 1, near 1, both signs: direct products of the gates (no quotient, no log)."""
-    xs, s0, w, ws = problem((1, 130, 2, 128, 128), FP32, seed=7, gate=GATES[gate])
-    check_grads(forced(sol, xs, s0, w, ws), reference_grads(xs, s0, w, ws), list(xs) + [s0])
+    """Gates 0, negative, above 1, near 1 (1e-4 here), both signs: direct products of the gates (no quotient, no log)."""
+    spec = {"near1": (1 - 1e-4, 1 + 1e-4)}.get(gate, GATES[gate])
+    check_forced(sol, (1, 130, 2, 128, 128), FP32, 7, KERNEL, gate=spec)
 
 
 @sm90
@@ -91,14 +80,6 @@ def test_strided_inputs(sol, layout):
 
 
 @sm90
-def test_deterministic(sol):
-    xs, s0, w, ws = problem((1, 200, 2, 128, 128), FP32, seed=3)
-    first, second = forced(sol, xs, s0, w, ws), forced(sol, xs, s0, w, ws)
-    for name, a, b in zip(NAMES, first, second):
-        assert torch.equal(a, b), name
-
-
-@sm90
 def test_finite_inputs_take_the_fast_path(sol):
     """With finite values the fallback exits at once: the gradients are the passes' own, not chunk_bwd's (they
     differ in their last bits)."""
@@ -115,32 +96,16 @@ def test_empty_sequence(sol):
     assert all(g.numel() == 0 for g in got[:5]) and torch.equal(got[5], ws)
 
 
-# One NaN or inf at one step of each input and of dy (index 5), as test_backward_sm90's.
-NONFINITE = {"q-nan": (0, (0, 33, 1, 2), float("nan")), "q-inf": (0, (1, 20, 0, 5), float("inf")),
-             "k-inf": (1, (1, 40, 0, 3), float("inf")), "v-nan": (2, (0, 41, 1, 3), float("nan")),
-             "gate-nan": (3, (0, 50, 1), float("nan")), "beta-nan": (4, (1, 70, 0), float("nan")),
-             "dy-nan": (5, (0, 90, 1, 7), float("nan"))}
-
-
 @sm90
 @pytest.mark.parametrize("case", list(NONFINITE))
 def test_nonfinite_input(sol, case):
-    """Each gradient is NaN (a NaN input) or non-finite (an inf input) exactly where float64 autograd through the
-    loop is, and within float32's bar on the finite elements: the kernels flag the value and chunk_bwd recomputes."""
+    """test_backward_sm90's cases: each gradient is NaN (a NaN input) or non-finite (an inf input) exactly where
+    float64 autograd through the loop is, and within float32's bar on the finite elements: the kernels flag the
+    value and chunk_bwd recomputes."""
     which, at, value = NONFINITE[case]
     xs, s0, w, ws = problem((2, 100, 2, 128, 128), FP32, seed=5)
     (xs + [w])[which][at] = value
-    got = forced(sol, xs, s0, w, ws)
-    leaves = [x.detach().cpu().double().requires_grad_() for x in xs + [s0]]
-    y, sT = naive.recurrent_naive(*leaves[:5], initial_state=leaves[5])
-    want = torch.autograd.grad([y, sT], leaves, [w.cpu().double(), ws.cpu().double()])
-    for name, g, exact in zip(NAMES, got, want):
-        g = g.cpu()
-        check_masks(name, g, exact, case.endswith("nan"))
-        keep = torch.isfinite(exact)
-        if keep.any():
-            err = rel_l2(g[keep], exact[keep])
-            assert err <= FP32_TOL, f"{name}: rel-L2 {err:.3e} on the finite elements"
+    check_nonfinite(forced(sol, xs, s0, w, ws), xs, s0, w, ws, case.endswith("nan"), FP32_TOL)
 
 
 # ---- checkpoints: written by the forward, or recomputed
@@ -213,8 +178,7 @@ def test_launches(sol):
 
 # ---- the plan
 @plan_only
-@pytest.mark.parametrize("shape", [(8, 2048, 16, 128, 128), (16, 4096, 32, 128, 128), (2, 64, 33, 128, 128)],
-                         ids=shape_id)
+@pytest.mark.parametrize("shape", PLAN_SHAPES, ids=shape_id)
 def test_plan_takes_it_for_float32_d128_from_half_the_sms(sol, shape):
     text = sol.plan_backward(*shape, dtype="float32")
     assert text.startswith(KERNEL + " (BACKWARD_SM90_FP32_SRC, unit backward_sm90_fp32)"), text
@@ -224,29 +188,6 @@ def test_plan_takes_it_for_float32_d128_from_half_the_sms(sol, shape):
         " segments=1 " in lines[2], text
     assert lines[3].startswith("non-finite values: chunk_bwd (BACKWARD_SRC, unit backward)") and \
         " segments=1 " in lines[3], text
-
-
-@plan_only
-@pytest.mark.parametrize("shape", [(2, 2048, 4, 128, 128), (8, 2048, 16, 64, 128), (8, 2048, 16, 128, 64)],
-                         ids=["few-heads", "dk64", "dv64"])
-def test_plan_keeps_chunk_bwd_elsewhere(sol, shape):
-    assert sol.plan_backward(*shape, dtype="float32").startswith("chunk_bwd "), shape
-
-
-@plan_only
-def test_forced_on_few_heads(sol):
-    assert sol.plan_backward(1, 100, 1, 128, 128, dtype="float32", kernel=KERNEL).startswith(KERNEL + " ")
-
-
-@pytest.mark.parametrize("shape,dtype", [((1, 100, 1, 128, 128), "bfloat16"), ((1, 100, 1, 64, 128), "float32")],
-                         ids=["bf16", "dk64"])
-def test_forced_refusal_names_the_kernel(sol, shape, dtype):
-    with pytest.raises(ValueError, match=KERNEL + " needs float32"):
-        sol.plan_backward(*shape, dtype=dtype, kernel=KERNEL)
-
-
-def test_unit_and_kernels_are_named(sol):
-    assert "backward_sm90_fp32" in sol.UNITS and {KERNEL, KERNEL + "_dv"} <= set(sol.KERNELS)
 
 
 @sm90

@@ -80,44 +80,33 @@ def backward_smoke():
     backward_sm90_smoke()
 
 
+def hopper_backward_smoke(kernel, dtype, wide_gates):
+    """kernel (chunk_bwd_sm90 or chunk_bwd_sm90_fp32) on Hopper: T ragged, 1 and several chunks; both states; NaN in
+    k; a transposed q; float32 gates (or sliced ones); an autograd step at B H >= the SMs, where the forward writes
+    the backward's checkpoints (both sides of that hand-over)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        return
+    for B, T, H in [(1, 100, 2), (2, 1, 1), (1, 200, 1)]:
+        q, k, v, g, b = reference.make_inputs(B, T, H, 128, 128, dtype=dtype, device="cuda")
+        dy = torch.randn_like(v)
+        solution._backward_with(dy, torch.randn(B, H, 128, 128, device="cuda"), q, k, v, g, b,
+                                torch.randn(B, H, 128, 128, device="cuda"), kernel=kernel)
+        k[0, T // 2, 0, 3] = float("nan")
+        g, b = (g.float(), b.float()) if wide_gates else (torch.cat([g, g], -1)[..., ::2], b)
+        solution._backward_with(dy, None, q.transpose(1, 2).contiguous().transpose(1, 2), k, v, g, b, kernel=kernel)
+    H = torch.cuda.get_device_properties(0).multi_processor_count // 2 + 1
+    xs = [x.requires_grad_() for x in reference.make_inputs(2, 130, H, 128, 128, dtype=dtype, device="cuda")]
+    y = solution.gated_recurrence(*xs)
+    torch.autograd.grad(y, xs, torch.randn_like(y))
+
+
 def backward_sm90_smoke():
-    """chunk_bwd_sm90 on Hopper: T ragged, 1 and several chunks; both states; NaN in k; float32 gates; a transposed
-    q; an autograd step at B H >= the SMs."""
-    if torch.cuda.get_device_capability() == (9, 0):
-        for B, T, H in [(1, 100, 2), (2, 1, 1), (1, 200, 1)]:
-            q, k, v, g, b = reference.make_inputs(B, T, H, 128, 128, dtype=torch.bfloat16, device="cuda")
-            dy = torch.randn_like(v)
-            solution._backward_with(dy, torch.randn(B, H, 128, 128, device="cuda"), q, k, v, g, b,
-                                    torch.randn(B, H, 128, 128, device="cuda"), kernel="chunk_bwd_sm90")
-            k[0, T // 2, 0, 3] = float("nan")
-            solution._backward_with(dy, None, q.transpose(1, 2).contiguous().transpose(1, 2), k, v, g.float(), b.float(),
-                                    kernel="chunk_bwd_sm90")
-        # an autograd step whose plans are chunk_sm90 with one segment and chunk_bwd_sm90 (B H >= the SMs): where the
-        # forward writes the backward's checkpoints, both sides of that hand-over
-        H = -(-torch.cuda.get_device_properties(0).multi_processor_count // 2)
-        xs = [x.requires_grad_() for x in reference.make_inputs(2, 130, H, 128, 128, dtype=torch.bfloat16, device="cuda")]
-        y = solution.gated_recurrence(*xs)
-        torch.autograd.grad(y, xs, torch.randn_like(y))
+    hopper_backward_smoke("chunk_bwd_sm90", torch.bfloat16, True)
+    backward_sm90_fp32_smoke()
 
 
 def backward_sm90_fp32_smoke():
-    """chunk_bwd_sm90_fp32 on Hopper: T ragged, 1 and several chunks; both states; a transposed q and sliced gates;
-    NaN in k (its flag, then chunk_bwd); an autograd step whose forward writes the checkpoints."""
-    if torch.cuda.get_device_capability() == (9, 0):
-        for B, T, H in [(1, 100, 2), (2, 1, 1), (1, 200, 1)]:
-            q, k, v, g, b = reference.make_inputs(B, T, H, 128, 128, dtype=torch.float32, device="cuda")
-            dy = torch.randn_like(v)
-            solution._backward_with(dy, torch.randn(B, H, 128, 128, device="cuda"), q, k, v, g, b,
-                                    torch.randn(B, H, 128, 128, device="cuda"), kernel="chunk_bwd_sm90_fp32")
-            k[0, T // 2, 0, 3] = float("nan")
-            g2 = torch.cat([g, g], -1)[..., ::2]
-            solution._backward_with(dy, None, q.transpose(1, 2).contiguous().transpose(1, 2), k, v, g2, b,
-                                    kernel="chunk_bwd_sm90_fp32")
-        H = torch.cuda.get_device_properties(0).multi_processor_count // 2 + 1
-        xs = [x.requires_grad_() for x in reference.make_inputs(2, 130, H, 128, 128, dtype=torch.float32, device="cuda")]
-        y = solution.gated_recurrence(*xs)
-        torch.autograd.grad(y, xs, torch.randn_like(y))
-    backward_sm90_fp32_smoke()
+    hopper_backward_smoke("chunk_bwd_sm90_fp32", torch.float32, False)
 
 
 if "--backward-sm90-fp32-only" in sys.argv:
