@@ -8313,7 +8313,7 @@ bool make_plan_backward(const Shape& s, DType dt, const Layout& lay_dq, const La
   if (fp32_90 || kernel == "chunk_bwd_sm90" || (kernel.empty() && sm90 && 2 * bwd.blocks >= lim.sms)) {
     dq_pass = false;
     bwd.kernel = fp32_90 ? Kernel::chunk_bwd_sm90_fp32 : Kernel::chunk_bwd_sm90;
-    bwd.smem = fp32_90 ? kChunkBwdSm90Fp32Smem : kChunkBwdSm90Smem;
+    bwd.smem = fp32_90 ? (size_t)kChunkBwdSm90Fp32Smem : (size_t)kChunkBwdSm90Smem;
     bwd.nseg = 1;
     bwd.seg_chunks = (int)ceil_div(s.T, 64);
     if (fp32_90) {  // the checkpoints: the forward's, or run_backward's own buffer written by this forward plan
