@@ -8412,11 +8412,12 @@ bool check_grads(const at::Tensor& dy, const at::Tensor* dfinal, const at::Tenso
   return true;
 }
 
-const Plan chunk_bwd_fallback = [] {  // (its unit: chunk_bwd_sm90_fp32's non-finite fallback)
-  Plan pl = Plan{};
-  pl.kernel = Kernel::chunk_bwd;
-  return pl;
-}();
+// chunk_bwd_sm90_fp32's non-finite fallback: chunk_bwd with one segment (a single launch, which reads the flag).
+bool plan_nonfinite_fallback(const Shape& s, DType dt, const Layout& lay_dq, const Layout& lay_fwd, Plan& fb) {
+  Plan unused;
+  bool dq_pass = true;
+  return make_plan_backward(s, dt, lay_dq, lay_fwd, device_limits(), "chunk_bwd", 1, unused, fb, dq_pass);
+}
 
 // The backward's checks and plans, and whether their units are loaded (NeedUnit names a missing one). kernel:
 // make_plan_backward's; dq_pass: whether a forward plan computes dq.
@@ -8431,11 +8432,14 @@ bool plan_backward_call(const at::Tensor& dy, const at::Tensor* dfinal, const at
     GR_REQUIRE("ValueError", m.first == nullptr || m.first->device() == q.device(), m.second, " is on ",
                device_str(*m.first), " but q is on ", device_str(q));
   const c10::cuda::CUDAGuard guard(q.device());
+  Plan fb;  // (chunk_bwd_sm90_fp32's fallback: its unit must be loaded too)
   return make_plan_backward(shape_of(q, v), dtype_of(q), layout_of(dy, v, k, gate, beta), layout_of(q, k, v, gate, beta),
                             device_limits(), kernel,
                             segments, pdq, pbw, dq_pass) &&
          ((!dq_pass && pbw.kernel != Kernel::chunk_bwd_sm90_fp32) || unit_ready(pdq)) && unit_ready(pbw) &&
-         (pbw.kernel != Kernel::chunk_bwd_sm90_fp32 || unit_ready(chunk_bwd_fallback));
+         (pbw.kernel != Kernel::chunk_bwd_sm90_fp32 ||
+          (plan_nonfinite_fallback(shape_of(q, v), dtype_of(q), layout_of(dy, v, k, gate, beta),
+                                   layout_of(q, k, v, gate, beta), fb) && unit_ready(fb)));
 }
 
 // The registered operators cannot build a unit, and an eager call that records autograd goes through them:
@@ -8499,11 +8503,9 @@ bool run_backward(const at::Tensor& dy, const at::Tensor* dfinal, const at::Tens
       // which the backward then overwrites), its two kernels, then chunk_bwd, which recomputes every gradient only
       // where they flagged an inf or NaN (no sync: it reads the flag itself). One buffer holds the checkpoints and
       // then chunk_bwd's workspace.
-      Plan dq2, fb;
-      bool dqp = true;
-      if (!make_plan_backward(shape_of(q, v), dtype_of(q), layout_of(dy, v, k, gate, beta), layout_of(q, k, v, gate, beta),
-                              device_limits(), "chunk_bwd", 1, dq2, fb, dqp) ||
-          !unit_ready(fb))
+      Plan fb;
+      if (!plan_nonfinite_fallback(shape_of(q, v), dtype_of(q), layout_of(dy, v, k, gate, beta),
+                                   layout_of(q, k, v, gate, beta), fb))
         return false;
       const int64_t ck_floats = q.size(0) * q.size(2) * ceil_div(q.size(1), 64) * kCk32;
       at::Tensor work = at::empty({use_ckpt ? fb.work_floats : std::max<int64_t>(fb.work_floats, ck_floats)},
@@ -8694,8 +8696,8 @@ std::string plan_backward_text(int64_t B, int64_t T, int64_t H, int64_t Dk, int6
   if (!make_plan_backward(s, dt, lay, lay_fwd, device_limits(), kernel, segments, dq, bwd, dq_pass)) return std::string();
   std::string text = describe(bwd) + "\ndq: " + (dq_pass ? describe(dq) : cat("in ", kKernelNames[(int)bwd.kernel]));
   if (bwd.kernel == Kernel::chunk_bwd_sm90_fp32) {
-    Plan dq2, fb;
-    make_plan_backward(s, dt, lay, lay_fwd, device_limits(), "chunk_bwd", 1, dq2, fb, dq_pass);
+    Plan fb;
+    plan_nonfinite_fallback(s, dt, lay, lay_fwd, fb);
     text += "\ncheckpoints: " + describe(dq) + " (y discarded; skipped where the forward wrote them)" +
             "\nnon-finite values: " + describe(fb) + " (launched always; it exits at once unless chunk_bwd_sm90_fp32 "
             "read or wrote an inf or NaN, and then recomputes every gradient)";
