@@ -6219,9 +6219,11 @@ __device__ __forceinline__ float* ltab(unsigned char* sm, int ch) {
 __device__ __forceinline__ void sync_all() { asm volatile("barrier.sync 2, 384;\n" ::: "memory"); }
 __device__ __forceinline__ void wg0_sync() { asm volatile("barrier.sync 5, 128;\n" ::: "memory"); }
 // Row t of a (B, T, H, 128) float32 input x of (b, t, h) strides st (elements; unit d-stride, 16-byte aligned rows:
-// any stride a multiple of 4, 0 included)
+// any stride a multiple of 4, 0 included). In 32 bits: the plan requires every element offset of q, k, v and dy
+// below 2^31 (Layout::off32); the 64-bit form held more registers in pass A's loop
+// (its spills: perf-notes, thirty-fourth session).
 __device__ __forceinline__ const float* row_of(const void* x, const Strides4& st, int64_t b, int64_t h, int t) {
-  return static_cast<const float*>(x) + b * st.b + (int64_t)t * st.t + h * st.h;
+  return static_cast<const float*>(x) + ((int)b * (int)st.b + t * (int)st.t + (int)h * (int)st.h);
 }
 // The state gradient's rows ir, ir + 8 (m64n128 accumulator layout: columns 8 n + 2 q (+1)) at the start: (b, h)'s
 // d_final_state (any strides), or zero where dfinal is nullptr.
@@ -6850,7 +6852,7 @@ namespace pa {
 //   from dy's pair), joined by G = fmaf(A_63, G, U). The row dots read the pairs' hi + lo times their tile's 2^e.
 // - One exponent a tile, each the model's matrix: q, k, v, dy (each warp's maximum at the top's in-place split,
 //   through 8 slots across a barrier it already has); MQ and MD (both consumers' halves) and E (consumer c's 64 x 32,
-//   M_c's A) across one more barrier (1w); Lx per column half (WG0's, read before barrier 3's arrival); S from the
+//   M_c's A) across one more barrier (1w); Lx per column half (WG0's, a set a chunk parity); S from the
 //   forward's 8 maxima (WG0's); G (its maximum across barrier (4)); dy A[t] (across (4b)). Where a product
 //   accumulates onto a result (dq^T onto R^T diag(A), dkt^T onto Rk^T diag(w)) the result is taken to the product's
 //   scale first and back after, one power of two at a time.
@@ -6867,13 +6869,16 @@ constexpr int kGates = kTab + 2 * kTabBuf, kPart = kGates + 256;
 // partials (floats): f [8][64] at 0, e at 512, dbeta at 1024 (slot 4 c + warp), c0 [8] at 1536, the sums of f at
 // 1544 and of e at 1608, dgate's term (d) [8][64] at 1672 (slot 4 c + warp: consumer c's half of M's contraction)
 // kScl: the tile scales' slots, 8 floats a tile (sQ .. sLx below): a consumer warp's max |x| at 4 c + warp, Lx's
-// (WG0's) at its warp; then (kES) the checkpoints' exponents, an int a chunk parity (WG0's, a chunk ahead).
+// (WG0's) at its warp; then (kES) the checkpoints' exponents, an int a chunk parity (WG0's, a chunk ahead); then Lx's
+// slots of odd chunks (sLxOdd).
 constexpr int kPartBuf = (1672 + 512) * 4, kScl = kPart + 2 * kPartBuf, kES = kScl + 320, kSmem = kScl + 512;
 static_assert(kSmem == kChunkBwdSm90Fp32Smem, "the dq kernel's shared memory (PRELUDE)");
 constexpr int kAuxRegs = 56, kConsRegs = 224;  // (chunk_bwd_sm90's split: its WG0 spilled at 40 with dgate's sums)
 static_assert(kAuxRegs * 128 + kConsRegs * 256 <= 65536, "the split fits the register file");
 """ + BWD_FP32_SHARED_SRC + r"""
-enum { sQ, sK, sV, sY, sMQ, sMD, sE, sG, sYA, sLx };  // the tiles' slots (kES: after sLx's)
+enum { sQ, sK, sV, sY, sMQ, sMD, sE, sG, sYA, sLx, sLxOdd = sLx + 2 };  // the tiles' slots (kES: between Lx's two)
+static_assert(kES == kScl + 32 * (sLx + 1) && kScl + 32 * (sLxOdd + 1) <= kSmem, "the scales' slots");
+__device__ __forceinline__ int lx_slot(int ch) { return (ch & 1) ? sLxOdd : sLx; }  // Lx's slots, a chunk parity
 // A pair's 16-bit element (fp16) as float
 __device__ __forceinline__ float ld16(const unsigned char* p) {
   return __half2float(*reinterpret_cast<const __half*>(p));
@@ -6887,14 +6892,15 @@ __device__ __forceinline__ void lx_free_wait() { asm volatile("barrier.sync 4, 3
 
 // WG0: Lx of chunk ch (Lx[t][s] = L[t-1][s] for s < t, else 0; pair [s / 8][t][8]) from its L (chunk_bwd_sm90's
 // build_lx, by lx_pairs): row t = tid % 64, columns 32 (tid / 64) ..; then the fence that makes it visible to wgmma.
-// Each column half's max |Lx| first (warps 0, 1: half 0; 2, 3: half 1), its exponent from its two warps' slots (the
-// consumers read the same slots before barrier 3's arrival: WG0 writes them again after its wait).
+// Each column half's max |Lx| first (warps 0, 1: half 0; 2, 3: half 1), its exponent from its two warps' slots
+// (lx_slot's, of the chunk's parity: the consumers read chunk ch + 1's slots, and WG0 writes chunk ch - 1's in the
+// same ones, on either side of an everyone-barrier (4); one set, ordered by barrier 3's arrive, racecheck flagged).
 __device__ __forceinline__ void build_lx(const Params& p, unsigned char* sm, int ch) {
   float m = 0.f;
   lx_pairs(ltab(sm, ch), threadIdx.x, [&](float x0, float x1, int) { m = fmaxf(m, fmaxf(fabsf(x0), fabsf(x1))); });
-  put_max(p, sm, sLx, threadIdx.x >> 5, m);
+  put_max(p, sm, lx_slot(ch), threadIdx.x >> 5, m);
   wg0_sync();
-  const float sc = exp2i(-tile_exp<2>(sm, sLx, 2 * (threadIdx.x >> 6)));
+  const float sc = exp2i(-tile_exp<2>(sm, lx_slot(ch), 2 * (threadIdx.x >> 6)));
   lx_pairs(ltab(sm, ch), threadIdx.x, [&](float x0, float x1, int off) {
     uint32_t hi, lo;
     psplit(x0 * sc, x1 * sc, hi, lo);
@@ -7229,7 +7235,7 @@ __device__ __forceinline__ void consumer(const Params& p, unsigned char* sm_in, 
 #pragma unroll
         for (int i = 0; i < 16; ++i) X[i] = Y[i] * exp2i(-e_e);  // E times 2^-e_E, as it is split (exact)
         ee = exp2i(e_e);
-        elx = exp2i(tile_exp<2>(sm, sLx, 2 * c));  // (WG0's slots: rewritten only after barrier 3's arrival below)
+        elx = exp2i(tile_exp<2>(sm, lx_slot(ch), 2 * c));  // (WG0's, of this chunk's parity)
       }
       // dgate's term (d), consumer c's half of the contraction: M_c = E[:, s half] Lx[:, s half]^T (RS, 2 k-steps,
       // B = Lx's rows t, K-major), then sum_{u >= t} L[u][t] M_c[u][t] over this warp's rows u (WG0 adds the 8)
@@ -7713,6 +7719,7 @@ struct Layout {
   bool wide_gates;   // gate or beta float32 beside 16-bit q, k, v (the kernels' run-time gate loads)
   bool steps = true; // q, k and v each move with t (a nonzero step stride: what a TMA map can describe)
   bool gate32 = false;  // the gate float32 (chunk_bwd_sm90 then keeps float32 checkpoints)
+  bool off32 = true;    // every element offset of q, k and v below 2^31 (chunk_bwd_sm90_fp32's 32-bit row offsets)
 };
 
 // The current device's SM count, opt-in shared memory per block and compute capability (an H200's
@@ -8137,11 +8144,18 @@ inline bool rows_aligned(const at::Tensor& t) {
          t.stride(1) % V == 0 && t.stride(2) % V == 0 && t.size(3) % V == 0;
 }
 // y is ours: contiguous and allocator-aligned, so its rows are aligned when D_v is a multiple of V.
+// The largest element offset of x (sizes times strides) below 2^31
+inline bool offsets32(const at::Tensor& x) {
+  int64_t m = 0;
+  for (int64_t d = 0; d < x.dim(); ++d) m += std::max<int64_t>(x.size(d) - 1, 0) * x.stride(d);
+  return m < ((int64_t)1 << 31);
+}
 inline Layout layout_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
                         const at::Tensor& beta) {
   return {rows_aligned(q), rows_aligned(k), rows_aligned(v), v.size(3) % (16 / v.element_size()) == 0,
           gate.scalar_type() != q.scalar_type() || beta.scalar_type() != q.scalar_type(),
-          q.stride(1) != 0 && k.stride(1) != 0 && v.stride(1) != 0, gate.scalar_type() == at::kFloat};
+          q.stride(1) != 0 && k.stride(1) != 0 && v.stride(1) != 0, gate.scalar_type() == at::kFloat,
+          offsets32(q) && offsets32(k) && offsets32(v)};
 }
 
 Problem problem_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& gate,
@@ -8300,13 +8314,15 @@ bool make_plan_backward(const Shape& s, DType dt, const Layout& lay_dq, const La
   Layout lay_ck = lay_fwd;
   lay_ck.y = true;
   const char* unfit = sm90_unfit(s, DType::f32, lay_ck, lim, false);
-  const bool sm90_fp32 = dt == DType::f32 && unfit == nullptr && lay_dq.q &&
+  const bool sm90_fp32 = dt == DType::f32 && unfit == nullptr && lay_dq.q && lay_dq.off32 && lay_fwd.off32 &&
                          (size_t)std::max<int>(kChunkBwdSm90Fp32Smem, kChunkBwdSm90Fp32DvSmem) <= lim.smem;
   GR_REQUIRE("ValueError", kernel != "chunk_bwd_sm90_fp32" || sm90_fp32, "chunk_bwd_sm90_fp32 needs float32, dy's "
-             "rows 16-byte aligned with unit column stride, ", std::max<int>(kChunkBwdSm90Fp32Smem, kChunkBwdSm90Fp32DvSmem),
+             "rows 16-byte aligned with unit column stride, every element offset of q, k, v and dy below 2^31, ",
+             std::max<int>(kChunkBwdSm90Fp32Smem, kChunkBwdSm90Fp32DvSmem),
              " bytes of shared memory a block, and chunk_sm90's float32 forward for its checkpoints, which ",
              unfit ? unfit : "fits", "; got ", dtype_str(dt), ", D_k = ", s.Dk, ", D_v = ", s.Dv, ", compute capability ",
-             lim.arch / 10, ".", lim.arch % 10, lay_dq.q ? ", dy's rows aligned" : ", dy's rows not aligned", ", ", lim.smem,
+             lim.arch / 10, ".", lim.arch % 10, lay_dq.q ? ", dy's rows aligned" : ", dy's rows not aligned",
+             lay_dq.off32 && lay_fwd.off32 ? ", offsets below 2^31" : ", an offset at or above 2^31", ", ", lim.smem,
              " bytes");
   // the Hopper kernels have no segments: planned where B H is at least half the SMs (smaller B H keep chunk_bwd's)
   const bool fp32_90 = kernel == "chunk_bwd_sm90_fp32" || (kernel.empty() && sm90_fp32 && 2 * bwd.blocks >= lim.sms);
@@ -8689,10 +8705,11 @@ std::string plan_backward_text(int64_t B, int64_t T, int64_t H, int64_t Dk, int6
   if (!check_sizes(s)) return std::string();
   const DType dt = static_cast<DType>(dtype);
   const int V = 16 / elem_size(dt);
-  const Layout lay{Dv % V == 0, Dv % V == 0, Dk % V == 0, Dk % V == 0, false, true};
+  const bool off32 = (double)B * T * H * std::max(Dk, Dv) <= 2147483648.0;  // (contiguous: the last offset is one less)
+  const Layout lay{Dv % V == 0, Dv % V == 0, Dk % V == 0, Dk % V == 0, false, true, false, off32};
   Plan dq, bwd;
   bool dq_pass = true;
-  const Layout lay_fwd{Dk % V == 0, Dk % V == 0, Dv % V == 0, Dv % V == 0, false, true};
+  const Layout lay_fwd{Dk % V == 0, Dk % V == 0, Dv % V == 0, Dv % V == 0, false, true, false, off32};
   if (!make_plan_backward(s, dt, lay, lay_fwd, device_limits(), kernel, segments, dq, bwd, dq_pass)) return std::string();
   std::string text = describe(bwd) + "\ndq: " + (dq_pass ? describe(dq) : cat("in ", kKernelNames[(int)bwd.kernel]));
   if (bwd.kernel == Kernel::chunk_bwd_sm90_fp32) {
@@ -9380,8 +9397,8 @@ for _name, _bwd, _setup in (("forward", _forward_backward, _setup_forward),
 
 def _backward_with(dy, dfinal, q, k, v, gate, beta, initial_state=None, kernel=None, segments=None):
     """Test and benchmark hook: the backward alone, eagerly: (dq, dk, dv, dgate, dbeta, dS_0 or None) of
-    <y, dy> + <S_T, dfinal> (dfinal None: the final state unused); kernel "chunk_bwd", "chunk_bwd_sm90" or "recurrent_bwd"
-    (None: planned); segments: chunk_bwd's segments a (b, h) sequence (None: planned)."""
+    <y, dy> + <S_T, dfinal> (dfinal None: the final state unused); kernel "chunk_bwd", "chunk_bwd_sm90",
+    "chunk_bwd_sm90_fp32" or "recurrent_bwd" (None: planned); segments: chunk_bwd's segments a (b, h) sequence (None: planned)."""
     out = _call(_core.backward, dy, dfinal, q, k, v, gate, beta, initial_state, kernel or "", int(segments or 0))
     return tuple(out[:5]) + (out[5] if initial_state is not None else None,)
 

@@ -7,7 +7,7 @@ refusals and the shapes it leaves to chunk_bwd: tests/test_backward_sm90.py."""
 import pytest
 import torch
 
-from helpers import rel_l2, shape_id, strided_state, with_layout
+from helpers import poison_allocator, rel_l2, shape_id, strided_state, with_layout
 from test_backward import FP32_TOL, NAMES, check_grads, check_nonfinite, kernel_grads, problem, reference_grads
 from test_backward_sm90 import GATES, HOPPER, NONFINITE, PLAN_SHAPES, SHAPES, check_forced, plan_only, sm90
 from test_backward_sm90 import forced as forced_with
@@ -188,6 +188,29 @@ def test_plan_takes_it_for_float32_d128_from_half_the_sms(sol, shape):
         " segments=1 " in lines[2], text
     assert lines[3].startswith("non-finite values: chunk_bwd (BACKWARD_SRC, unit backward)") and \
         " segments=1 " in lines[3], text
+
+
+# ---- 32-bit row offsets (the plan's Layout::off32)
+@plan_only
+@pytest.mark.parametrize("B,want", [(64, KERNEL), (66, "chunk_bwd")])
+def test_plan_needs_offsets_below_2_31(sol, B, want):
+    """(64, 8192, 32, 128) holds 2^31 elements (its last offset 2^31 - 1); two batches more pass it: chunk_bwd."""
+    text = sol.plan_backward(B, 8192, 32, 128, 128, dtype="float32")
+    assert text.startswith(want + " ("), text
+
+
+@sm90
+def test_offsets_past_2_31(sol):
+    """q's second batch 2^31 elements into its storage (8 GiB): forced, the kernel names the offset; planned (B H
+    above half the SMs), chunk_bwd's gradients, right."""
+    shape = (2, 64, 33, 128, 128)
+    xs, s0, w, ws = problem(shape, FP32, seed=3)
+    far = xs[0].new_empty(2 ** 31 + 64 * 33 * 128).as_strided(xs[0].shape, (2 ** 31, 33 * 128, 128, 1))
+    far.copy_(xs[0])
+    xs = [far] + list(xs[1:])
+    with pytest.raises(ValueError, match="an offset at or above 2\\^31"):
+        forced(sol, xs, s0, w, ws)
+    check_grads(forced(sol, xs, s0, w, ws, kernel=None), reference_grads(xs, s0, w, ws), list(xs) + [s0])
 
 
 @sm90

@@ -23,7 +23,7 @@ ap = argparse.ArgumentParser()
 add_copy_args(ap, "S4-bf16,S2-bf16", reps=3, trials=5)
 ap.add_argument("--fla", action="store_true", help="also fla's chunk_simple_gla forward + backward (fla#640 guard off)")
 args = ap.parse_args()
-mods = copies(args, ["chunk_sm90", "chunk_bf16", "backward", "backward_sm90"])
+mods = copies(args, ["chunk_sm90", "chunk_bf16", "chunk_tf32", "backward", "backward_sm90", "backward_sm90_fp32"])
 new = mods["new"]
 
 import reference  # noqa: E402
