@@ -6926,7 +6926,7 @@ __device__ __forceinline__ void ckpt_exp(const Params& p, unsigned char* sm, int
 // 16-byte aligned) into L2 a chunk ahead of the consumers' loads (13 lines a thread; not unrolled, for WG0's
 // registers).
 __device__ __forceinline__ void prefetch_chunk(const Params& p, int64_t bh, int64_t b, int64_t h, int ch) {
-  const unsigned char* S = reinterpret_cast<const unsigned char*>(p.ckpt + (bh * p.nck + ch) * kCk32);
+  const unsigned char* S = reinterpret_cast<const unsigned char*>(p.ckpt + (int64_t)((int)bh * p.nck + ch) * kCk32);
 #pragma unroll 1
   for (int m = 0; m < 13; ++m) {
     const int x = threadIdx.x + 128 * m;
@@ -7130,7 +7130,8 @@ __device__ __forceinline__ void col_dots(const unsigned char* sm, const float (&
 // base (64-bit addresses of 16 rows, hoisted above the product before the store, were most of the consumers' spill).
 __device__ __forceinline__ void store_t(void* out, const Params& p, int64_t b, int64_t h, int ch, const float (&X)[32],
                                         const float* scale, int ir, int q) {
-  float* o = static_cast<float*>(out) + ((b * p.T + ch * 64 + 2 * q) * p.H + h) * 128 + ir;  // row t = 2 q
+  // (32-bit offsets: the plan requires B T H 128 <= 2^31, Layout::off32)
+  float* o = static_cast<float*>(out) + ((((int)b * p.T + ch * 64 + 2 * q) * p.H + (int)h) * 128 + ir);  // row t = 2 q
   int rs = p.H * 128;  // a step's stride; rows 8 n + e < left exist
   const int left = p.T - ch * 64 - 2 * q;
   // (the stride opaque, so that its 16 row offsets are not hoisted above the chunk loop: they spilled)
@@ -7266,7 +7267,7 @@ __device__ __forceinline__ void consumer(const Params& p, unsigned char* sm_in, 
     float c0 = 0.f;
     {
       float R[32];
-      const float* S = p.ckpt + (bh * p.nck + ch) * kCk32;
+      const float* S = p.ckpt + (int64_t)((int)bh * p.nck + ch) * kCk32;  // (a 32-bit row index)
       const int es = reinterpret_cast<const int*>(sm + kES)[ch & 1];
       rs_split<8, 0>(R, sm, kmaj(kY, kTile, 64), exp2i(-es), [&](int kb, float (&sv)[8]) {
 #pragma unroll
@@ -8314,15 +8315,18 @@ bool make_plan_backward(const Shape& s, DType dt, const Layout& lay_dq, const La
   Layout lay_ck = lay_fwd;
   lay_ck.y = true;
   const char* unfit = sm90_unfit(s, DType::f32, lay_ck, lim, false);
-  const bool sm90_fp32 = dt == DType::f32 && unfit == nullptr && lay_dq.q && lay_dq.off32 && lay_fwd.off32 &&
+  // (32-bit offsets in its loops: q, k, v, dy as laid out, and the gradients it writes, dense)
+  const bool off32 = lay_dq.off32 && lay_fwd.off32 && (double)s.B * s.T * s.H * std::max(s.Dk, s.Dv) <= 2147483648.0;
+  const bool sm90_fp32 = dt == DType::f32 && unfit == nullptr && lay_dq.q && off32 &&
                          (size_t)std::max<int>(kChunkBwdSm90Fp32Smem, kChunkBwdSm90Fp32DvSmem) <= lim.smem;
   GR_REQUIRE("ValueError", kernel != "chunk_bwd_sm90_fp32" || sm90_fp32, "chunk_bwd_sm90_fp32 needs float32, dy's "
-             "rows 16-byte aligned with unit column stride, every element offset of q, k, v and dy below 2^31, ",
+             "rows 16-byte aligned with unit column stride, every element offset of q, k, v, dy and the gradients "
+             "below 2^31, ",
              std::max<int>(kChunkBwdSm90Fp32Smem, kChunkBwdSm90Fp32DvSmem),
              " bytes of shared memory a block, and chunk_sm90's float32 forward for its checkpoints, which ",
              unfit ? unfit : "fits", "; got ", dtype_str(dt), ", D_k = ", s.Dk, ", D_v = ", s.Dv, ", compute capability ",
              lim.arch / 10, ".", lim.arch % 10, lay_dq.q ? ", dy's rows aligned" : ", dy's rows not aligned",
-             lay_dq.off32 && lay_fwd.off32 ? ", offsets below 2^31" : ", an offset at or above 2^31", ", ", lim.smem,
+             off32 ? ", offsets below 2^31" : ", an offset at or above 2^31", ", ", lim.smem,
              " bytes");
   // the Hopper kernels have no segments: planned where B H is at least half the SMs (smaller B H keep chunk_bwd's)
   const bool fp32_90 = kernel == "chunk_bwd_sm90_fp32" || (kernel.empty() && sm90_fp32 && 2 * bwd.blocks >= lim.sms);
