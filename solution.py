@@ -7267,7 +7267,7 @@ __device__ __forceinline__ void consumer(const Params& p, unsigned char* sm_in, 
     float c0 = 0.f;
     {
       float R[32];
-      const float* S = p.ckpt + (int64_t)((int)bh * p.nck + ch) * kCk32;  // (a 32-bit row index)
+      const float* S = p.ckpt + (int64_t)((int)bh * p.nck + ch) * kCk32;  // (row index: B H chunks < 2^31, off32)
       const int es = reinterpret_cast<const int*>(sm + kES)[ch & 1];
       rs_split<8, 0>(R, sm, kmaj(kY, kTile, 64), exp2i(-es), [&](int kb, float (&sv)[8]) {
 #pragma unroll
