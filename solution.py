@@ -84,11 +84,11 @@ everything the launch depends on; plan(B, T, H, D_k, D_v, dtype) prints that rec
                                        (forward_checkpoints), first buffered).
     chunk_bwd_sm90_fp32                the backward on compute      the float32 chunked backward on Hopper wgmma
                   BACKWARD_SM90_FP32_  capability 9.0 for float32   (training-design.md 8), chunks of 64 backwards,
-                  SRC, unit backward_  with D_k = D_v = 128 and     one block of three warpgroups a (b, h) as
-                  sm90_fp32 (first     aligned rows, from the       chunk_bwd_sm90's: dq, dk, dgate, dbeta from the
-                  use; sm_90a code)    forward's float32            forward's checkpoints (S and 8 maxima of |S| a
-                                       checkpoints                  chunk); every product on fp16 wgmma, the fp32
-                                                                    operands as fp16 hi + lo after a power-of-two
+                  SRC, unit backward_  with D_k = D_v = 128,        one block of three warpgroups a (b, h) as
+                  sm90_fp32 (first     aligned rows, offsets below  chunk_bwd_sm90's: dq, dk, dgate, dbeta from the
+                  use; sm_90a code)    2^31 and B*H at least half   forward's checkpoints (S and 8 maxima of |S| a
+                                       the SMs, from the forward's  chunk); every product on fp16 wgmma, the fp32
+                                       float32 checkpoints          operands as fp16 hi + lo after a power-of-two
                                                                     scale a tile (bf16 hi + lo misses float32's
                                                                     accuracy). Inf or NaN is flagged, not handled:
                                                                     the plan's chunk_bwd then recomputes every
