@@ -82,8 +82,8 @@ def backward_smoke():
 
 def hopper_backward_smoke(kernel, dtype, wide_gates):
     """kernel (chunk_bwd_sm90 or chunk_bwd_sm90_fp32) on Hopper: T ragged, 1 and several chunks; both states; NaN in
-    k; a transposed q; float32 gates (or sliced ones); an autograd step at B H >= the SMs, where the forward writes
-    the backward's checkpoints (both sides of that hand-over)."""
+    k; a transposed q; float32 gates (or sliced ones); an autograd step at B H just above half the SMs (the plan's
+    bar) and two chunks, where the forward writes the backward's checkpoints (both sides of that hand-over)."""
     if torch.cuda.get_device_capability() != (9, 0):
         return
     for B, T, H in [(1, 100, 2), (2, 1, 1), (1, 200, 1)]:
