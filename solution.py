@@ -6220,8 +6220,8 @@ __device__ __forceinline__ void sync_all() { asm volatile("barrier.sync 2, 384;\
 __device__ __forceinline__ void wg0_sync() { asm volatile("barrier.sync 5, 128;\n" ::: "memory"); }
 // Row t of a (B, T, H, 128) float32 input x of (b, t, h) strides st (elements; unit d-stride, 16-byte aligned rows:
 // any stride a multiple of 4, 0 included). In 32 bits: the plan requires every element offset of q, k, v and dy
-// below 2^31 (Layout::off32); the 64-bit form held more registers in pass A's loop
-// (its spills: perf-notes, thirty-fourth session).
+// below 2^31 (Layout::off32); the 64-bit form lengthened pass A's loop and slowed it
+// (perf-notes, thirty-fourth session).
 __device__ __forceinline__ const float* row_of(const void* x, const Strides4& st, int64_t b, int64_t h, int t) {
   return static_cast<const float*>(x) + ((int)b * (int)st.b + t * (int)st.t + (int)h * (int)st.h);
 }
