@@ -8709,11 +8709,11 @@ std::string plan_backward_text(int64_t B, int64_t T, int64_t H, int64_t Dk, int6
   if (!check_sizes(s)) return std::string();
   const DType dt = static_cast<DType>(dtype);
   const int V = 16 / elem_size(dt);
-  const bool off32 = (double)B * T * H * std::max(Dk, Dv) <= 2147483648.0;  // (contiguous: the last offset is one less)
-  const Layout lay{Dv % V == 0, Dv % V == 0, Dk % V == 0, Dk % V == 0, false, true, false, off32};
+  const Layout lay{Dv % V == 0, Dv % V == 0, Dk % V == 0, Dk % V == 0, false, true};
   Plan dq, bwd;
   bool dq_pass = true;
-  const Layout lay_fwd{Dk % V == 0, Dk % V == 0, Dv % V == 0, Dv % V == 0, false, true, false, off32};
+  // (off32 left true: for dense inputs make_plan_backward's B T H D check is the same condition)
+  const Layout lay_fwd{Dk % V == 0, Dk % V == 0, Dv % V == 0, Dv % V == 0, false, true};
   if (!make_plan_backward(s, dt, lay, lay_fwd, device_limits(), kernel, segments, dq, bwd, dq_pass)) return std::string();
   std::string text = describe(bwd) + "\ndq: " + (dq_pass ? describe(dq) : cat("in ", kKernelNames[(int)bwd.kernel]));
   if (bwd.kernel == Kernel::chunk_bwd_sm90_fp32) {
