@@ -2585,8 +2585,9 @@ SM_DESC_SRC = r"""
 // A no-swizzle shared-memory matrix descriptor: start address, LBO (core matrices adjacent in K), SBO
 // (adjacent in M / N), bytes.
 // The address goes through an opaque move: descriptors are rebuilt where they are used (a few integer
-// operations) instead of being hoisted out of the chunk loop into two registers each.
-__device__ __forceinline__ uint64_t sm_desc(const void* p, uint32_t lbo, uint32_t sbo) {
+// operations) instead of being hoisted out of the chunk loop into two registers each. (Unused in the float32
+// backward's unit, which adds offsets to one laundered start: od.)
+[[maybe_unused]] __device__ __forceinline__ uint64_t sm_desc(const void* p, uint32_t lbo, uint32_t sbo) {
   uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
   asm volatile("mov.b32 %0, %0;\n" : "+r"(a));
   return (uint64_t)((a & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
@@ -6179,16 +6180,23 @@ struct Op {
 __device__ __forceinline__ Op kmaj(int off, int lo_off, int rows) { return {off, off + lo_off, rows * 16, 128, 32 * rows}; }
 __device__ __forceinline__ Op mnmaj(int off, int lo_off, int krows) { return {off, off + lo_off, 128, krows * 16, 256}; }
 __device__ __forceinline__ uint64_t od(const unsigned char* sm, const Op& o, int kb, int lo) {
-  return sm_desc(sm + (lo ? o.lo : o.hi) + kb * o.step, o.lbo, o.sbo);
+  // (the start's >> 4 laundered a descriptor, as sm_desc's address, so that they are not all computed ahead; then
+  // one add: shared addresses stay below 2^18 and every offset is a multiple of 16, so the sum fits the 14-bit field
+  // and the LBO bits add without carry)
+  uint32_t a = (uint32_t)__cvta_generic_to_shared(sm) >> 4;
+  asm volatile("mov.b32 %0, %0;\n" : "+r"(a));
+  a += ((uint32_t)((lo ? o.lo : o.hi) + kb * o.step) >> 4) + ((uint32_t)(o.lbo >> 4) << 16);
+  return (uint64_t)a | ((uint64_t)(o.sbo >> 4) << 32);
 }
 // d (=, or += with !ZERO) A B over KSTEPS k16 steps, both operands pairs in shared memory; one commit group.
 template <int TERMS, int TA, int TB, int KSTEPS, bool ZERO, int R>
 __device__ __forceinline__ void ss_product(float (&d)[R], const unsigned char* sm, const Op& a, const Op& b) {
+  wg_fence();
+  ss_terms<TERMS, TA, TB, ZERO>(d, od(sm, a, 0, 0), od(sm, a, 0, 1), od(sm, b, 0, 0), od(sm, b, 0, 1));
 #pragma unroll
-  for (int kb = 0; kb < KSTEPS; ++kb) {
+  for (int kb = 1; kb < KSTEPS; ++kb) {
     wg_fence();
-    if (ZERO && kb == 0) ss_terms<TERMS, TA, TB, true>(d, od(sm, a, kb, 0), od(sm, a, kb, 1), od(sm, b, kb, 0), od(sm, b, kb, 1));
-    else ss_terms<TERMS, TA, TB, false>(d, od(sm, a, kb, 0), od(sm, a, kb, 1), od(sm, b, kb, 0), od(sm, b, kb, 1));
+    ss_terms<TERMS, TA, TB, false>(d, od(sm, a, kb, 0), od(sm, a, kb, 1), od(sm, b, kb, 0), od(sm, b, kb, 1));
   }
   wg_commit();
 }
@@ -6209,8 +6217,10 @@ __device__ __forceinline__ void rs_kstep(float (&d)[R], const uint32_t (&ah)[4],
 __device__ __forceinline__ void consumers_sync() { asm volatile("barrier.sync 1, 256;\n" ::: "memory"); }
 """
 # What both kernels of chunk_bwd_sm90_fp32 share, spliced into each one's namespace (it reads that kernel's layout
-# constants: kTab, kTabBuf, kGates, kA, kWt, kBeta, kBW, kTile, kScl): the tables, the barriers, the raw rows' loads
-# and their split into fp16 pairs, the tile exponents.
+# constants: kTab, kTabBuf, kGates, kA, kWt, kBeta, kBW, kTile, kScl, kRawUnroll): the tables, the barriers, the raw
+# rows' loads and their split into fp16 pairs, the tile exponents. kRawUnroll, the unroll count of the raw rows'
+# cp.async loop: 1 in pass A, whose chunk loop is bound by instruction fetch (its code outgrew the instruction cache:
+# docs/perf-notes.md), full in pass B, whose loop fits and loses time rolled.
 BWD_FP32_SHARED_SRC = r"""
 __device__ __forceinline__ float* ltab(unsigned char* sm, int ch) {
   return reinterpret_cast<float*>(sm + kTab + (ch & 1) * kTabBuf);
@@ -6307,7 +6317,7 @@ __device__ __forceinline__ uint32_t raw_off(int t, int c16) { return (uint32_t)(
 __device__ __forceinline__ void issue_raw(const Params& p, unsigned char* sm, int base, const void* x,
                                           const Strides4& st, int64_t b, int64_t h, int ch, int lt) {
   const int c16 = lt & 31;
-#pragma unroll
+#pragma unroll kRawUnroll
   for (int i = 0; i < 8; ++i) {
     const int t = (lt >> 5) + 8 * i;
     const bool valid = ch * 64 + t < p.T;
@@ -6352,9 +6362,8 @@ __device__ __forceinline__ void put_max(const Params& p, unsigned char* sm, int 
 }
 __device__ __forceinline__ int max_exp(float m) {  // the exponent e of a tile of maximum m
   if (!(m > 0.f)) return 0;
-  int ex;
-  const float fr = frexpf(m, &ex);  // m = fr 2^ex, fr in [0.5, 1): ceil(log2 m) = ex, or ex - 1 at fr = 0.5
-  return max((fr == 0.5f ? ex - 1 : ex) - 15, -126);
+  const int bits = __float_as_int(m);  // ceil(log2 m) from the bits (pass B's row_exp; a subnormal m: -126 after the
+  return max((bits >> 23) - 127 + ((bits & 0x7fffff) != 0) - 15, -126);  // clamp, as frexpf's form gave)
 }
 template <int N>
 __device__ __forceinline__ int tile_exp(const unsigned char* sm, int tile, int first = 0) {
@@ -6509,6 +6518,7 @@ constexpr int kA = 2080, kWt = kA + 64, kBeta = kA + 128, kBW = kA + 192, kTabBu
 // kScl: 512 B of exponents: G's tile slots, the steps' exponent tables and E's slots (kEq ..).
 constexpr int kGates = kTab + 2 * kTabBuf, kScl = kGates + 256, kSmem = kScl + 512;
 static_assert(kSmem == kChunkBwdSm90Fp32DvSmem, "the dv kernel's shared memory (PRELUDE)");
+constexpr int kRawUnroll = 8;  // (BWD_FP32_SHARED_SRC)
 constexpr int kAuxRegs = 40, kConsRegs = 232;
 static_assert(kAuxRegs * 128 + kConsRegs * 256 <= 65536, "the split fits the register file");
 """ + BWD_FP32_SHARED_SRC + r"""
@@ -6873,6 +6883,7 @@ constexpr int kGates = kTab + 2 * kTabBuf, kPart = kGates + 256;
 // slots of odd chunks (sLxOdd).
 constexpr int kPartBuf = (1672 + 512) * 4, kScl = kPart + 2 * kPartBuf, kES = kScl + 320, kSmem = kScl + 512;
 static_assert(kSmem == kChunkBwdSm90Fp32Smem, "the dq kernel's shared memory (PRELUDE)");
+constexpr int kRawUnroll = 1;  // (BWD_FP32_SHARED_SRC)
 constexpr int kAuxRegs = 56, kConsRegs = 224;  // (chunk_bwd_sm90's split: its WG0 spilled at 40 with dgate's sums)
 static_assert(kAuxRegs * 128 + kConsRegs * 256 <= 65536, "the split fits the register file");
 """ + BWD_FP32_SHARED_SRC + r"""
@@ -7002,8 +7013,8 @@ __device__ __forceinline__ void load_rows(const void* x_in, const Strides4& st, 
   for (int m = 0; m < 4; ++m) {
     const float4* src =
         reinterpret_cast<const float4*>(row_of(x, st, b, h, valid ? ch * 64 + t : 0) + 8 * (4 * m + kq));
-    v[m][0] = valid ? __ldg(src) : make_float4(0.f, 0.f, 0.f, 0.f);
-    v[m][1] = valid ? __ldg(src + 1) : make_float4(0.f, 0.f, 0.f, 0.f);
+    v[m][0] = valid ? src[0] : make_float4(0.f, 0.f, 0.f, 0.f);  // (weak loads: not moved below barrier (1a))
+    v[m][1] = valid ? src[1] : make_float4(0.f, 0.f, 0.f, 0.f);
   }
 }
 // A raw tile split in place into its pair: every thread's share read, then (barrier) written; the tile's maximum
@@ -7034,7 +7045,7 @@ __device__ __forceinline__ float put_dya(unsigned char* sm, const float* L, int 
   const int t = 8 * (lt >> 5) + (lt & 7), kq = (lt >> 3) & 3;
   const float a = L[kA + t];
   float mx = 0.f;
-#pragma unroll
+#pragma unroll 1
   for (int m = 0; m < 4; ++m) {
     const int off = (4 * m + kq) * 1024 + t * 16;
     const uint4 hi = *reinterpret_cast<const uint4*>(sm + kY + off);
@@ -7106,6 +7117,20 @@ __device__ __forceinline__ void put_weights(unsigned char* sm, const float (&X)[
       *reinterpret_cast<uint32_t*>(sm + kMQ + kW + off) = lo;
     }
 }
+// x[n] (n = 0..7) summed over the 8 lanes g (lane bits 2..4) by reduce-scatter: x[0] ends as the sum of n = g, in the
+// butterfly's order (g ^ 1, then g ^ 2, then g ^ 4: the same roundings as x += shfl_xor(x, 4), (8), (16))
+__device__ __forceinline__ float sum8_scatter(float (&x)[8], int g) {
+#pragma unroll
+  for (int s = 0; s < 3; ++s) {
+    const bool up = (g >> s) & 1;
+#pragma unroll
+    for (int m = 0; m < (4 >> s); ++m) {
+      const float a = x[2 * m], b = x[2 * m + 1];
+      x[m] = (up ? b : a) + __shfl_xor_sync(0xffffffffu, up ? a : b, 4 << s);
+    }
+  }
+  return x[0];
+}
 // A pair's value: its fp16 hi + lo times the tile's 2^e (sc), the row dots' operand (as the model's)
 __device__ __forceinline__ float ldp(const unsigned char* p, float sc) { return (ld16(p) + ld16(p + kTile)) * sc; }
 // Column u of a transposed 64 x 64 accumulator X[i][u] (rows i = ir (+8)) against row u of a pair tile, over this
@@ -7113,17 +7138,16 @@ __device__ __forceinline__ float ldp(const unsigned char* p, float sc) { return 
 __device__ __forceinline__ void col_dots(const unsigned char* sm, const float (&X)[32], int tile, int ir, float* part,
                                          int g, int q, float sc) {
 #pragma unroll
-  for (int n = 0; n < 8; ++n)
+  for (int e = 0; e < 2; ++e) {
+    float x[8];
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
+    for (int n = 0; n < 8; ++n) {
       const int u = 8 * n + 2 * q + e;
-      float x = X[4 * n + e] * ldp(sm + tile + (ir >> 3) * 1024 + u * 16 + (ir & 7) * 2, sc) +
-                X[4 * n + 2 + e] * ldp(sm + tile + ((ir >> 3) + 1) * 1024 + u * 16 + (ir & 7) * 2, sc);
-      x += __shfl_xor_sync(0xffffffffu, x, 4);
-      x += __shfl_xor_sync(0xffffffffu, x, 8);
-      x += __shfl_xor_sync(0xffffffffu, x, 16);
-      if (g == 0) part[u] = x;
+      x[n] = X[4 * n + e] * ldp(sm + tile + (ir >> 3) * 1024 + u * 16 + (ir & 7) * 2, sc) +
+             X[4 * n + 2 + e] * ldp(sm + tile + ((ir >> 3) + 1) * 1024 + u * 16 + (ir & 7) * 2, sc);
     }
+    part[8 * g + 2 * q + e] = sum8_scatter(x, g);  // (u = 8 g + 2 q + e)
+  }
 }
 // A transposed accumulator X[i][t] (rows i = ir (+8), columns t = 8 n + 2 q + e) to out[(b, ch 64 + t, h)][i]
 // ((B, T, H, 128) contiguous), times scale[t] (or 1); rows t < T only; their maximum flags. 32-bit offsets from one
@@ -7136,6 +7160,7 @@ __device__ __forceinline__ void store_t(void* out, const Params& p, int64_t b, i
   const int left = p.T - ch * 64 - 2 * q;
   // (the stride opaque, so that its 16 row offsets are not hoisted above the chunk loop: they spilled)
   asm volatile("" : "+r"(rs));
+  asm volatile("" : "+l"(o));  // (one 64-bit base: each row one wide multiply-add; st.global: o is a global address)
   float m = 0.f;
 #pragma unroll
   for (int n = 0; n < 8; ++n)
@@ -7145,8 +7170,8 @@ __device__ __forceinline__ void store_t(void* out, const Params& p, int64_t b, i
       const float sc = scale ? scale[8 * n + 2 * q + e] : 1.f;
       float* r = o + (8 * n + e) * rs;
       const float x0 = X[4 * n + e] * sc, x1 = X[4 * n + 2 + e] * sc;
-      r[0] = x0;
-      r[8] = x1;
+      asm volatile("st.global.f32 [%0], %1;\n" ::"l"(r), "f"(x0));
+      asm volatile("st.global.f32 [%0+32], %1;\n" ::"l"(r), "f"(x1));
       m = fmax_nan(m, fmax_nan(fabsf(x0), fabsf(x1)));
     }
   flag_if(p, !isfinite(m));
@@ -7249,17 +7274,15 @@ __device__ __forceinline__ void consumer(const Params& p, unsigned char* sm_in, 
 #pragma unroll
       for (int i = 0; i < 32; ++i) M[i] = M[i] * ee * elx;
 #pragma unroll
-      for (int n = 0; n < 8; ++n)
+      for (int e = 0; e < 2; ++e) {
+        float xs[8];
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
+        for (int n = 0; n < 8; ++n) {
           const int t = 8 * n + 2 * q + e, u = 16 * wl + g;
-          float x = (u >= t ? L[lp(u, t)] * M[4 * n + e] : 0.f) +
-                    (u + 8 >= t ? L[lp(u + 8, t)] * M[4 * n + 2 + e] : 0.f);
-          x += __shfl_xor_sync(0xffffffffu, x, 4);
-          x += __shfl_xor_sync(0xffffffffu, x, 8);
-          x += __shfl_xor_sync(0xffffffffu, x, 16);
-          if (g == 0) part[1672 + slot * 64 + t] = x;
+          xs[n] = (u >= t ? L[lp(u, t)] * M[4 * n + e] : 0.f) + (u + 8 >= t ? L[lp(u + 8, t)] * M[4 * n + 2 + e] : 0.f);
         }
+        part[1672 + slot * 64 + 8 * g + 2 * q + e] = sum8_scatter(xs, g);  // (t = 8 g + 2 q + e)
+      }
     }
     // R^T = S dY^T: S's rows ir, ir + 8 from the checkpoint (fp32, L2: WG0 prefetched them), split a k-step at a
     // time times 2^-e_S (WG0's exponent of the whole checkpoint); c0's part (sum S o G) from the same values,
