@@ -6362,8 +6362,8 @@ __device__ __forceinline__ void put_max(const Params& p, unsigned char* sm, int 
 }
 __device__ __forceinline__ int max_exp(float m) {  // the exponent e of a tile of maximum m
   if (!(m > 0.f)) return 0;
-  const int bits = __float_as_int(m);  // ceil(log2 m) from the bits (pass B's row_exp; a subnormal m: -126 after the
-  return max((bits >> 23) - 127 + ((bits & 0x7fffff) != 0) - 15, -126);  // clamp, as frexpf's form gave)
+  const int bits = __float_as_int(m);  // ceil(log2 m) from the bits, as pass B's row_exp (a subnormal m clamps)
+  return max((bits >> 23) - 127 + ((bits & 0x7fffff) != 0) - 15, -126);
 }
 template <int N>
 __device__ __forceinline__ int tile_exp(const unsigned char* sm, int tile, int first = 0) {
