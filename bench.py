@@ -99,14 +99,18 @@ FLOOR_CHUNK = 64  # the chunk of the compute floor's count
 SPLIT = {"float32": 3, "bfloat16": 2, "float16": 1}  # product terms the accuracy bar needs
 
 
-def measure_rates():
-    """The floors' rates on this device, now: a 1 GiB device copy (TB/s, bytes read plus written) and a
-    8192^3 torch.matmul in bf16 and in TF32 (TFLOPS)."""
+def copy_rate():
+    """A 1 GiB device copy's rate (TB/s, bytes read plus written); its buffers freed on return."""
     x = torch.empty(2 ** 28, device="cuda")
     y = torch.empty_like(x)
     t = kernelbench_time(lambda: y.copy_(x), [], trials=10, flush=False)["median"] * 1e-3
-    rates = {"copy_TBps": 2 * x.numel() * 4 / t / 1e12}
-    del x, y
+    return 2 * x.numel() * 4 / t / 1e12
+
+
+def measure_rates():
+    """The floors' rates on this device, now: a 1 GiB device copy (TB/s, bytes read plus written) and a
+    8192^3 torch.matmul in bf16 and in TF32 (TFLOPS)."""
+    rates = {"copy_TBps": copy_rate()}
     n = 8192
     tf32 = torch.backends.cuda.matmul.allow_tf32
     for name, dtype, allow in (("bf16_TFLOPS", torch.bfloat16, tf32), ("tf32_TFLOPS", torch.float32, True)):

@@ -46,7 +46,7 @@ def main():
             stretches.append(cur)
         cur["n"] += 1
         cur["samples"] += number(r[total])
-    print(f"\nstretches by samples (a stretch starts at its synchronisation instruction):")
+    print("\nstretches by samples (a stretch starts at its synchronisation instruction):")
     for st in sorted(stretches, key=lambda x: -x["samples"])[:a.top]:
         print(f"{st['samples']:9.0f} {100 * st['samples'] / max(all_samples, 1):5.1f}%  {st['n']:5d} instr  {st['first'][:100]}")
     print(f"\ntop {a.top} instructions:")
