@@ -2599,15 +2599,8 @@ WGMMA_SRC = ("\n// ===================================== wgmma: the sm_90a units
              "".join(_wgmma(n, True, 0, z, "tf32") for n in (64, 128) for z in (True, False)) + WGMMA_TF32_SRC +
              "}  // namespace\n}  // namespace gr\n")
 
-SM90_SRC = r"""
-// ===================================== sm90: what both chunk_sm90 instantiations share =========
-// TMA loads and stores on mbarriers, shared-memory matrix descriptors, named barriers, the gate tables of a
-// 64-step chunk and the TMA maps (host).
-#include <cudaTypedefs.h>  // CUtensorMap, PFN_cuTensorMapEncodeTiled_v12000
-namespace gr {
-namespace {
-
-// mbarriers for the TMA loads (one arrival: the aux thread that arms it with the byte count).
+# mbarriers for TMA loads (SM90_SRC; the dev probes read them from here).
+MBAR_SRC = r"""// mbarriers for the TMA loads (one arrival: the aux thread that arms it with the byte count).
 __device__ __forceinline__ void mbar_init(uint64_t* bar) {
 #ifdef GR_WGMMA
   asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"((uint32_t)__cvta_generic_to_shared(bar)) : "memory");
@@ -2628,7 +2621,16 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
                  : "=r"(done) : "r"((uint32_t)__cvta_generic_to_shared(bar)), "r"(parity) : "memory");
 #endif
 }
-// One 64-step tile of a map (tile_map): box {8, 64, D / 8, 1, 1} at (0, t0, 0, h, b), landing as the
+"""
+SM90_SRC = r"""
+// ===================================== sm90: what both chunk_sm90 instantiations share =========
+// TMA loads and stores on mbarriers, shared-memory matrix descriptors, named barriers, the gate tables of a
+// 64-step chunk and the TMA maps (host).
+#include <cudaTypedefs.h>  // CUtensorMap, PFN_cuTensorMapEncodeTiled_v12000
+namespace gr {
+namespace {
+
+""" + MBAR_SRC + r"""// One 64-step tile of a map (tile_map): box {8, 64, D / 8, 1, 1} at (0, t0, 0, h, b), landing as the
 // core-matrix layout; completes on bar.
 __device__ __forceinline__ void tma_tile(void* dst, const CUtensorMap* map, int t0, int h, int b, uint64_t* bar) {
 #ifdef GR_WGMMA

@@ -40,27 +40,13 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
-from tools.sm90_build import build, print_build, probe_cuda, solution_function  # noqa: E402
+from tools.sm90_build import build, print_build, probe_cuda, solution_function, solution_source  # noqa: E402
 
 _wgmma = solution_function("_wgmma")
 FORMS = "".join(_wgmma(n, False, tb, z) for n, tb in ((64, 0), (64, 1), (128, 1)) for z in (True, False))
 
-CUDA_SRC = r"""
-// ---- mbarrier and TMA (one arrival: the issuing thread arms the byte count) ----
-__device__ __forceinline__ void mbar_init(uint64_t* bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"((uint32_t)__cvta_generic_to_shared(bar)) : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-__device__ __forceinline__ void mbar_expect(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-               ::"r"((uint32_t)__cvta_generic_to_shared(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done)
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done) : "r"((uint32_t)__cvta_generic_to_shared(bar)), "r"(parity) : "memory");
-}
+CUDA_SRC = solution_source("MBAR_SRC") + r"""
+// ---- TMA (mbar_init, mbar_expect, mbar_wait: solution.py's MBAR_SRC, before this text) ----
 __device__ __forceinline__ void tma4(void* dst, const CUtensorMap* map, int c0, int c1, int c2, int c3, uint64_t* bar) {
   asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
                ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
