@@ -312,17 +312,19 @@ inline size_t chunk_bf16_smem(int NV, int DKP) {
          2 * (2 * 32 * 40 + 2 * (size_t)DKP * (NV + 8) + 2 * (2 * 32 * (dkq + 8) + 32 * (size_t)(NV + 8)));
 }
 // chunk_sm90 (bytes; one block of an aux and two consumer warpgroups a (b, h, segment); D_v = 128): three
-// stages of q, k (64 x DK) and v (64 x 128) bf16 tiles; two slots of what the aux warpgroup forms for the
-// consumers (P' hi and lo, 64 x 64 bf16, and the gate tables, kSm90Tab floats); y staged for its TMA store,
-// 64 x 64 bf16 a consumer warpgroup, twice; an mbarrier a stage.
+// stages of q, k (64 x DK) and v (64 x 128) bf16 tiles; y staged for its TMA store, 64 x 64 bf16 a consumer
+// warpgroup, twice; two slots of what the aux warpgroup forms for the consumers (P' hi and lo, 64 x 64 bf16,
+// and the gate tables, kSm90Tab floats); an mbarrier a stage. The TMA regions (stages, y) come first: their
+// 128-byte swizzled boxes need 1024-byte alignment.
 enum : int { kSm90Tab = 464 + 64 * 16, kSm90Threads = 384 };  // kSm90Threads: aux + two consumer warpgroups
 template <int DK>
 struct Sm90Layout {
   static constexpr int kQ = 64 * DK * 2, kV = 64 * 128 * 2, kStage = 2 * kQ + kV, kStages = 3;
   static constexpr int kPh = 0, kPl = 8192, kTb = 16384, kDer = kTb + (kSm90Tab * 4 + 127) / 128 * 128;
   static constexpr int kYBuf = 64 * 64 * 2;  // one consumer warpgroup's y tile
-  static constexpr int kDer0 = kStages * kStage, kY = kDer0 + 2 * kDer, kBars = kY + 2 * 2 * kYBuf;
+  static constexpr int kY = kStages * kStage, kDer0 = kY + 2 * 2 * kYBuf, kBars = kDer0 + 2 * kDer;
   static constexpr int kBytes = kBars + 8 * kStages;
+  static_assert(kQ % 1024 == 0 && kStage % 1024 == 0 && kY % 1024 == 0 && kYBuf % 1024 == 0, "swizzle atoms");
 };
 // chunk_sm90 on float32 (bytes; D_k = D_v = 128, CHUNK_SM90_TF32_SRC): q hi and lo (64 x 128 fp32 each; k lands
 // in lo first), K^T hi and lo (rows padded to 2064 bytes), P' hi and lo (rows padded to 1040), v (then y staged
@@ -508,18 +510,21 @@ __device__ __forceinline__ bool load_tile_any(bool vec, float* dst, int ld, cons
 }
 
 // Four 8x8 b16 matrices (or 8x4 fp32 tiles) of shared memory in one instruction; lane l receives
-// element (l / 4, l % 4) of tile i in r[i] (as 32-bit words), the mma fragment layout. `row` is this
-// lane's address: row l % 8 of tile l / 8 (16-byte aligned). TRANS: each 8x8 b16 tile transposed
+// element (l / 4, l % 4) of tile i in r[i] (as 32-bit words), the mma fragment layout. `row` (or `a`, its
+// shared-window address) is this lane's address: row l % 8 of tile l / 8 (16-byte aligned). TRANS: each 8x8 b16 tile transposed
 // (lane l receives elements (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4)).
 template <bool TRANS = false>
-__device__ __forceinline__ void ldm4(uint32_t (&r)[4], const void* row) {
-  const uint32_t a = (uint32_t)__cvta_generic_to_shared(row);
+__device__ __forceinline__ void ldm4_at(uint32_t (&r)[4], uint32_t a) {  // (a: the shared-window address)
   if constexpr (TRANS)
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
   else
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+template <bool TRANS = false>
+__device__ __forceinline__ void ldm4(uint32_t (&r)[4], const void* row) {
+  ldm4_at<TRANS>(r, (uint32_t)__cvta_generic_to_shared(row));
 }
 
 // BYTES (16, or 4: one element) global -> shared without passing through registers; `valid` false
@@ -2630,8 +2635,8 @@ SM90_SRC = r"""
 namespace gr {
 namespace {
 
-""" + MBAR_SRC + r"""// One 64-step tile of a map (tile_map): box {8, 64, D / 8, 1, 1} at (0, t0, 0, h, b), landing as the
-// core-matrix layout; completes on bar.
+""" + MBAR_SRC + r"""// One 64-step tile of a map (tile_map): its box at (0, t0, 0, h, b), landing in the map's layout (bf16: 128-byte
+// swizzled groups; TF32: core matrices); completes on bar.
 __device__ __forceinline__ void tma_tile(void* dst, const CUtensorMap* map, int t0, int h, int b, uint64_t* bar) {
 #ifdef GR_WGMMA
   asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5, %6}], [%7];\n"
@@ -2639,8 +2644,8 @@ __device__ __forceinline__ void tma_tile(void* dst, const CUtensorMap* map, int 
                  "r"((uint32_t)__cvta_generic_to_shared(bar)) : "memory");
 #endif
 }
-// A consumer warpgroup's 64 columns of y (core-matrix layout in shared memory) to global memory at
-// (0, t0, cg0, h, b); rows past T are not written. One bulk group; wait_read<N>: at most N groups of this
+// A consumer warpgroup's 64 columns of y (in the map's layout in shared memory) to global memory at
+// (0, t0, cg0, h, b), cg0 in the map's column groups; rows past T are not written. One bulk group; wait_read<N>: at most N groups of this
 // thread still reading shared memory (wait_all: written).
 __device__ __forceinline__ void tma_store(const CUtensorMap* map, const void* src, int t0, int cg0, int h, int b) {
 #ifdef GR_WGMMA
@@ -2745,11 +2750,14 @@ __device__ __forceinline__ void write_tables64(float* tb, float g0, float g1, fl
   }
 }
 // The TMA map of a (B, T, H, D) bf16 or fp32 tensor moved 64 steps at a time, in five dimensions (d % e, t,
-// d / e, h, b) with e = 16 bytes of elements, so that one box {e, 64, box_groups, 1, 1} is the no-swizzle
-// core-matrix layout ([d / e][t][d % e]); loads zero-fill rows past T, stores skip them. A broadcast h or b
-// (stride 0) is one entry, read at coordinate 0 (mask 0).
+// d / e, h, b), one box {e, 64, box_groups, 1, 1} a tile: [d / e][t][d % e] in shared memory. sw128 (bf16):
+// e = 128 bytes of elements, each 64 x 128-byte group swizzled (CU_TENSOR_MAP_SWIZZLE_128B: the 16-byte piece j
+// of row t at piece j ^ (t % 8); sw_off), 8 KB apart. Else e = 16 bytes, the no-swizzle core-matrix layout
+// (TF32). Wide boxes: a quarter of the load requests (dev/tma_swizzle_probe.py streams q, k, v at S4 1.8x
+// faster so). Loads zero-fill rows past T, stores skip them. A broadcast h or b (stride 0) is one entry, read
+// at coordinate 0 (mask 0).
 CUresult tile_map(CUtensorMap* m, int& hmask, int& bmask, const void* base, DType dt, int D, int H, int T, int64_t B,
-                  const Strides4& st, int box_groups) {
+                  const Strides4& st, int box_groups, bool sw128) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
   if (encode == nullptr) {
     cudaDriverEntryPointQueryResult found;
@@ -2761,14 +2769,15 @@ CUresult tile_map(CUtensorMap* m, int& hmask, int& bmask, const void* base, DTyp
   }
   hmask = st.h == 0 ? 0 : -1;
   bmask = st.b == 0 ? 0 : -1;
-  const int es = dt == DType::f32 ? 4 : 2, e = 16 / es;
+  const int es = dt == DType::f32 ? 4 : 2, ew = sw128 ? 128 : 16, e = ew / es;
   const cuuint64_t dims[5] = {(cuuint64_t)e, (cuuint64_t)T, (cuuint64_t)(D / e), st.h == 0 ? 1 : (cuuint64_t)H,
                               st.b == 0 ? 1 : (cuuint64_t)B};
-  const cuuint64_t strides[4] = {(cuuint64_t)(st.t * es), 16, st.h == 0 ? 16 : (cuuint64_t)(st.h * es),
+  const cuuint64_t strides[4] = {(cuuint64_t)(st.t * es), (cuuint64_t)ew, st.h == 0 ? 16 : (cuuint64_t)(st.h * es),
                                  st.b == 0 ? 16 : (cuuint64_t)(st.b * es)};  // bytes, dimensions 1 .. 4
   const cuuint32_t box[5] = {(cuuint32_t)e, 64, (cuuint32_t)box_groups, 1, 1}, one[5] = {1, 1, 1, 1, 1};
   return encode(m, dt == DType::f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, const_cast<void*>(base), dims, strides, box, one,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, sw128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 }  // namespace
@@ -3212,9 +3221,9 @@ CHUNK_SM90_SRC = r"""
 // 16-byte aligned), built for sm_90a only (its own unit). One block of three warpgroups per (b, h,
 // segment), warp-specialised, synchronised by named barriers (FULL: a chunk's operands ready; DONE: its
 // buffers free) and never by the whole block:
-//   aux warpgroup       one thread issues the TMA loads of q, k, v (a 5-d map whose box lands as the
-//                       no-swizzle core-matrix layout: element (r, c) of a 64-row tile at byte
-//                       (c / 8) 1024 + 16 r + 2 (c % 8)) into three stages on mbarriers, two chunks ahead;
+//   aux warpgroup       one thread issues the TMA loads of q, k, v (a 5-d map whose box lands as 128-byte
+//                       swizzled groups of 64 columns: element (r, c) of a 64-row tile at sw_off(r, c)) into
+//                       three stages on mbarriers, two chunks ahead;
 //                       the four warps form chunk c's gate tables (fp32, no quotient) and
 //                       P = Q K^T (SS), masked, decayed and beta-scaled, as P' bf16 hi + lo, a chunk
 //                       ahead of the consumers (two slots).
@@ -3223,8 +3232,12 @@ CHUNK_SM90_SRC = r"""
 //                       memory; per chunk:
 //     O1  = S^T Q^T                 RS: the accumulators split into bf16 hi + lo a k-step at a time
 //     Y^T = O1 diag(G) + V^T P'^T   RS: V^T fragments by ldmatrix.trans against P' hi and lo
-//     y                             staged in the core-matrix layout, one TMA store a warpgroup
+//     y                             staged swizzled, one TMA store a warpgroup
 //     U   = (V^T diag(w)) K         RS: V^T w split into hi + lo; K read MN-major from the same tile
+// The wgmma descriptors of the swizzled tiles (dev/tma_swizzle_probe.py settled them): K-major, SBO 1 KB (8-row
+// groups), a k-step +32 bytes inside the 128-byte row, +8 KB to the next 64 columns; MN-major (K read
+// transposed), SBO 1 KB, LBO 8 KB (the next 64 columns), a k-step of 16 rows +2 KB. P' stays in the
+// no-swizzle core-matrix layout (cm_off): threads write it.
 //     S^T = gamma S^T + U           one fp32 FMA an element (an accumulator is not summed round-to-nearest)
 // Each fp32 operand is two bf16 terms against exact bf16 inputs, as in chunk_bf16: y's error is its own
 // bf16 rounding. setmaxnreg moves registers from the aux warpgroup to the consumers. A chunk whose v holds a
@@ -3235,9 +3248,19 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-// Byte offset of element (r, c) of a 64-row tile in the core-matrix layout: column group c / 8 is 1 KB.
+// Byte offset of element (r, c) of a 64-row tile in the core-matrix layout (P'): column group c / 8 is 1 KB.
 __device__ __forceinline__ uint32_t cm_off(int r, int c) { return (uint32_t)((c >> 3) * 1024 + r * 16 + (c & 7) * 2); }
-
+// Byte offset of element (r, c) of a TMA tile (q, k, v, y): 64 columns a group of 64 rows x 128 bytes (8 KB), the
+// 16-byte piece (c / 8) % 8 of row r stored at piece ((c / 8) ^ r) % 8 (CU_TENSOR_MAP_SWIZZLE_128B on a
+// 1024-byte aligned group).
+__device__ __forceinline__ uint32_t sw_off(int r, int c) {
+  return (uint32_t)((c >> 6) * 8192 + r * 128 + ((((c >> 3) ^ r) & 7) << 4) + (c & 7) * 2);
+}
+// A descriptor of a swizzled tile (layout type 1, 128-byte swizzle, bits 62-63): K-major with lbo unused, or
+// MN-major with lbo the next 64 columns' group.
+__device__ __forceinline__ uint64_t sw_desc(const void* p, uint32_t lbo) { return sm_desc(p, lbo, 1024) | (1ull << 62); }
+// A K-major swizzled tile's k-step kb (16 bf16): 32 bytes along the row, then the next group of 64 columns.
+__device__ __forceinline__ uint32_t sw_kstep(int kb) { return 32 * (kb & 3) + 8192 * (kb >> 2); }
 // Whether a thread's V^T fragments hold a NaN or inf (exponent bits all ones in a half).
 __device__ __forceinline__ bool frags_bad(const uint32_t (&f)[4][4]) {
   uint32_t bad = 0;
@@ -3285,9 +3308,6 @@ __device__ __forceinline__ void store_pprime(const float (&P)[32], unsigned char
   }
 }
 
-// K as the state update's B operand, MN-major (no swizzle): LBO (K direction, 8 steps) = 128 bytes, SBO (N
-// direction, 8 columns of D_k) = 1 KB, as dev/chunk_sm90.py's probe settled (the other reading is wrong).
-__device__ __forceinline__ uint64_t mn_desc(const void* p) { return sm_desc(p, 128, 1024); }
 
 // Registers a thread after the split (setmaxnreg; the launch gives 168 each, 384 x 168 in all): the aux
 // warpgroup needs P (32) and its masks, a consumer S (D_k / 2), its hi and lo fragments and Y.
@@ -3321,8 +3341,11 @@ __device__ __forceinline__ void chunk_sm90_bf16(const ChunkParams& p, const Sm90
   auto raw = [&](int c) { return sm + (c % L::kStages) * L::kStage; };
   auto derived = [&](int c) { return sm + L::kDer0 + (c & 1) * L::kDer; };
   uint64_t* bars = reinterpret_cast<uint64_t*>(sm + L::kBars);  // stage s's TMA loads complete
-  if (tid == 0)
+  if (tid == 0) {
+    // the swizzled tiles' pattern follows address bits 7-9: the layout assumes a 1024-byte aligned base
+    if (__cvta_generic_to_shared(sm) & 1023) __trap();
     for (int s = 0; s < L::kStages; ++s) mbar_init(bars + s);
+  }
   __syncthreads();
 
   if (wg == 0) {
@@ -3366,12 +3389,13 @@ __device__ __forceinline__ void chunk_sm90_bf16(const ChunkParams& p, const Sm90
       if (VARLEN && se - (sb + 64 * c) < 64) {
         // The sequence's ragged last chunk: rows past it hold the next sequence's steps (dense: TMA's zero
         // fill). Zeros there, as the masks and the identity steps assume: a finite product with a masked
-        // zero, never an inf or NaN of another sequence. The stage is (2 D_k / 8 + 16) groups of 1 KB
-        // (q, k, v in the core-matrix layout), each row 16 bytes of a group.
+        // zero, never an inf or NaN of another sequence. The stage is (2 D_k / 64 + 2) swizzled groups of
+        // 8 KB (q, k, v), a row 128 contiguous bytes of a group (the swizzle permutes pieces within a row).
         const int rem = se - (sb + 64 * c), rows = 64 - rem;
         unsigned char* stw = raw(c);
-        for (int e = tid; e < rows * (2 * (DK / 8) + 16); e += 128)
-          *reinterpret_cast<uint4*>(stw + (e / rows) * 1024 + (rem + e % rows) * 16) = make_uint4(0, 0, 0, 0);
+        for (int e = tid; e < rows * 8 * (2 * (DK / 64) + 2); e += 128)
+          *reinterpret_cast<uint4*>(stw + (e / (8 * rows)) * 8192 + (rem + (e >> 3) % rows) * 128 + 16 * (e & 7)) =
+              make_uint4(0, 0, 0, 0);
         fence_async_smem();  // before the wgmmas (async proxy) read the stage
         wg_barrier(0);
       }
@@ -3381,10 +3405,10 @@ __device__ __forceinline__ void chunk_sm90_bf16(const ChunkParams& p, const Sm90
       float P[32];  // P[t = 16 wl + g + 8 ((i >> 1) & 1)][s = 8 (i >> 2) + 2 qd + (i & 1)]
       if (outputs) {
         wg_fence();
-        const uint64_t dq = sm_desc(st, 1024, 128), dk = sm_desc(st + L::kQ, 1024, 128);
+        const uint64_t dq = sw_desc(st, 16), dk = sw_desc(st + L::kQ, 16);
         wgmma_ss64_z(P, dq, dk);
 #pragma unroll
-        for (int kb = 1; kb < NKB; ++kb) wgmma_ss64(P, desc_at(dq, 2048 * kb), desc_at(dk, 2048 * kb), 1);
+        for (int kb = 1; kb < NKB; ++kb) wgmma_ss64(P, desc_at(dq, sw_kstep(kb)), desc_at(dk, sw_kstep(kb)), 1);
         wg_commit();
       }
       {  // while P runs
@@ -3497,7 +3521,7 @@ __device__ __forceinline__ void chunk_sm90_bf16(const ChunkParams& p, const Sm90
     if (outputs) {  // O1 = S^T Q^T, then Y^T = O1 diag(G)
       // S's hi and lo fragments a k-step at a time, one group each, at most four in flight: their
       // registers are reused once a group is done (all of them beside S do not fit).
-      const uint64_t dq = sm_desc(Qt, 1024, 128);
+      const uint64_t dq = sw_desc(Qt, 16);
 #pragma unroll
       for (int kb = 0; kb < NKB; ++kb) {
         if (kb >= 4) wg_wait<3>();
@@ -3506,8 +3530,8 @@ __device__ __forceinline__ void chunk_sm90_bf16(const ChunkParams& p, const Sm90
         for (int r = 0; r < 4; ++r) split_bf16x2<false>(S[8 * kb + 2 * r], S[8 * kb + 2 * r + 1], ah[r], al[r]);
         wg_fence();  // after the A fragments are written, before any wgmma reads them
         if (kb == 0) wgmma_rs64_z(Y, ah, dq);
-        else wgmma_rs64(Y, ah, desc_at(dq, 2048 * kb), 1);
-        wgmma_rs64(Y, al, desc_at(dq, 2048 * kb), 1);
+        else wgmma_rs64(Y, ah, desc_at(dq, sw_kstep(kb)), 1);
+        wgmma_rs64(Y, al, desc_at(dq, sw_kstep(kb)), 1);
         wg_commit();
       }
       if (kCkpt && p.fwd_ckpt != nullptr) put_ckpt(c);  // while O1's last products run (S is no operand of them)
@@ -3517,11 +3541,15 @@ __device__ __forceinline__ void chunk_sm90_bf16(const ChunkParams& p, const Sm90
       for (int i = 0; i < 32; ++i) Y[i] *= tb[kG + 8 * (i >> 2) + 2 * qd + (i & 1)];
     }
     // V^T fragments of this warp's 16 rows, kb over the 64 steps (loaded after O1: not live beside it).
+    // (A 32-bit shared address plus the swizzled offset: through a generic pointer ptxas keeps 56 bytes of stack.)
     uint32_t vf[4][4];
+    {
+      const uint32_t va = (uint32_t)__cvta_generic_to_shared(Vt);
 #pragma unroll
-    for (int kb = 0; kb < 4; ++kb) {
-      const int m = lane >> 3, s = 16 * kb + 8 * (m >> 1) + (lane & 7), dv = dvw + 8 * (m & 1);
-      ldm4<true>(vf[kb], Vt + cm_off(s, dv));
+      for (int kb = 0; kb < 4; ++kb) {
+        const int m = lane >> 3, s = 16 * kb + 8 * (m >> 1) + (lane & 7), dv = dvw + 8 * (m & 1);
+        ldm4_at<true>(vf[kb], va + sw_off(s, dv));
+      }
     }
     bool bad = false;
     if (outputs) {
@@ -3561,20 +3589,23 @@ __device__ __forceinline__ void chunk_sm90_bf16(const ChunkParams& p, const Sm90
       wg_wait<0>();  // P' V
       acc_fence(Y);
       if (bad) {  // this warp's rows: P' V over s <= t only, in FMAs (a masked zero never meets a NaN or inf)
-#pragma unroll
-        for (int i = 0; i < 32; ++i) {
-          const int t = 8 * (i >> 2) + 2 * qd + (i & 1), dv = dvw + g + 8 * ((i >> 1) & 1);
-          float acc = Y[i];
+        // s outside, so that v's two swizzled addresses are formed once an s (each Y[i] still sums in s order)
 #pragma unroll 1
-          for (int s = 0; s <= t; ++s) {
-            const float pv = __bfloat162float(*reinterpret_cast<const bf16*>(der + L::kPh + cm_off(t, s))) +
-                             __bfloat162float(*reinterpret_cast<const bf16*>(der + L::kPl + cm_off(t, s)));
-            acc = fmaf(pv, __bfloat162float(*reinterpret_cast<const bf16*>(Vt + cm_off(s, dv))), acc);
+        for (int s = 0; s < 64; ++s) {
+          const float v0 = __bfloat162float(*reinterpret_cast<const bf16*>(Vt + sw_off(s, dvw + g)));
+          const float v1 = __bfloat162float(*reinterpret_cast<const bf16*>(Vt + sw_off(s, dvw + g + 8)));
+#pragma unroll
+          for (int i = 0; i < 32; ++i) {
+            const int t = 8 * (i >> 2) + 2 * qd + (i & 1);
+            if (s <= t) {
+              const float pv = __bfloat162float(*reinterpret_cast<const bf16*>(der + L::kPh + cm_off(t, s))) +
+                               __bfloat162float(*reinterpret_cast<const bf16*>(der + L::kPl + cm_off(t, s)));
+              Y[i] = fmaf(pv, (i >> 1) & 1 ? v1 : v0, Y[i]);
+            }
           }
-          Y[i] = acc;
         }
       }
-      // y: this warpgroup's 64 columns staged in the core-matrix layout, then one TMA store (the buffer's
+      // y: this warpgroup's 64 columns staged swizzled (one 8 KB group), then one TMA store (the buffer's
       // previous store, two chunks back, has read it: its thread waited before this chunk's FULL barrier).
       // Staged by stmatrix: Y^T's 8 x 8 blocks (dv rows, t columns) land transposed, as t rows of 8 dv (16 bytes),
       // four blocks an instruction instead of a 2-byte store an element.
@@ -3589,18 +3620,18 @@ __device__ __forceinline__ void chunk_sm90_bf16(const ChunkParams& p, const Sm90
           v[2 * m + 1] = Y[i + 1];
         }
         const int mi = lane >> 3, n = 2 * k + (mi >> 1), hh = mi & 1;
-        stsm_x4_trans((uint32_t)__cvta_generic_to_shared(ys + cm_off(8 * n + (lane & 7), 16 * wl + 8 * hh)), v);
+        stsm_x4_trans((uint32_t)__cvta_generic_to_shared(ys) + sw_off(8 * n + (lane & 7), 16 * wl + 8 * hh), v);
       }
       fence_async_smem();
       wg_barrier(wg);
       if (VARLEN && se - t0 < 64) {
         // the ragged last chunk of a packed sequence: only its own rows (a TMA store would write the next
-        // sequence's), 16 bytes a store from the staged core-matrix layout
+        // sequence's), 16 bytes a store from the staged swizzled rows
         for (int e = tid & 127; e < (se - t0) * 8; e += 128)
           *reinterpret_cast<uint4*>(cb.y + (int64_t)(t0 + (e >> 3)) * p.sy.t + 64 * cw + 8 * (e & 7)) =
-              *reinterpret_cast<const uint4*>(ys + (e & 7) * 1024 + (e >> 3) * 16);
+              *reinterpret_cast<const uint4*>(ys + sw_off(e >> 3, 8 * (e & 7)));
       } else if ((tid & 127) == 0) {
-        tma_store(&maps.y, ys, tb0 + t0, 8 * cw, cb.h, bc);
+        tma_store(&maps.y, ys, tb0 + t0, cw, cb.h, bc);
       }
     }
     // U = (V^T diag(w)) K in halves of 64 state rows (D_k), both in flight (y is out: its registers are
@@ -3611,12 +3642,12 @@ __device__ __forceinline__ void chunk_sm90_bf16(const ChunkParams& p, const Sm90
 #pragma unroll
       for (int h = 0; h < DK / 64; ++h) {
         float (&U)[32] = h == 0 ? U0 : U1;
-        const uint64_t dkm = mn_desc(Kt + 8192 * h);
+        const uint64_t dkm = sw_desc(Kt + 8192 * h, 8192);  // (K MN-major: 16 rows of s a k-step)
 #pragma unroll
         for (int kb = 0; kb < 4; ++kb) {
           if (kb == 0) wgmma_rs64_t_z(U, uh[0], dkm);
-          else wgmma_rs64_t(U, uh[kb], desc_at(dkm, 256 * kb), 1);
-          wgmma_rs64_t(U, ul[kb], desc_at(dkm, 256 * kb), 1);
+          else wgmma_rs64_t(U, uh[kb], desc_at(dkm, 2048 * kb), 1);
+          wgmma_rs64_t(U, ul[kb], desc_at(dkm, 2048 * kb), 1);
         }
       }
       wg_commit();
@@ -3681,12 +3712,13 @@ cudaError_t launch_chunk_kernel<ChunkSM90Kernels>(const Plan& pl, const ChunkPar
   if (err != cudaSuccess) return err;
   alignas(64) Sm90Maps maps;
   const int64_t B = p.BH / p.H;
-  const int e = f32 ? 4 : 8;  // elements in 16 bytes: a box's innermost extent
+  const int e = f32 ? 4 : 64;  // a box's innermost extent: 16 bytes (TF32) or a 128-byte swizzled row (bf16)
+  const bool sw = !f32;
   int hy = 0, by = 0;  // y is ours: contiguous
-  if (tile_map(&maps.q, maps.hm[0], maps.bm[0], p.q, pl.dtype, p.Dk, p.H, p.T, B, p.sq, p.Dk / e) != CUDA_SUCCESS ||
-      tile_map(&maps.k, maps.hm[1], maps.bm[1], p.k, pl.dtype, p.Dk, p.H, p.T, B, p.sk, p.Dk / e) != CUDA_SUCCESS ||
-      tile_map(&maps.v, maps.hm[2], maps.bm[2], p.v, pl.dtype, p.Dv, p.H, p.T, B, p.sv, p.Dv / e) != CUDA_SUCCESS ||
-      tile_map(&maps.y, hy, by, p.y, pl.dtype, p.Dv, p.H, p.T, B, p.sy, 64 / e) != CUDA_SUCCESS)
+  if (tile_map(&maps.q, maps.hm[0], maps.bm[0], p.q, pl.dtype, p.Dk, p.H, p.T, B, p.sq, p.Dk / e, sw) != CUDA_SUCCESS ||
+      tile_map(&maps.k, maps.hm[1], maps.bm[1], p.k, pl.dtype, p.Dk, p.H, p.T, B, p.sk, p.Dk / e, sw) != CUDA_SUCCESS ||
+      tile_map(&maps.v, maps.hm[2], maps.bm[2], p.v, pl.dtype, p.Dv, p.H, p.T, B, p.sv, p.Dv / e, sw) != CUDA_SUCCESS ||
+      tile_map(&maps.y, hy, by, p.y, pl.dtype, p.Dv, p.H, p.T, B, p.sy, 64 / e, sw) != CUDA_SUCCESS)
     return cudaErrorInvalidValue;
   return launch_threads(kernel, dim3((unsigned)blocks), kSm90Threads, pl.smem, s, pdl, p, maps);
 }

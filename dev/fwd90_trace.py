@@ -46,20 +46,20 @@ CONS = [  # consumer warpgroups (in the order they run)
      "y buffer read (bulk_wait_read: the warpgroup's warp 0)"),
     ("    mbar_wait(bars + c % L::kStages, (c / L::kStages) & 1);  // (passes at once: the aux thread saw it)",
      "FULL + stage mbarrier"),
-    ("        wgmma_rs64(Y, al, desc_at(dq, 2048 * kb), 1);\n        wg_commit();\n      }",
+    ("        wgmma_rs64(Y, al, desc_at(dq, sw_kstep(kb)), 1);\n        wg_commit();\n      }",
      "O1 issued (k-steps 4-7 wait for 0-3: four groups in flight)"),
     ("      if (kCkpt && p.fwd_ckpt != nullptr) put_ckpt(c);  // while O1's last products run (S is no operand of them)",
      "put_ckpt"),
     ("BEFORE#pragma unroll\n      for (int i = 0; i < 32; ++i) Y[i] *= tb[kG + 8 * (i >> 2) + 2 * qd + (i & 1)];",
      "O1 done (wait)"),
-    ("      ldm4<true>(vf[kb], Vt + cm_off(s, dv));\n    }", "Y *= G + V^T fragments (issue)"),
+    ("        ldm4_at<true>(vf[kb], va + sw_off(s, dv));\n      }\n    }", "Y *= G + V^T fragments (issue)"),
     ("        wgmma_rs64(Y, vz[kb], desc_at(dpl, 2048 * kb), 1);\n      }\n      wg_commit();\n    }",
      "NaN check + Z = P' V issued"),
     ("                       uh[kb][r], ul[kb][r]);\n        }\n    }", "U's A split (V^T w hi + lo)"),
     ("      wg_wait<0>();  // P' V\n      acc_fence(Y);", "Z done (wait)"),
     ("BEFORE      fence_async_smem();\n      wg_barrier(wg);", "y staged (stmatrix; NaN path)"),
     ("      fence_async_smem();\n      wg_barrier(wg);", "warpgroup barrier", "sync"),
-    ("        tma_store(&maps.y, ys, tb0 + t0, 8 * cw, cb.h, bc);\n      }\n    }", "y TMA store issued (warp 0)"),  # (the ragged varlen path: not here)
+    ("        tma_store(&maps.y, ys, tb0 + t0, cw, cb.h, bc);\n      }\n    }", "y TMA store issued (warp 0)"),  # (the ragged varlen path: not here)
     # (stamps after U's issue or its wait spilled: see above)
     ("        for (int i = 0; i < 32; ++i) S[32 + i] = fmaf(gamma, S[32 + i], U1[i]);\n      }\n    }",
      "U = (V^T w) K issued, done + S update"),
@@ -72,7 +72,7 @@ AUX = [  # the aux warpgroup (in the order they run)
     ("BEFORE        stage(c + 1);\n      }\n      mbar_wait(", "DONE waits (c >= 2)", "sync"),
     ("        stage(c + 1);\n      }", "stage(c + 1) (thread 0)"),
     ("      mbar_wait(bars + c % L::kStages, (c / L::kStages) & 1);  // chunk c staged", "stage mbarrier (chunk c)"),
-    ("        for (int kb = 1; kb < NKB; ++kb) wgmma_ss64(P, desc_at(dq, 2048 * kb), desc_at(dk, 2048 * kb), 1);\n"
+    ("        for (int kb = 1; kb < NKB; ++kb) wgmma_ss64(P, desc_at(dq, sw_kstep(kb)), desc_at(dk, sw_kstep(kb)), 1);\n"
      "        wg_commit();\n      }", "P = Q K^T issued"),
     ("s + 1 < tc ? cb.beta.widen(nb1) : 0.f, wl, lane);\n      }", "tables written"),
     ("      if (c + 1 < nch) load_gates(c + 1);", "load_gates(c + 1) (issue)"),

@@ -377,7 +377,9 @@ def correctness(mod, result):
         out = mod.tsp_mm(q, k, 0, 0, lbo, 1024, lbo, 1024, t0, h, bb)
         torch.cuda.synchronize()
         check(f"QK K-major lbo={lbo} sbo=1024 k-step +32 B", out, ref["QK"])
-    for lbo, sbo in ((8192, 1024), (1024, 8192)):
+    # (LBO, SBO) = (1024, 8192), the other reading, gave errors of order 1 and then an illegal address that ended the
+    # process (thirty-sixth session): settled, so only the matching form runs.
+    for lbo, sbo in ((8192, 1024),):
         for half in (0, 1):
             out = mod.tsp_mm(P, v, 1, half, 16, 1024, lbo, sbo, t0, h, bb)
             torch.cuda.synchronize()
@@ -411,6 +413,7 @@ def main():
     ap.add_argument("--build-only", action="store_true", help="compile and print ptxas registers/warnings; no GPU")
     ap.add_argument("--reps", type=int, default=20, help="timed launches a bandwidth variant")
     ap.add_argument("--skip-bw", action="store_true", help="correctness only")
+    ap.add_argument("--skip-mm", action="store_true", help="bandwidth only")
     ap.add_argument("--verbose-build", action="store_true")
     args = ap.parse_args()
     cuda = probe_cuda("tsp", FORMS, CUDA_SRC, helpers="",
@@ -422,7 +425,8 @@ def main():
         return
     import torch
     result["device"] = torch.cuda.get_device_name(0)
-    correctness(mod, result)
+    if not args.skip_mm:
+        correctness(mod, result)
     if not args.skip_bw:
         bandwidth(mod, result, args.reps)
     path = os.path.join(os.environ.get("OUT", "."), "tma_swizzle_probe.json")
