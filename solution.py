@@ -2753,8 +2753,8 @@ __device__ __forceinline__ void write_tables64(float* tb, float g0, float g1, fl
 // d / e, h, b), one box {e, 64, box_groups, 1, 1} a tile: [d / e][t][d % e] in shared memory. sw128 (bf16):
 // e = 128 bytes of elements, each 64 x 128-byte group swizzled (CU_TENSOR_MAP_SWIZZLE_128B: the 16-byte piece j
 // of row t at piece j ^ (t % 8); sw_off), 8 KB apart. Else e = 16 bytes, the no-swizzle core-matrix layout
-// (TF32). Wide boxes: a quarter of the load requests (dev/tma_swizzle_probe.py streams q, k, v at S4 1.8x
-// faster so). Loads zero-fill rows past T, stores skip them. A broadcast h or b (stride 0) is one entry, read
+// (TF32). Wide boxes: a quarter of the load requests (dev/tma_swizzle_probe.py measures both rates). Loads
+// zero-fill rows past T, stores skip them. A broadcast h or b (stride 0) is one entry, read
 // at coordinate 0 (mask 0).
 CUresult tile_map(CUtensorMap* m, int& hmask, int& bmask, const void* base, DType dt, int D, int H, int T, int64_t B,
                   const Strides4& st, int box_groups, bool sw128) {
