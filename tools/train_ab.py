@@ -22,8 +22,11 @@ from tools.common import add_copy_args, copies, profile_kernels, report, rounds 
 ap = argparse.ArgumentParser()
 add_copy_args(ap, "S4-bf16,S2-bf16", reps=3, trials=5)
 ap.add_argument("--fla", action="store_true", help="also fla's chunk_simple_gla forward + backward (fla#640 guard off)")
+ap.add_argument("--units", default="chunk_sm90,chunk_bf16,chunk_tf32,backward,backward_sm90,backward_sm90_fp32",
+                help="the units each copy builds first (the rest build on first use); e.g. chunk_sm90,backward_sm90 "
+                     "for bf16 shapes on Hopper")
 args = ap.parse_args()
-mods = copies(args, ["chunk_sm90", "chunk_bf16", "chunk_tf32", "backward", "backward_sm90", "backward_sm90_fp32"])
+mods = copies(args, args.units.split(","))
 new = mods["new"]
 
 import reference  # noqa: E402
