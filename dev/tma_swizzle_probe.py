@@ -35,11 +35,11 @@ Built through tools/sm90_build.py (load_inline, sm_90a, -O3, ptxas -v); the wgmm
 (_wgmma) and warpgroup helpers (WGMMA_SYNC_SRC), read from its source text (solution is not imported).
 """
 import argparse
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
+from tools.common import save  # noqa: E402
 from tools.sm90_build import ENCODE_SRC, build, print_build, probe_cuda, solution_function, solution_source  # noqa: E402
 
 _wgmma = solution_function("_wgmma")
@@ -420,10 +420,7 @@ def main():
         correctness(mod, result)
     if not args.skip_bw:
         bandwidth(mod, result, args.reps)
-    path = os.path.join(os.environ.get("OUT", "."), "tma_swizzle_probe.json")
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1, default=str)
-    print(f"results: {path}", flush=True)
+    save("tma_swizzle_probe.json", result)  # ($OUT/tma_swizzle_probe.json)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
+from tools.common import save  # noqa: E402
 from tools.sm90_build import ENCODE_SRC, build, print_build, probe_cuda, solution_source, tf32_wgmma_src  # noqa: E402
 
 FORMS = tf32_wgmma_src(rs_forms=(False, True))
@@ -337,10 +338,7 @@ def finish(result):
     forms = all(cases.get(n, {}).get("pass") for n in PATCH_FORMS)
     print(f"PATCH FORMS: {'PASS' if forms else 'FAIL'}"
           f"{'' if neg is None or not neg['pass'] else '  (but NEG passed: the check does not discriminate)'}", flush=True)
-    path = os.path.join(os.environ.get("OUT", "."), "tma_swizzle_tf32_probe.json")
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1, default=str)
-    print(f"results: {path}", flush=True)
+    save("tma_swizzle_tf32_probe.json", result)  # ($OUT/tma_swizzle_tf32_probe.json)
 
 
 if __name__ == "__main__":
