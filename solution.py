@@ -328,12 +328,14 @@ struct Sm90Layout {
 };
 // chunk_sm90 on float32 (bytes; D_k = D_v = 128, CHUNK_SM90_TF32_SRC): q hi and lo (64 x 128 fp32 each; k lands
 // in lo first), K^T hi and lo (rows padded to 2064 bytes), P' hi and lo (rows padded to 1040), v (then y staged
-// over it), two slots of gate tables, two mbarriers.
+// over it), two slots of gate tables, two mbarriers. The TMA regions (q hi and lo, v and y's halves) are 1024-byte
+// aligned: their 128-byte swizzled boxes need it.
 enum : int { kCk32 = 128 * 128 + 8 };  // a float32 checkpoint: S [dk][dv], then 8 warps' max |S|
 struct Sm90Tf32Layout {
   static constexpr int kQH = 0, kQL = 32768, kKTH = 65536, kKTL = kKTH + 33024, kPPH = kKTL + 33024;
   static constexpr int kPPL = kPPH + 16640, kVR = kPPL + 16640, kTB = kVR + 32768;
   static constexpr int kTabSlot = (kSm90Tab * 4 + 127) / 128 * 128, kBars = kTB + 2 * kTabSlot, kBytes = kBars + 16;
+  static_assert(kQH % 1024 == 0 && kQL % 1024 == 0 && kVR % 1024 == 0, "swizzle atoms");
 };
 inline size_t chunk_sm90_smem(int DK, DType dt) {
   return dt == DType::f32 ? Sm90Tf32Layout::kBytes : DK == 64 ? Sm90Layout<64>::kBytes : Sm90Layout<128>::kBytes;
@@ -357,7 +359,7 @@ inline size_t recurrent_bwd_smem(int R, int TC) { return sizeof(float) * (size_t
 enum : int { kBwdChunk = 32, kBwdThreads = 512,
              kChunkBwdSmem = 4 * (2 * 128 * 132 + 4 * 32 * 132 + 4 * 32 * 33 + 7 * 32 + kBwdThreads / 32) };
 // chunk_bwd_sm90's shared memory (bwd90:: in BACKWARD_SM90_SRC lays it out and checks it).
-enum : int { kChunkBwdSm90Smem = 231776 };
+enum : int { kChunkBwdSm90Smem = 231792 };
 // chunk_bwd_sm90_fp32's shared memory: its dq kernel's and its dv kernel's (bwd32:: in BACKWARD_SM90_FP32_SRC lays
 // them out and checks them).
 enum : int { kChunkBwdSm90Fp32Smem = 217152, kChunkBwdSm90Fp32DvSmem = 232448 };
@@ -2627,6 +2629,20 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 #endif
 }
 """
+# The driver's cuTensorMapEncodeTiled for the TMA maps' host code (both sm_90a units; the dev/ TMA probes read it too).
+TMA_ENCODE_SRC = r"""// The driver's cuTensorMapEncodeTiled, looked up once; nullptr where the driver lacks it (the map's caller
+// returns CUDA_ERROR_NOT_SUPPORTED).
+static PFN_cuTensorMapEncodeTiled_v12000 get_encode() {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  if (encode == nullptr) {
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", reinterpret_cast<void**>(&encode), 12000,
+                                         cudaEnableDefault, &found) != cudaSuccess || found != cudaDriverEntryPointSuccess)
+      encode = nullptr;
+  }
+  return encode;
+}
+"""
 SM90_SRC = r"""
 // ===================================== sm90: what both chunk_sm90 instantiations share =========
 // TMA loads and stores on mbarriers, shared-memory matrix descriptors, named barriers, the gate tables of a
@@ -2635,8 +2651,8 @@ SM90_SRC = r"""
 namespace gr {
 namespace {
 
-""" + MBAR_SRC + r"""// One 64-step tile of a map (tile_map): its box at (0, t0, 0, h, b), landing in the map's layout (bf16: 128-byte
-// swizzled groups; TF32: core matrices); completes on bar.
+""" + MBAR_SRC + TMA_ENCODE_SRC + r"""// One 64-step tile of a map (tile_map): its box at (0, t0, 0, h, b), landing in the map's layout (128-byte
+// swizzled groups); completes on bar.
 __device__ __forceinline__ void tma_tile(void* dst, const CUtensorMap* map, int t0, int h, int b, uint64_t* bar) {
 #ifdef GR_WGMMA
   asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5, %6}], [%7];\n"
@@ -2674,6 +2690,11 @@ struct Sm90Maps {
 };
 
 __device__ __forceinline__ uint64_t desc_at(uint64_t d, uint32_t bytes) { return d + (bytes >> 4); }
+// A descriptor of a 128-byte swizzled TMA tile (layout type 1, 128-byte swizzle, bits 62-63; base offset 0: every
+// group 1024-byte aligned): K-major with lbo unused, or MN-major with lbo the next group of 128-byte columns.
+__device__ __forceinline__ uint64_t sw_desc(const void* p, uint32_t lbo) { return sm_desc(p, lbo, 1024) | (1ull << 62); }
+// A K-major swizzled tile's k-step kb (32 bytes: 16 bf16 or 8 tf32): along the 128-byte row, then the next 8 KB group.
+__device__ __forceinline__ uint32_t sw_kstep(int kb) { return 32 * (kb & 3) + 8192 * (kb >> 2); }
 
 // Named barriers (0 is __syncthreads, 1 + wg a warpgroup's own) of N threads: one side arrives, the other
 // syncs.
@@ -2750,23 +2771,17 @@ __device__ __forceinline__ void write_tables64(float* tb, float g0, float g1, fl
   }
 }
 // The TMA map of a (B, T, H, D) bf16 or fp32 tensor moved 64 steps at a time, in five dimensions (d % e, t,
-// d / e, h, b), one box {e, 64, box_groups, 1, 1} a tile: [d / e][t][d % e] in shared memory. sw128 (bf16):
-// e = 128 bytes of elements, each 64 x 128-byte group swizzled (CU_TENSOR_MAP_SWIZZLE_128B: the 16-byte piece j
-// of row t at piece j ^ (t % 8); sw_off), 8 KB apart. Else e = 16 bytes, the no-swizzle core-matrix layout
-// (TF32). Wide boxes: a quarter of the load requests (dev/tma_swizzle_probe.py measures both rates). Loads
+// d / e, h, b), one box {e, 64, box_groups, 1, 1} a tile: [d / e][t][d % e] in shared memory. sw128 (both
+// instantiations): e = 128 bytes of elements (64 bf16, 32 fp32), each 64 x 128-byte group swizzled
+// (CU_TENSOR_MAP_SWIZZLE_128B: the 16-byte piece j of row t at piece j ^ (t % 8); sw_off, swf_off), 8 KB apart.
+// Else e = 16 bytes, the no-swizzle core-matrix layout. Wide boxes: a quarter of the load requests
+// (dev/tma_swizzle_probe.py measures both rates). Loads
 // zero-fill rows past T, stores skip them. A broadcast h or b (stride 0) is one entry, read
 // at coordinate 0 (mask 0).
 CUresult tile_map(CUtensorMap* m, int& hmask, int& bmask, const void* base, DType dt, int D, int H, int T, int64_t B,
                   const Strides4& st, int box_groups, bool sw128) {
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
-  if (encode == nullptr) {
-    cudaDriverEntryPointQueryResult found;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", reinterpret_cast<void**>(&encode), 12000,
-                                         cudaEnableDefault, &found) != cudaSuccess || found != cudaDriverEntryPointSuccess) {
-      encode = nullptr;
-      return CUDA_ERROR_NOT_SUPPORTED;
-    }
-  }
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = get_encode();
+  if (encode == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   hmask = st.h == 0 ? 0 : -1;
   bmask = st.b == 0 ? 0 : -1;
   const int es = dt == DType::f32 ? 4 : 2, ew = sw128 ? 128 : 16, e = ew / es;
@@ -2790,15 +2805,19 @@ CHUNK_SM90_TF32_SRC = r"""
 // (b, h, segment) and the same segments, on TF32 wgmma (m64nNk8) with every product 3xTF32 (hi hi + hi lo
 // + lo hi; hi rounded by round_tf32, since the tensor core truncates raw fp32; lo = x - hi passed raw), so
 // y carries fp32-level error. TF32 operands in shared memory must be K-major, so the layout differs from
-// the bfloat16 one (Sm90Tf32Layout; "no-swizzle" core matrices of 8 rows x 16 bytes, SBO 128 throughout):
-//   QS hi / lo   [dk / 4][t][dk % 4] (LBO 1024): q by TMA into hi, rounded in place; k lands in lo first
+// the bfloat16 one (Sm90Tf32Layout). The TMA tiles (q, k, v, y) land as 128-byte swizzled groups of 32 columns
+// (element (r, c) of a 64-row tile at swf_off(r, c); descriptors sw_desc, K-major, SBO 1 KB, a k-step of 8 tf32
+// +32 bytes along the row, sw_kstep); what threads write (K^T, P') is in "no-swizzle" core matrices of 8 rows x
+// 16 bytes, SBO 128:
+//   QS hi / lo   q [t][dk] (swf_off) by TMA into hi, rounded in place, lo at the same offsets; k lands in lo first
 //   K^T hi / lo  element (n, s) at (s / 4) 2064 + 16 n + 4 (s % 4): k transposed and split by the aux
 //                warpgroup, n the sigma row of dk (dk = 8 (n / 8) + sigma(n % 8), sigma = 0 4 1 5 2 6 3 7), so
 //                that the state's accumulator column p holds dk 8 (p / 8) + sigma(p % 8) and the state is its
 //                own A operand of O1 (picked {c[4kb], c[4kb+2], c[4kb+1], c[4kb+3]}); rows padded to 2064
 //                bytes so that the transposing stores hit 32 banks
 //   PP hi / lo   P' (t, s) at (s / 4) 1040 + 16 t + 4 (s % 4); the blocks above the diagonal zeroed once
-//   VR           v [dv / 4][s][dv % 4] by TMA, then y staged over it (a consumer warpgroup's half: its store box)
+//   VR           v [s][dv] (swf_off) by TMA, then y staged over it (a consumer warpgroup's half, 64 columns at
+//                16 KB cw: its store box, each element at the offset of the v element it replaces)
 // Per chunk c, on 384-thread named barriers (one side arrives, the other syncs):
 //   aux        [c > 0: Q_DONE(c - 1)] q (outputs only) and k by TMA; chunk c's gate tables (double scans,
 //              each value rounded once); [KT_DONE(c - 1)] k -> K^T hi / lo; q split in place; FULL_QK(c);
@@ -2826,6 +2845,12 @@ __device__ __forceinline__ void split_tf32_1(float x, uint32_t& hi, uint32_t& lo
   lo = __float_as_uint(x - __uint_as_float(hi));
 }
 __device__ __forceinline__ float lds_f(const unsigned char* p) { return *reinterpret_cast<const float*>(p); }
+// Byte offset of fp32 element (r, c) of a TMA tile (q, k, v; y from its half's base): 32 columns a group of 64
+// rows x 128 bytes (8 KB), the 16-byte piece (c / 4) % 8 of row r stored at piece ((c / 4) ^ r) % 8
+// (CU_TENSOR_MAP_SWIZZLE_128B on a 1024-byte aligned group).
+__device__ __forceinline__ uint32_t swf_off(int r, int c) {
+  return (uint32_t)((c >> 5) * 8192 + r * 128 + ((((c >> 2) ^ r) & 7) << 4) + (c & 3) * 4);
+}
 __device__ __forceinline__ void sts_f(unsigned char* p, float v) { *reinterpret_cast<float*>(p) = v; }
 __device__ __forceinline__ void sts_u(unsigned char* p, uint32_t v) { *reinterpret_cast<uint32_t*>(p) = v; }
 
@@ -2916,9 +2941,14 @@ __device__ __forceinline__ void tf32_aux(unsigned char* sm, const Sm90Maps& maps
     if (c > 0) bar_wait<384>(kBarKTDone);
     {
       const int s = tid & 63, half = tid >> 6;
+      // k [s][dk] (swf_off): dk 64 half + 4 j at ko's piece ^ j % 8, + 8 KB (j / 8), ko = swf_off(s, 64 half);
+      // ko formed from an opaque tid each chunk (a base held through the double table scans spills at 88 registers)
+      uint32_t ko = tid;
+      asm volatile("mov.b32 %0, %0;\n" : "+r"(ko));
+      ko = TL::kQL + swf_off(ko & 63, 64 * (ko >> 6));
 #pragma unroll 4
       for (int j = 0; j < 16; ++j) {  // dk = 64 half + 4 j + e, its sigma row n
-        const float4 v = *reinterpret_cast<const float4*>(sm + TL::kQL + (16 * half + j) * 1024 + 16 * s);
+        const float4 v = *reinterpret_cast<const float4*>(sm + ((ko ^ (16 * (j & 7))) + 8192 * (j >> 3)));
         const float xs[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
@@ -2974,8 +3004,8 @@ __device__ __forceinline__ void tf32_aux(unsigned char* sm, const Sm90Maps& maps
           al[r] = *reinterpret_cast<const uint32_t*>(sm + TL::kKTL + off);
         }
         wg_fence();
-        rs_terms<3>(P, ah, al, sm_desc(sm + TL::kQH + 2048 * kb, 1024, 128),
-                    sm_desc(sm + TL::kQL + 2048 * kb, 1024, 128), kb == 0);
+        rs_terms<3>(P, ah, al, sw_desc(sm + TL::kQH + sw_kstep(kb), 16), sw_desc(sm + TL::kQL + sw_kstep(kb), 16),
+                    kb == 0);
         wg_commit();
       }
       wg_wait<0>();
@@ -3041,8 +3071,7 @@ __device__ __forceinline__ void tf32_consumer(unsigned char* sm, const Sm90Maps&
       for (int kb = 0; kb < 16; ++kb) {
         if (kb >= 4) wg_wait<3>();
         const float x[4] = {S[4 * kb], S[4 * kb + 2], S[4 * kb + 1], S[4 * kb + 3]};
-        rs3_split(Y, x, sm_desc(sm + TL::kQH + 2048 * kb, 1024, 128), sm_desc(sm + TL::kQL + 2048 * kb, 1024, 128),
-                  kb == 0);
+        rs3_split(Y, x, sw_desc(sm + TL::kQH + sw_kstep(kb), 16), sw_desc(sm + TL::kQL + sw_kstep(kb), 16), kb == 0);
       }
     }
     if (p.fwd_ckpt != nullptr) {
@@ -3069,7 +3098,7 @@ __device__ __forceinline__ void tf32_consumer(unsigned char* sm, const Sm90Maps&
     bar_arrive<384>(kBarQDone);
     // V^T fragments (32 scalar LDS): vf[kb][r] = V^T[dv0 + 8 (r & 1)][s = 8 kb + qd + 4 (r >> 1)]. With
     // outputs, Y is staged over this warp's own 16 dv rows of VR as they are read (not live through U;
-    // layout [dv / 4][t][dv % 4], y's store box): steps 0 .. 31 first, then 32 .. 63, so that Y, S and all
+    // y (t, dv) at v (s = t, dv)'s offset, y's store box): steps 0 .. 31 first, then 32 .. 63, so that Y, S and all
     // of vf are never live at once.
     mbar_wait(bars + 1, c & 1);
     float vf[8][4];
@@ -3078,17 +3107,13 @@ __device__ __forceinline__ void tf32_consumer(unsigned char* sm, const Sm90Maps&
 #pragma unroll
       for (int kb = 4 * half; kb < 4 * half + 4; ++kb)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int dv = dv0 + 8 * (r & 1), s = 8 * kb + qd + 4 * (r >> 1);
-          vf[kb][r] = lds_f(sm + TL::kVR + (dv >> 2) * 1024 + 16 * s + 4 * (dv & 3));
-        }
+        for (int r = 0; r < 4; ++r)  // swf_off(s, dv): the piece of (qd, dv0) with bits 1, 2 flipped by r & 1, r >> 1
+          vf[kb][r] = lds_f(sm + (((TL::kVR + swf_off(qd, dv0)) ^ (32 * r)) + 128 * (8 * kb + 4 * (r >> 1))));
       if (outputs) {
         __syncwarp();  // the warp's reads of these steps before its stores over them
 #pragma unroll
-        for (int i = 16 * half; i < 16 * half + 16; ++i) {
-          const int dvl = 16 * wl + g + 8 * ((i >> 1) & 1), t = 8 * (i >> 2) + 2 * qd + (i & 1);
-          sts_f(ys + (dvl >> 2) * 1024 + 16 * t + 4 * (dvl & 3), Y[i]);
-        }
+        for (int i = 16 * half; i < 16 * half + 16; ++i)  // swf_off(t, dvl): (2 qd, 16 wl + g)'s piece ^ (i & 3)
+          sts_f(ys + ((swf_off(2 * qd, 16 * wl + g) ^ (16 * (i & 3))) + 128 * (8 * (i >> 2) + (i & 1))), Y[i]);
       }
     }
     // The warp's 16 dv rows x 64 steps (exactly the rows of Z it owns) hold a NaN or inf: its Z is
@@ -3157,15 +3182,14 @@ __device__ __forceinline__ void tf32_consumer(unsigned char* sm, const Sm90Maps&
       // y = staged Y + Z in place (each thread its own entries), one TMA store a warpgroup; VR is
       // released once the store has read it.
 #pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        const int dvl = 16 * wl + g + 8 * ((i >> 1) & 1), t = 8 * (i >> 2) + 2 * qd + (i & 1);
-        unsigned char* a = ys + (dvl >> 2) * 1024 + 16 * t + 4 * (dvl & 3);
+      for (int i = 0; i < 32; ++i) {  // (Y's staging offsets)
+        unsigned char* a = ys + ((swf_off(2 * qd, 16 * wl + g) ^ (16 * (i & 3))) + 128 * (8 * (i >> 2) + (i & 1)));
         sts_f(a, lds_f(a) + Z[i]);
       }
       fence_async_smem();
       wg_barrier(1 + cw);
       if (tid == 0) {
-        tma_store(&maps.y, ys, t0, 16 * cw, sg.h, sg.b);
+        tma_store(&maps.y, ys, t0, 2 * cw, sg.h, sg.b);
         bulk_wait_read<0>();
       }
     }
@@ -3256,11 +3280,6 @@ __device__ __forceinline__ uint32_t cm_off(int r, int c) { return (uint32_t)((c 
 __device__ __forceinline__ uint32_t sw_off(int r, int c) {
   return (uint32_t)((c >> 6) * 8192 + r * 128 + ((((c >> 3) ^ r) & 7) << 4) + (c & 7) * 2);
 }
-// A descriptor of a swizzled tile (layout type 1, 128-byte swizzle, bits 62-63): K-major with lbo unused, or
-// MN-major with lbo the next 64 columns' group.
-__device__ __forceinline__ uint64_t sw_desc(const void* p, uint32_t lbo) { return sm_desc(p, lbo, 1024) | (1ull << 62); }
-// A K-major swizzled tile's k-step kb (16 bf16): 32 bytes along the row, then the next group of 64 columns.
-__device__ __forceinline__ uint32_t sw_kstep(int kb) { return 32 * (kb & 3) + 8192 * (kb >> 2); }
 // Whether a thread's V^T fragments hold a NaN or inf (exponent bits all ones in a half).
 __device__ __forceinline__ bool frags_bad(const uint32_t (&f)[4][4]) {
   uint32_t bad = 0;
@@ -3712,8 +3731,8 @@ cudaError_t launch_chunk_kernel<ChunkSM90Kernels>(const Plan& pl, const ChunkPar
   if (err != cudaSuccess) return err;
   alignas(64) Sm90Maps maps;
   const int64_t B = p.BH / p.H;
-  const int e = f32 ? 4 : 64;  // a box's innermost extent: 16 bytes (TF32) or a 128-byte swizzled row (bf16)
-  const bool sw = !f32;
+  const int e = f32 ? 32 : 64;  // a box's innermost extent: a 128-byte swizzled row (both instantiations)
+  const bool sw = true;         // (tile_map keeps the 16-byte core-matrix form, sw128 false, for the dev/ probes' A/B)
   int hy = 0, by = 0;  // y is ours: contiguous
   if (tile_map(&maps.q, maps.hm[0], maps.bm[0], p.q, pl.dtype, p.Dk, p.H, p.T, B, p.sq, p.Dk / e, sw) != CUDA_SUCCESS ||
       tile_map(&maps.k, maps.hm[1], maps.bm[1], p.k, pl.dtype, p.Dk, p.H, p.T, B, p.sk, p.Dk / e, sw) != CUDA_SUCCESS ||
@@ -5198,7 +5217,8 @@ __device__ __forceinline__ void lx_pairs(const float* L, int tid, Put&& put) {
 BWD_SM90_FORMS = ((64, False, 0, False, "bf16", 1), (64, False, 1, False, "bf16", 1), (64, False, 1, True),
                   (64, False, 1, False), (128, True, 1, False), (32, False, 0, True), (32, False, 0, False),
                   (32, True, 0, True), (32, True, 0, False))
-BACKWARD_SM90_SRC = ("namespace gr {\nnamespace {\n" + "".join(_wgmma(*f) for f in BWD_SM90_FORMS) +
+BACKWARD_SM90_SRC = ("#include <cudaTypedefs.h>  // CUtensorMap, PFN_cuTensorMapEncodeTiled_v12000 (the checkpoint's map)\n"
+                     "namespace gr {\nnamespace {\n" + "".join(_wgmma(*f) for f in BWD_SM90_FORMS) + MBAR_SRC + TMA_ENCODE_SRC +
                      "}  // namespace\n}  // namespace gr\n" + r"""
 // ===================================== chunk_bwd_sm90: the chunked backward on Hopper wgmma ==========
 // docs/training-design.md section 7; its dev form (variants, its own check, bench) is dev/chunk_bwd_sm90.py at ae07d82.
@@ -5209,8 +5229,8 @@ BACKWARD_SM90_SRC = ("namespace gr {\nnamespace {\n" + "".join(_wgmma(*f) for f 
 // - the consumers: the chunk's q, k, v, dy tiles by cp.async into bf16 tiles [d / 8][t][8] (K-major for the sums
 //   over d, MN-major for the sums over t; rows past T zero, their gates 1 and betas 0), all during the chunk before
 //   (q and dy into its dead MD and MQ, which swap places with them every other chunk; k and v during G's update),
-//   the checkpoint's rows into registers at the chunk's top, and the next chunk's rows and checkpoint prefetched
-//   into L2;
+//   the checkpoint's rows into registers at the chunk's top (bf16 checkpoints: each consumer's 64 rows by one TMA
+//   box into its own dead region, then ldmatrix), and the next chunk's rows and checkpoint prefetched into L2;
 // - WG0 (setmaxnreg kAuxRegs), a chunk off the consumers' path both ways: during chunk ch, chunk ch + 1's dgate's
 //   terms (a)-(c) from the consumers' row-dot partials plus term (d)'s, and dbeta (double-buffered partials;
 //   fixed-order sums: deterministic), then chunk ch - 1's gate tables into the other of two buffers (L[t][s] =
@@ -5261,7 +5281,10 @@ constexpr int kMQH = 131072, kMQL = 139264, kMDH = 147456, kMDL = 155648, kMPH =
 constexpr int kLxH = 180224, kLxL = 188416, kL = 196608, kLBuf = 64 * 65 / 2 * 4, kTab = kL + 2 * kLBuf;
 constexpr int kTabBuf = 6 * 256, kPart = kTab + 2 * kTabBuf;
 constexpr int kPartBuf = (3 * 8 * 64 + 8 + 2 * 64 + 4 * 64 + 4) * 4;  // (+ the non-finite flags, in buffer 0's)
-constexpr int kSmem = kPart + 2 * kPartBuf;
+constexpr int kBar = kPart + 2 * kPartBuf;  // consumer c's checkpoint mbarrier at kBar + 8 c (bf16 checkpoints)
+constexpr int kSmem = kBar + 2 * 8;
+static_assert(kBar % 8 == 0 && kMPH % 1024 == 0 && kMQH % 1024 == 0 && kY % 1024 == 0,
+              "the mbarriers' alignment; the checkpoint boxes' (128-byte swizzle: 1024-byte aligned)");
 static_assert(kSmem == kChunkBwdSm90Smem, "the plan's shared memory (PRELUDE)");
 // q, dy and MD, MQ swap places every other chunk (the consumer's oQ ..): 16 KB regions each, a weight's lo after its hi
 static_assert(kMQL == kMQH + 8192 && kMDL == kMDH + 8192 && kMDH == kMQH + 16384 && kK == kQ + 16384 &&
@@ -5305,7 +5328,7 @@ __device__ __forceinline__ uint64_t mdesc(const unsigned char* sm, int off, int 
 }
 // Named barriers, non-aligned (barrier.sync, not bar.sync = barrier.sync.aligned): the roles reach the chunk's
 // barriers from different code, which .aligned does not allow (synccheck: "divergent threads in block").
-// 1: the consumers (256); 5: WG0 (128); 6: everyone (384);
+// 1: the consumers (256); 2 + c: consumer c (128; CK16, the checkpoint box); 5: WG0 (128); 6: everyone (384);
 __device__ __forceinline__ void consumers_sync() { asm volatile("barrier.sync 1, 256;\n" ::: "memory"); }
 // The consumers' barrier with the OR of their x.
 __device__ __forceinline__ bool consumers_sync_or(bool x) {
@@ -5535,6 +5558,16 @@ __device__ __forceinline__ void load_tiles(const Params& p, unsigned char* sm, i
   }
   cp_async_commit();
 }
+// Consumer c's 64 rows i = i0 .. of checkpoint `chunk` (bf16, (B H nck, 128, 128) [i][j]) by TMA (ckpt_map): one box
+// of two 128-byte swizzled groups (columns j < 64, j >= 64) of 64 rows x 128 bytes, 8 KB apart (1024-byte aligned):
+// element (r, j) at (j / 64) 8192 + 128 r + ((((j / 8) & 7) ^ (r & 7)) << 4) + 2 (j % 8); completes on bar.
+__device__ __forceinline__ void tma_ckpt(void* dst, const CUtensorMap* map, int i0, int chunk, uint64_t* bar) {
+#ifdef GR_WGMMA
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
+               ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(map), "r"(0), "r"(i0), "r"(0), "r"(chunk),
+                 "r"((uint32_t)__cvta_generic_to_shared(bar)) : "memory");
+#endif
+}
 // This thread's cp.async copies landed and visible to wgmma (the async proxy); the barrier after makes them
 // everyone's.
 __device__ __forceinline__ void tiles_landed() {
@@ -5623,8 +5656,13 @@ __device__ __forceinline__ void dgate_m(unsigned char* sm, float (&X)[32], const
 }
 
 template <bool CK16>
-__device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, int nck) {
+__device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, int nck, const CUtensorMap* smap) {
   const int lt = threadIdx.x & 127, wl = lt >> 5, lane = lt & 31, g = lane >> 2, q = lane & 3;
+  uint64_t* sbar = reinterpret_cast<uint64_t*>(sm + kBar) + c;  // this consumer's checkpoint boxes (CK16)
+  if constexpr (CK16) {  // (its first wait is after (1), which orders the init before the other threads' waits)
+    if (lt == 0) mbar_init(sbar);
+    __syncwarp();  // racecheck counts the init as another lane's: without this, a warp-level hazard with lt 0's arm
+  }
   const int i0 = 64 * c, ir = i0 + 16 * wl + g;  // this thread's state rows ir, ir + 8
   const int64_t b = bh / p.H, h = bh - b * p.H, rs = (int64_t)p.H * 128;  // rs: a step's row stride
   bf16 *dq = static_cast<bf16*>(p.y), *dk = static_cast<bf16*>(p.dk), *dv = static_cast<bf16*>(p.dv);  // contiguous
@@ -5669,18 +5707,17 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     // tiles do (loaded a k-step at a time inside R^T they cost a round trip each); R^T's k-step kb waits for its
     // own only, c0's part (sum S o G) is formed there
     // CK16: the values as bf16 pairs, R^T's A fragments as loaded (one product a k-step)
+    // CK16: this consumer's 64 rows (16 KB) by one TMA box into a region dead from (6) until its own writes after X:
+    // consumer 0's into MP, consumer 1's into MQ (where the chunk before's dy was, read until (6)); read after (1) by
+    // ldmatrix, as R^T's A fragments, the same 32-bit words as the global loads of the rows gave
     float Sv[8][CK16 ? 1 : 8], c0 = 0.f;
     uint32_t Sa[8][CK16 ? 4 : 1];
+    const int oS = c ? oMQ : kMPH;
     if constexpr (CK16) {
-      const bf16* S = reinterpret_cast<const bf16*>(p.ckpt) + (bh * nck + ch) * 16384;
-#pragma unroll
-      for (int kb = 0; kb < 8; ++kb)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-          for (int e = 0; e < 2; ++e)
-            Sa[kb][2 * e + hh] =
-                __ldg(reinterpret_cast<const unsigned int*>(S + (ir + 8 * hh) * 128 + 16 * kb + 2 * q + 8 * e));
+      if (lt == 0) {
+        mbar_expect(sbar, 16384);
+        tma_ckpt(sm + oS, smap, 64 * c, (int)(bh * nck + ch), sbar);
+      }
     } else {
       const float* S = p.ckpt + (bh * nck + ch) * 16384;
 #pragma unroll
@@ -5696,6 +5733,14 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     }
     tiles_landed();
     sync_all<6>();  // (1) the chunk's tiles and tables
+    if constexpr (CK16) {  // Sa[kb][2 e + hh]: rows ir + 8 hh, columns 16 kb + 8 e + 2 q (+1): ldmatrix x4, matrix
+      // m = 2 e + hh, lane row 16 wl + 8 hh + lane % 8 (the 128-byte swizzle: piece (2 kb + e) % 8 ^ lane % 8)
+      mbar_wait(sbar, (uint32_t)(nck - 1 - ch) & 1u);
+      const int m = lane >> 3, x = lane & 7, e = m >> 1;
+      const uint32_t a = (uint32_t)__cvta_generic_to_shared(sm + oS) + (16 * wl + 8 * (m & 1) + x) * 128;
+#pragma unroll
+      for (int kb = 0; kb < 8; ++kb) ldm4_at<false>(Sa[kb], a + (kb >> 2) * 8192 + ((((2 * kb + e) & 7) ^ x) << 4));
+    }
     // R^T = S dY^T first (its values are loading; X's weights wait for the other consumer's at (2)); c0 from G as
     // put_g stored it, hi + lo (within 2^-17): G's registers, last written by a wgmma, read between R^T's wgmmas
     // made ptxas wait out each of them
@@ -5742,6 +5787,12 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     wg_commit();
     wg_wait<0>();
     acc_fence(X);
+    // CK16: the consumer's four warps have read its checkpoint box (ldmatrix) before any of them writes its weights
+    // over it (MP for consumer 0, MQ for consumer 1)
+    if constexpr (CK16) {  // (immediate barrier ids: a register id makes ptxas reserve all 16)
+      if (c == 0) asm volatile("barrier.sync 2, 128;\n" ::: "memory");
+      else asm volatile("barrier.sync 3, 128;\n" ::: "memory");
+    }
     if (c == 0) {
       put_weights<true>(sm, X, L, tab, kMPH, kMPL, wl, g, q);  // MP[u][s] = L[u][s] beta_s QK[u][s]
     } else {
@@ -5984,7 +6035,7 @@ __device__ void aux(const Params& p, unsigned char* sm, int64_t bh, int nck) {
 }
 
 template <bool CK16>
-__global__ void __launch_bounds__(384, 1) chunk_bwd_sm90_kernel(const Params p) {
+__global__ void __launch_bounds__(384, 1) chunk_bwd_sm90_kernel(const Params p, const __grid_constant__ CUtensorMap smap) {
 #if defined(__CUDA_ARCH__) && !defined(GR_WGMMA)
   __trap();
 #endif
@@ -5995,7 +6046,7 @@ __global__ void __launch_bounds__(384, 1) chunk_bwd_sm90_kernel(const Params p) 
   if (wg == 0) maxnreg_dec<kAuxRegs>();
   else maxnreg_inc<kConsRegs>();
   if (wg == 0) aux(p, sm, bh, nck);
-  else consumer<CK16>(p, sm, wg - 1, bh, nck);
+  else consumer<CK16>(p, sm, wg - 1, bh, nck, &smap);
 }
 
 // The checkpoint pass: S at every chunk start into p.ckpt ((B H, chunks, 128, 128) [dk][dv], fp32, or bf16 with CK16:
@@ -6065,6 +6116,10 @@ __global__ void __launch_bounds__(384, 1) chunk_bwd_sm90_ckpt_kernel(const Param
         tab[128 + tid] = w * tab[64 + tid];
         if (tid == 0) tab[192] = w * tab[0];
       }
+      // WG0's own barrier between these writes and (the all-threads barrier) below: with the all-threads barrier
+      // alone, racecheck reports the consumers' reads as races (perf-notes, twelfth session: its model of named
+      // barriers wants the writers' own barrier first); one 128-thread barrier a chunk
+      wg0_sync();
     } else if constexpr (CK16) {  // the checkpoint in bf16: this warp's 16 dv columns x 128 dk rows staged
       // transposed by stmatrix (8 x 8 blocks, fragment rows dv -> memory rows dk; the two dv halves of a dk row
       // swapped on rows 4..7 of a block: conflict-free), then 32-byte row pieces out as 16-byte stores
@@ -6136,6 +6191,18 @@ __global__ void __launch_bounds__(384, 1) chunk_bwd_sm90_ckpt_kernel(const Param
 
 }  // namespace bwd90
 
+// The TMA map of the bf16 checkpoints ((chunks, 128, 128) [i][j], contiguous) in four dimensions (j % 64, i, j / 64,
+// chunk), one box {64, 64, 2, 1} a consumer's 64 rows (tma_ckpt), 128-byte swizzled.
+CUresult ckpt_map(CUtensorMap* m, const void* base, int64_t chunks) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = get_encode();
+  if (encode == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  const cuuint64_t dims[4] = {64, 128, 2, (cuuint64_t)chunks}, strides[3] = {256, 128, 32768};  // (bytes)
+  const cuuint32_t box[4] = {64, 64, 2, 1}, one[4] = {1, 1, 1, 1};
+  return encode(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(base), dims, strides, box, one,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
 template <bool CK16>
 cudaError_t launch_bwd90(const Plan& pl, const bwd90::Params& p, bool ckpt_kernel, cudaStream_t s, const char** failed) {
   static bool done_ckpt[64] = {}, done_bwd[64] = {};
@@ -6149,9 +6216,11 @@ cudaError_t launch_bwd90(const Plan& pl, const bwd90::Params& p, bool ckpt_kerne
     if (err != cudaSuccess) return err;
   }
   *failed = "chunk_bwd_sm90";
+  alignas(64) CUtensorMap smap = {};  // (the float32 checkpoints' kernel takes none: its rows load as before)
+  if (CK16 && ckpt_map(&smap, p.ckpt, (int64_t)pl.blocks * p.nck) != CUDA_SUCCESS) return cudaErrorInvalidValue;
   err = allow_smem(bwd90::chunk_bwd_sm90_kernel<CK16>, done_bwd);
   return err != cudaSuccess ? err : launch_threads(bwd90::chunk_bwd_sm90_kernel<CK16>, dim3((unsigned)pl.blocks), 384,
-                                                   pl.smem, s, false, p);
+                                                   pl.smem, s, false, p, smap);
 }
 // The checkpoints (pl.work_floats floats of the workspace; CK16 uses half), then the backward; where the forward
 // wrote them (pr.fwd_ckpt, in pl.ck16's dtype: forward_checkpoints), the backward alone.

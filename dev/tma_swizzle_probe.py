@@ -40,12 +40,12 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 from tools.common import save  # noqa: E402
-from tools.sm90_build import ENCODE_SRC, build, print_build, probe_cuda, solution_function, solution_source  # noqa: E402
+from tools.sm90_build import build, print_build, probe_cuda, solution_function, solution_source  # noqa: E402
 
 _wgmma = solution_function("_wgmma")
 FORMS = "".join(_wgmma(n, False, tb, z) for n, tb in ((64, 0), (64, 1), (128, 1)) for z in (True, False))
 
-CUDA_SRC = ENCODE_SRC + solution_source("MBAR_SRC") + r"""
+CUDA_SRC = solution_source("TMA_ENCODE_SRC") + solution_source("MBAR_SRC") + r"""
 // ---- TMA (mbar_init, mbar_expect, mbar_wait: solution.py's MBAR_SRC, before this text) ----
 __device__ __forceinline__ void tma4(void* dst, const CUtensorMap* map, int c0, int c1, int c2, int c3, uint64_t* bar) {
   asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(384, 1) stream_kernel(const __grid_constant__ 
 #endif
 }
 
-// (get_encode: tools/sm90_build.py ENCODE_SRC, at the top)
+// (get_encode: solution.py TMA_ENCODE_SRC, at the top)
 
 // kind 0: tile_map's 5-D core-matrix map (box {8, 64, D / 8, 1, 1}, no swizzle); 1: 4-D {D, T, H, B}, box
 // {64, 64, 1, 1}, SWIZZLE_128B; 2: the same box, no swizzle; 3: kind 1 with L2 promotion 256B. Strides in elements.

@@ -41,11 +41,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 from tools.common import save  # noqa: E402
-from tools.sm90_build import ENCODE_SRC, build, print_build, probe_cuda, solution_source, tf32_wgmma_src  # noqa: E402
+from tools.sm90_build import build, print_build, probe_cuda, solution_source, tf32_wgmma_src  # noqa: E402
 
 FORMS = tf32_wgmma_src(rs_forms=(False, True))
 
-CUDA_SRC = ENCODE_SRC + solution_source("MBAR_SRC") + r"""
+CUDA_SRC = solution_source("TMA_ENCODE_SRC") + solution_source("MBAR_SRC") + r"""
 // ---- TMA (mbar_init, mbar_expect, mbar_wait: solution.py's MBAR_SRC, before this text) ----
 __device__ __forceinline__ void tma5(void* dst, const CUtensorMap* map, int c1, int c2, int c3, int c4, uint64_t* bar) {
   asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5, %6}], [%7];\n"
@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(128) probe_kernel(const __grid_constant__ Maps
 #endif
 }
 
-// (get_encode: tools/sm90_build.py ENCODE_SRC, at the top)
+// (get_encode: solution.py TMA_ENCODE_SRC, at the top)
 
 // tile_map's 5-D map of a (B, T, H, 128) float32 tensor (strides in elements): sw128 or nosw16, box groups.
 static int encode_map(CUtensorMap* m, const void* base, bool sw, int64_t T, int64_t H, int64_t B, int64_t st,

@@ -37,19 +37,6 @@ static int func_attrs(const void* fn, int* res) {
 # shared-memory matrix descriptor (start >> 4, LBO >> 4 at bit 16, SBO >> 4 at bit 32; dev/wgmma_probe.py settled
 # the reading; the opaque move keeps the compiler from hoisting every descriptor of an unrolled loop into two
 # registers each, as solution's sm_desc), its offset form, and a hash for dummy data.
-# The driver's cuTensorMapEncodeTiled for the TMA probes' host code (nullptr where the driver lacks it).
-ENCODE_SRC = r"""
-static PFN_cuTensorMapEncodeTiled_v12000 get_encode() {
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
-  if (encode == nullptr) {
-    cudaDriverEntryPointQueryResult found;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", reinterpret_cast<void**>(&encode), 12000,
-                                         cudaEnableDefault, &found) != cudaSuccess || found != cudaDriverEntryPointSuccess)
-      encode = nullptr;
-  }
-  return encode;
-}
-"""
 PROBE_HELPERS_SRC = r"""
 __device__ __forceinline__ uint64_t sm_desc(const void* p, uint32_t lbo, uint32_t sbo) {
   uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
