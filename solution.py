@@ -2771,27 +2771,26 @@ __device__ __forceinline__ void write_tables64(float* tb, float g0, float g1, fl
   }
 }
 // The TMA map of a (B, T, H, D) bf16 or fp32 tensor moved 64 steps at a time, in five dimensions (d % e, t,
-// d / e, h, b), one box {e, 64, box_groups, 1, 1} a tile: [d / e][t][d % e] in shared memory. sw128 (both
-// instantiations): e = 128 bytes of elements (64 bf16, 32 fp32), each 64 x 128-byte group swizzled
-// (CU_TENSOR_MAP_SWIZZLE_128B: the 16-byte piece j of row t at piece j ^ (t % 8); sw_off, swf_off), 8 KB apart.
-// Else e = 16 bytes, the no-swizzle core-matrix layout. Wide boxes: a quarter of the load requests
-// (dev/tma_swizzle_probe.py measures both rates). Loads
+// d / e, h, b), one box {e, 64, box_groups, 1, 1} a tile: [d / e][t][d % e] in shared memory. e = 128 bytes of
+// elements (64 bf16, 32 fp32), each 64 x 128-byte group swizzled (CU_TENSOR_MAP_SWIZZLE_128B: the 16-byte piece j
+// of row t at piece j ^ (t % 8); sw_off, swf_off), 8 KB apart: a quarter of the load requests of 16-byte boxes
+// (dev/tma_swizzle_probe.py measures both). Loads
 // zero-fill rows past T, stores skip them. A broadcast h or b (stride 0) is one entry, read
 // at coordinate 0 (mask 0).
 CUresult tile_map(CUtensorMap* m, int& hmask, int& bmask, const void* base, DType dt, int D, int H, int T, int64_t B,
-                  const Strides4& st, int box_groups, bool sw128) {
+                  const Strides4& st, int box_groups) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = get_encode();
   if (encode == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   hmask = st.h == 0 ? 0 : -1;
   bmask = st.b == 0 ? 0 : -1;
-  const int es = dt == DType::f32 ? 4 : 2, ew = sw128 ? 128 : 16, e = ew / es;
+  const int es = dt == DType::f32 ? 4 : 2, ew = 128, e = ew / es;
   const cuuint64_t dims[5] = {(cuuint64_t)e, (cuuint64_t)T, (cuuint64_t)(D / e), st.h == 0 ? 1 : (cuuint64_t)H,
                               st.b == 0 ? 1 : (cuuint64_t)B};
   const cuuint64_t strides[4] = {(cuuint64_t)(st.t * es), (cuuint64_t)ew, st.h == 0 ? 16 : (cuuint64_t)(st.h * es),
                                  st.b == 0 ? 16 : (cuuint64_t)(st.b * es)};  // bytes, dimensions 1 .. 4
   const cuuint32_t box[5] = {(cuuint32_t)e, 64, (cuuint32_t)box_groups, 1, 1}, one[5] = {1, 1, 1, 1, 1};
   return encode(m, dt == DType::f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, const_cast<void*>(base), dims, strides, box, one,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, sw128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                 CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
@@ -3731,13 +3730,12 @@ cudaError_t launch_chunk_kernel<ChunkSM90Kernels>(const Plan& pl, const ChunkPar
   if (err != cudaSuccess) return err;
   alignas(64) Sm90Maps maps;
   const int64_t B = p.BH / p.H;
-  const int e = f32 ? 32 : 64;  // a box's innermost extent: a 128-byte swizzled row (both instantiations)
-  const bool sw = true;         // (tile_map keeps the 16-byte core-matrix form, sw128 false, for the dev/ probes' A/B)
+  const int e = f32 ? 32 : 64;  // a box's innermost extent: a 128-byte swizzled row (tile_map)
   int hy = 0, by = 0;  // y is ours: contiguous
-  if (tile_map(&maps.q, maps.hm[0], maps.bm[0], p.q, pl.dtype, p.Dk, p.H, p.T, B, p.sq, p.Dk / e, sw) != CUDA_SUCCESS ||
-      tile_map(&maps.k, maps.hm[1], maps.bm[1], p.k, pl.dtype, p.Dk, p.H, p.T, B, p.sk, p.Dk / e, sw) != CUDA_SUCCESS ||
-      tile_map(&maps.v, maps.hm[2], maps.bm[2], p.v, pl.dtype, p.Dv, p.H, p.T, B, p.sv, p.Dv / e, sw) != CUDA_SUCCESS ||
-      tile_map(&maps.y, hy, by, p.y, pl.dtype, p.Dv, p.H, p.T, B, p.sy, 64 / e, sw) != CUDA_SUCCESS)
+  if (tile_map(&maps.q, maps.hm[0], maps.bm[0], p.q, pl.dtype, p.Dk, p.H, p.T, B, p.sq, p.Dk / e) != CUDA_SUCCESS ||
+      tile_map(&maps.k, maps.hm[1], maps.bm[1], p.k, pl.dtype, p.Dk, p.H, p.T, B, p.sk, p.Dk / e) != CUDA_SUCCESS ||
+      tile_map(&maps.v, maps.hm[2], maps.bm[2], p.v, pl.dtype, p.Dv, p.H, p.T, B, p.sv, p.Dv / e) != CUDA_SUCCESS ||
+      tile_map(&maps.y, hy, by, p.y, pl.dtype, p.Dv, p.H, p.T, B, p.sy, 64 / e) != CUDA_SUCCESS)
     return cudaErrorInvalidValue;
   return launch_threads(kernel, dim3((unsigned)blocks), kSm90Threads, pl.smem, s, pdl, p, maps);
 }
