@@ -2,7 +2,7 @@
 
     python bench.py --out DIR [--shapes S0,S1,...] [--sweep] [--configs] [--compile] [--eager-max-s 1.0]
                     [--decode] [--varlen] [--train [--train-shapes S0,S2,...]] [--benchmarks BENCHMARKS.md]
-                    [--from-json DIR/bench.json]
+                    [--from-json DIR/bench.json[,DIR2/bench.json,...]]
 
 An empty --shapes ("") measures no shape (with --decode, --varlen or --train: those tables alone).
 
@@ -66,7 +66,11 @@ its time; the fla grad err column then shows how far its gradients are off. benc
 --benchmarks FILE puts the tables (with the command, date, card and torch version) into FILE between
 the lines BEGIN_MARK and END_MARK, leaving the rest of the file alone. --from-json FILE skips the
 measurements and regenerates the table (and, with --sweep, the plot) from an earlier bench.json, so
-that step runs on a machine without a GPU.
+that step runs on a machine without a GPU. Several files (comma-separated: runs split over processes or
+device calls) merge in order: shapes and training rows concatenated, other tables from the first file that
+has them, every run's command named in the generated section.
+
+bench.json is rewritten after every row, so a run stopped at a time limit leaves the rows it finished.
 """
 import argparse
 import json
@@ -674,15 +678,15 @@ def train_row(sol, name, shape, args, fla):
     return row
 
 
-def train_rows(sol, args):
-    """The training table's rows, --train-shapes in order (bench.json's "train")."""
+def train_rows(sol, args, rows, save):
+    """The training table's rows, --train-shapes in order, appended to rows (bench.json's "train"); save() after each."""
     if not hasattr(sol, "_backward_with"):
         sys.exit("--train: solution has no _backward_with (no backward)")
     fla = fla_train_peer(args.fla_640_guard_off)
-    rows = []
     for name in [n for n in args.train_shapes.split(",") if n]:
         rows.append(train_row(sol, name, {**SHAPES, **SWEEP}[name], args, fla))
         print(json.dumps(rows[-1]), flush=True)
+        save()
         torch.cuda.empty_cache()
     return rows
 
@@ -714,7 +718,7 @@ def train_markdown(rows):
     for r in rows:
         cells = [f"{r['shape']} ({r['B']},{r['T']},{r['H']},{r['D']})", r["dtype"], fmt_ms(r.get("ours_fwd_ms")),
                  fmt_ms(r.get("ours_bwd_ms")), fmt_ms(r.get("ours_fwdbwd_ms")), fmt_ms(r.get("fla_fwd_ms")),
-                 fmt_ms(r.get("fla_fwdbwd_ms")) + (f" ({r['fla_kernel']})" if r.get("fla_kernel", "chunk") != "chunk" else ""), f"{r['fla_over_ours']:.2f}x" if r.get("fla_over_ours") else "-",
+                 fmt_ms(r.get("fla_fwdbwd_ms")) + (f" ({r['fla_kernel']})" if r.get("fla_kernel", "chunk") != "chunk" else ""), f"{r['fla_over_ours']:.3f}x" if r.get("fla_over_ours") else "-",
                  f"{r['max_grad_err']:.1e}" if "max_grad_err" in r else "-",
                  f"{r['fla_max_grad_err']:.1e}" if "fla_max_grad_err" in r else "-", short_plan(r.get("plan_backward", "-"))]
         out.append("| " + " | ".join(cells) + " |")
@@ -800,8 +804,9 @@ def update_benchmarks(path, result):
         return False
     head, rest = text.split(BEGIN_MARK, 1)
     tail = rest.split(END_MARK, 1)[1]
-    body = (f"`python3 {result['command']}` on {result['date']}, {result['device']}, torch {result['torch']}.\n\n"
-            + tables(result))
+    runs = result.get("commands") or [result["command"]]
+    body = (", ".join(f"`python3 {c}`" for c in runs) + (" (one process each)" if len(runs) > 1 else "")
+            + f" on {result['date']}, {result['device']}, torch {result['torch']}.\n\n" + tables(result))
     with open(path, "w") as f:
         f.write(head + BEGIN_MARK + "\n" + body + "\n" + END_MARK + tail)
     return True
@@ -833,6 +838,25 @@ def plot(rows, path):
     fig.savefig(path, dpi=120)
 
 
+def merge_results(results):
+    """Several bench.json dicts as one (--from-json A,B,...): the first's device, torch, date and rates; shapes and
+    training rows concatenated in order; the floor, decode and varlen tables from the first that has them;
+    "commands" lists every run's command."""
+    out = dict(results[0])
+    out["rows"] = [r for res in results for r in res.get("rows", [])]
+    train = [r for res in results for r in res.get("train", [])]
+    if train:
+        out["train"] = train
+    for key in ("floor", "decode", "decode_floor", "varlen", "configs"):
+        if key not in out:
+            have = [res[key] for res in results if key in res]
+            if have:
+                out[key] = have[0]
+    if len(results) > 1:
+        out["commands"] = [res["command"] for res in results]
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -854,13 +878,14 @@ def main():
                     help="--train: switch fla's fla#640 check off so that its chunk backward runs (a time; fla calls "
                          "its gradients wrong on that Triton, and the table's fla grad err shows them)")
     ap.add_argument("--benchmarks", help="a BENCHMARKS.md whose generated section gets the table")
-    ap.add_argument("--from-json", help="regenerate the table and plot from this bench.json; measure nothing")
+    ap.add_argument("--from-json", help="regenerate the table and plot from this bench.json (or several, "
+                    "comma-separated, merged); measure nothing")
     args = ap.parse_args()
     unknown = [n for n in args.train_shapes.split(",") if n and n not in {**SHAPES, **SWEEP}]
     if args.train and not args.from_json and unknown:
         ap.error(f"--train-shapes: unknown shapes {', '.join(unknown)} (known: {', '.join(SHAPES)}, T256 .. T65536[-bf16])")
     if args.from_json:
-        result = json.load(open(args.from_json))
+        result = merge_results([json.load(open(f)) for f in args.from_json.split(",") if f])
     else:
         result = measure(args)
     os.makedirs(args.out, exist_ok=True)
@@ -883,6 +908,12 @@ def measure(args):
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d"), "command": shlex.join(["bench.py"] + sys.argv[1:]), "rows": []}
     names = [n for n in args.shapes.split(",") if n] + (list(SWEEP) if args.sweep else [])
+    os.makedirs(args.out, exist_ok=True)
+
+    def save():  # after every row: a run stopped at a time limit keeps what it finished
+        with open(os.path.join(args.out, "bench.json"), "w") as f:
+            json.dump(result, f, indent=1, default=str)
+
     result["rates"] = measure_rates()
     print(json.dumps(result["rates"]), flush=True)
     for name in names:
@@ -891,6 +922,7 @@ def measure(args):
                                                                  result["rates"])
         print(json.dumps(row), flush=True)
         result["rows"].append(row)
+        save()
     if "S0" in names:
         result["floor"] = floor_rows(sol, args.trials)
         print(floor_markdown(result["floor"]), flush=True)
@@ -902,10 +934,9 @@ def measure(args):
         result["varlen"] = varlen_rows(sol, result["rates"], args)
         torch.cuda.empty_cache()
     if args.train:
-        result["train"] = train_rows(sol, args)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "bench.json"), "w") as f:
-        json.dump(result, f, indent=1, default=str)
+        result["train"] = []
+        train_rows(sol, args, result["train"], save)
+    save()
     return result
 
 

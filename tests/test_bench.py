@@ -7,13 +7,13 @@ import sys
 import bench
 from conftest import ROOT
 
-STORED = os.path.join(ROOT, "docs", "bench-2026-12-03-s30.json")
+STORED = os.path.join(ROOT, "docs", "bench-2026-12-04-s38.json")
 
 
 def shapes_only():
-    """The stored run without its decode table (it holds both: BENCHMARKS.md's generated section)."""
+    """The stored run's shapes table alone (without the other tables BENCHMARKS.md's generated section holds)."""
     result = json.load(open(STORED))
-    for key in ("decode", "decode_floor", "command_decode", "rates_decode"):
+    for key in ("decode", "decode_floor", "command_decode", "rates_decode", "train", "commands"):
         result.pop(key, None)
     return result
 
@@ -38,6 +38,27 @@ def test_stored_run_is_the_table_in_benchmarks_md():
     """BENCHMARKS.md's generated section is what bench.py makes of the stored JSON (no hand edits)."""
     text = open(os.path.join(ROOT, "BENCHMARKS.md")).read()
     assert bench.markdown(json.load(open(STORED))["rows"]) in text
+
+
+def test_runs_split_over_processes_merge_in_order(tmp_path, monkeypatch):
+    """--from-json A,B: the shapes rows, then the training rows, of runs stored apart; every command named."""
+    stored = json.load(open(STORED))
+    a = {k: v for k, v in stored.items() if k not in ("train", "commands")}
+    b = {**a, "command": "bench.py --shapes '' --train", "rows": [], "train": stored["train"][:1]}
+    c = {**a, "command": "bench.py --shapes '' --train --train-shapes S2", "rows": [], "train": stored["train"][1:]}
+    files = []
+    for name, res in (("a", a), ("b", b), ("c", c)):
+        files.append(tmp_path / f"{name}.json")
+        files[-1].write_text(json.dumps(res))
+    path = tmp_path / "BENCHMARKS.md"
+    shutil.copy(os.path.join(ROOT, "BENCHMARKS.md"), path)
+    monkeypatch.setattr(sys, "argv", ["bench.py", "--from-json", ",".join(map(str, files)), "--out",
+                                      str(tmp_path / "out"), "--benchmarks", str(path)])
+    bench.main()
+    md = (tmp_path / "out" / "bench.md").read_text()
+    assert md == bench.markdown(a["rows"]) + "\n\n" + bench.train_markdown(stored["train"]) + "\n"
+    section = path.read_text().split(bench.BEGIN_MARK)[1].split(bench.END_MARK)[0]
+    assert all(f"`python3 {r['command']}`" in section for r in (a, b, c)) and "(one process each)" in section
 
 
 def test_file_without_the_section_is_left_alone(tmp_path):
