@@ -688,7 +688,6 @@ def train_rows(sol, args, rows, save):
         print(json.dumps(rows[-1]), flush=True)
         save()
         torch.cuda.empty_cache()
-    return rows
 
 
 def short_plan(text):
