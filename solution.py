@@ -141,8 +141,9 @@ Autograd: with grad mode on and an argument that requires grad, gated_recurrence
 registered operators, whose backward saves only the inputs and recomputes the states (numerics
 "reference" included: its gradient is the exact recurrence's); eager calls whose plans are chunk_sm90 (one
 segment) and chunk_bwd_sm90 or chunk_bwd_sm90_fp32 also save the state at every 64-step chunk start, written by
-the forward (bfloat16, or float32 beside a float32 gate: B*H*ceil(T/64)*D_k*D_v elements; float32 q: rows of
-D_k*D_v + 8 floats; held until the backward), which spares the backward's checkpoint launch
+the forward (bfloat16 q: rows of D_k*D_v + 16 float16 values, S scaled by a power of two a 16-column block and
+the 8 inverse scales as floats, or D_k*D_v floats beside a float32 gate; float32 q: rows of D_k*D_v + 8 floats;
+B*H*ceil(T/64) rows, held until the backward), which spares the backward's checkpoint launch
 (solution.FORWARD_CHECKPOINTS = False: not held). cu_seqlens calls and the decode step
 are forward only: an input that requires grad there raises NotImplementedError naming it.
 Errors: a bad argument raises ValueError or TypeError naming it (checked in C++ before any launch);
@@ -240,8 +241,8 @@ struct Problem {
   const void* idx = nullptr; int64_t idx_stride = 0; int64_t P = 0; bool idx64 = false;
   // varlen: one packed row of T tokens (the .b strides zero), b indexes sequences [cu[b], cu[b + 1])
   const void* cu = nullptr; int64_t cu_stride = 0; bool cu64 = false;
-  // chunk_bwd_sm90's checkpoints ((B H, chunks of 64, 128, 128) [dk][dv]: S at each chunk start; bf16 where
-  // fwd_ck16, else fp32) where the forward writes them (forward_checkpoints): chunk_sm90 writes them,
+  // chunk_bwd_sm90's checkpoints ((B H, chunks of 64, 128, 128) [dk][dv]: S at each chunk start; kCk16 rows (fp16,
+  // scaled) where fwd_ck16, else fp32) where the forward writes them (forward_checkpoints): chunk_sm90 writes them,
   // chunk_bwd_sm90 reads them instead of running its checkpoint kernel. nullptr elsewhere.
   void* fwd_ckpt = nullptr; bool fwd_ck16 = false;
 };
@@ -285,7 +286,7 @@ struct Plan {
   int64_t work_floats;   // workspace: (nseg - 1) segment states and decays a (b, h)
   bool varlen;           // packed sequences (cu_seqlens): b is a sequence, nseg a capacity (seg_count)
   bool full;             // decode, 32-column tiles: unit-stride q, k, v rows, D_k = 32 R and whole tiles (no bounds)
-  bool ck16;             // chunk_bwd_sm90: bf16 checkpoints (the gate bf16: dgate's tolerance is bf16's)
+  bool ck16;             // chunk_bwd_sm90: 16-bit checkpoints, kCk16 (the gate bf16: dgate's tolerance is bf16's)
   // recurrent_bwd: R rows a thread (D_k <= 32 R), TC steps a recomputed run in shared memory, vtiles
   // 32-column tiles (in order, in one block), blocks = B * H; workspace: checkpoints, then the tile sums
 };
@@ -331,6 +332,9 @@ struct Sm90Layout {
 // over it), two slots of gate tables, two mbarriers. The TMA regions (q hi and lo, v and y's halves) are 1024-byte
 // aligned: their 128-byte swizzled boxes need it.
 enum : int { kCk32 = 128 * 128 + 8 };  // a float32 checkpoint: S [dk][dv], then 8 warps' max |S|
+// a 16-bit checkpoint (chunk_bwd_sm90, the gate bf16): S 2^s [dk][dv] in fp16, then 8 floats 2^-s, one a 16-column
+// block dv / 16 (ck16_scale)
+enum : int { kCk16 = 128 * 128 + 16 };
 struct Sm90Tf32Layout {
   static constexpr int kQH = 0, kQL = 32768, kKTH = 65536, kKTL = kKTH + 33024, kPPH = kKTL + 33024;
   static constexpr int kPPL = kPPH + 16640, kVR = kPPL + 16640, kTB = kVR + 32768;
@@ -2570,21 +2574,43 @@ __device__ __forceinline__ void wg_barrier(int wg) {  // the 128 threads of one 
   asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
 }
 """
-# The bf16 units' transposing store of accumulator blocks (the y staging and both bf16 checkpoint writers).
+# The bf16 units' transposing store of accumulator blocks (the y staging and both 16-bit checkpoint writers).
 STSM_SRC = r"""
-// Four 8 x 8 blocks of fp32 pairs rounded to bf16 and stored transposed by stmatrix: v[2 m], v[2 m + 1] are this
-// lane's pair of block m (its row g, columns 2 q, 2 q + 1 of an accumulator); a is the shared address of the row
-// this lane gives: row lane % 8 of block lane / 8, 16 bytes. (A template: a unit with no such store warns of none.)
-template <int = 0>
-__device__ __forceinline__ void stsm_x4_trans(uint32_t a, const float (&v)[8]) {
+// Four 8 x 8 blocks of fp32 pairs rounded to bf16 (F16: times `scale`, rounded to fp16) and stored transposed by
+// stmatrix: v[2 m], v[2 m + 1] are this lane's pair of block m (its row g, columns 2 q, 2 q + 1 of an accumulator);
+// a is the shared address of the row this lane gives: row lane % 8 of block lane / 8, 16 bytes. (A template: a unit
+// with no such store warns of none.)
+template <bool F16 = false>
+__device__ __forceinline__ void stsm_x4_trans(uint32_t a, const float (&v)[8], float scale = 1.f) {
   uint32_t x[4];
 #pragma unroll
   for (int m = 0; m < 4; ++m) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * m], v[2 * m + 1]);
-    x[m] = *reinterpret_cast<const uint32_t*>(&h);
+    if constexpr (F16) {
+      const __half2 h = __floats2half2_rn(v[2 * m] * scale, v[2 * m + 1] * scale);
+      x[m] = *reinterpret_cast<const uint32_t*>(&h);
+    } else {
+      const __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * m], v[2 * m + 1]);
+      x[m] = *reinterpret_cast<const uint32_t*>(&h);
+    }
   }
   asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(x[0]),
                "r"(x[1]), "r"(x[2]), "r"(x[3]) : "memory");
+}
+// A 16-bit checkpoint's column block (one warp's 16 dv columns, 128 dk rows; kCk16): fp16 of S 2^s, 2^s the power of
+// two that puts the block's largest finite |S| below 2^14, with 2^-s stored beside the blocks. fp16's 11 bits where
+// bf16 has 8: dgate's term c0 = <G, S> cancels under long memory (gates near and above 1), where S rounded to bf16
+// took dgate past its bar; the scale keeps fp16's range on S's. inf and NaN stay themselves. v: this lane's n values;
+// returns 2^s, lane 0 writing 2^-s to *inv.
+template <int N>
+__device__ __forceinline__ float ck16_scale(const float (&v)[N], float* inv, int lane) {
+  float m = 0.f;
+#pragma unroll
+  for (int i = 0; i < N; ++i) m = fabsf(v[i]) <= 3.4028235e38f ? fmaxf(m, fabsf(v[i])) : m;  // (not inf, NaN)
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  const uint32_t e = max((__float_as_uint(m) >> 23) & 0xffu, 15u);  // m < 2^(e - 126): both powers normal
+  if (lane == 0) *inv = __uint_as_float((e - 13u) << 23);           // 2^(e - 140)
+  return __uint_as_float((267u - e) << 23);                         // 2^(140 - e)
 }
 """
 # Shared-memory operands (the dev/ probes have their own copy).
@@ -3482,18 +3508,19 @@ __device__ __forceinline__ void chunk_sm90_bf16(const ChunkParams& p, const Sm90
   // chunk_bwd_sm90's checkpoints, where the host asks for them (p.fwd_ckpt; one segment, so c counts the
   // sequence's chunks, and every launch is the output phase): S holds chunk c's start state from the top of chunk
   // c until its update, so it is stored in between, behind O1's last products (there the consumer's registers
-  // allow it without a spill), in the checkpoint kernel's layout. fp32: S[i] at [dk][dv] as it is. bf16
-  // (fwd_ck16, rounded to nearest) as the checkpoint kernel stores them: the warp's 16 columns staged transposed
-  // by stmatrix (its 8 x 8 blocks, the dv halves of a dk row swapped on rows 4..7: conflict-free), 64 dk rows at a
-  // time in the warp's own 2 KB of this chunk's y buffer (free from the chunk's top until y is staged there:
-  // bulk_wait_read and FULL), then 32-byte row pieces out as 16-byte stores. Streaming stores: the backward reads
-  // them, not this kernel.
+  // allow it without a spill), in the checkpoint kernel's layout. fp32: S[i] at [dk][dv] as it is. 16-bit
+  // (fwd_ck16: kCk16, fp16 scaled by ck16_scale) as the checkpoint kernel stores them: the warp's 16 columns staged
+  // transposed by stmatrix (its 8 x 8 blocks, the dv halves of a dk row swapped on rows 4..7: conflict-free), 64 dk
+  // rows at a time in the warp's own 2 KB of this chunk's y buffer (free from the chunk's top until y is staged
+  // there: bulk_wait_read and FULL), then 32-byte row pieces out as 16-byte stores. Streaming stores: the backward
+  // reads them, not this kernel.
   constexpr bool kCkpt = DK == 128 && !VARLEN;  // the only instantiation forward_checkpoints allows
   auto put_ckpt = [&](int c) {  // S[i]: dv = dvw + g + 8 ((i >> 1) & 1), dk = 8 (i >> 2) + 2 qd + (i & 1)
-    const int64_t at = (cb.bh * nch + c) * 16384;
     if (p.fwd_ck16) {
+      __half* d = static_cast<__half*>(p.fwd_ckpt) + (cb.bh * nch + c) * kCk16;
+      const float scale = ck16_scale(S, reinterpret_cast<float*>(d + 16384) + dvw / 16, lane);
+      d += dvw;
       unsigned char* st = sm + L::kY + ((c & 1) * 2 + cw) * L::kYBuf + 2048 * wl;  // (y's columns of this warp)
-      bf16* d = static_cast<bf16*>(p.fwd_ckpt) + at + dvw;
       const int j = lane & 7, mi = lane >> 3;  // this lane's address: row j of matrix mi of each x4
 #pragma unroll
       for (int r = 0; r < 2; ++r) {  // dk rows 64 r ..
@@ -3507,7 +3534,7 @@ __device__ __forceinline__ void chunk_sm90_bf16(const ChunkParams& p, const Sm90
             v[2 * e + 1] = S[i + 1];
           }
           const int dk = 8 * (2 * m + (mi >> 1)) + j, hh = (mi & 1) ^ ((j >> 2) & 1);  // (within the 64 rows)
-          stsm_x4_trans((uint32_t)__cvta_generic_to_shared(st + dk * 32 + hh * 16), v);
+          stsm_x4_trans<true>((uint32_t)__cvta_generic_to_shared(st + dk * 32 + hh * 16), v, scale);
         }
         __syncwarp();
 #pragma unroll
@@ -3519,7 +3546,7 @@ __device__ __forceinline__ void chunk_sm90_bf16(const ChunkParams& p, const Sm90
         __syncwarp();
       }
     } else {
-      float* d = static_cast<float*>(p.fwd_ckpt) + at + 2 * qd * 128 + dvw + g;
+      float* d = static_cast<float*>(p.fwd_ckpt) + (cb.bh * nch + c) * 16384 + 2 * qd * 128 + dvw + g;
 #pragma unroll
       for (int i = 0; i < DK / 2; ++i) __stcs(d + (8 * (i >> 2) + (i & 1)) * 128 + 8 * ((i >> 1) & 1), S[i]);
     }
@@ -5227,7 +5254,7 @@ BACKWARD_SM90_SRC = ("#include <cudaTypedefs.h>  // CUtensorMap, PFN_cuTensorMap
 // - the consumers: the chunk's q, k, v, dy tiles by cp.async into bf16 tiles [d / 8][t][8] (K-major for the sums
 //   over d, MN-major for the sums over t; rows past T zero, their gates 1 and betas 0), all during the chunk before
 //   (q and dy into its dead MD and MQ, which swap places with them every other chunk; k and v during G's update),
-//   the checkpoint's rows into registers at the chunk's top (bf16 checkpoints: each consumer's 64 rows by one TMA
+//   the checkpoint's rows into registers at the chunk's top (16-bit checkpoints: each consumer's 64 rows by one TMA
 //   box into its own dead region, then ldmatrix), and the next chunk's rows and checkpoint prefetched into L2;
 // - WG0 (setmaxnreg kAuxRegs), a chunk off the consumers' path both ways: during chunk ch, chunk ch + 1's dgate's
 //   terms (a)-(c) from the consumers' row-dot partials plus term (d)'s, and dbeta (double-buffered partials;
@@ -5250,7 +5277,7 @@ namespace {
 namespace bwd90 {
 typedef __nv_bfloat16 bf16;
 struct Params : BwdProblem {
-  float* ckpt;  // (B H, nck, 128, 128): S at each chunk start (the workspace; bf16 with CK16, the gate bf16)
+  float* ckpt;  // (B H, nck, 128, 128): S at each chunk start (the workspace; with CK16, the gate bf16, kCk16 rows)
   int nck;      // chunks of 64 steps
 };
 // Step t's gate and beta in its stored dtype (past T: 1 and 0, identities in every table).
@@ -5279,7 +5306,7 @@ constexpr int kMQH = 131072, kMQL = 139264, kMDH = 147456, kMDL = 155648, kMPH =
 constexpr int kLxH = 180224, kLxL = 188416, kL = 196608, kLBuf = 64 * 65 / 2 * 4, kTab = kL + 2 * kLBuf;
 constexpr int kTabBuf = 6 * 256, kPart = kTab + 2 * kTabBuf;
 constexpr int kPartBuf = (3 * 8 * 64 + 8 + 2 * 64 + 4 * 64 + 4) * 4;  // (+ the non-finite flags, in buffer 0's)
-constexpr int kBar = kPart + 2 * kPartBuf;  // consumer c's checkpoint mbarrier at kBar + 8 c (bf16 checkpoints)
+constexpr int kBar = kPart + 2 * kPartBuf;  // consumer c's checkpoint mbarrier at kBar + 8 c (16-bit checkpoints)
 constexpr int kSmem = kBar + 2 * 8;
 static_assert(kBar % 8 == 0 && kMPH % 1024 == 0 && kMQH % 1024 == 0 && kY % 1024 == 0,
               "the mbarriers' alignment; the checkpoint boxes' (128-byte swizzle: 1024-byte aligned)");
@@ -5556,7 +5583,7 @@ __device__ __forceinline__ void load_tiles(const Params& p, unsigned char* sm, i
   }
   cp_async_commit();
 }
-// Consumer c's 64 rows i = i0 .. of checkpoint `chunk` (bf16, (B H nck, 128, 128) [i][j]) by TMA (ckpt_map): one box
+// Consumer c's 64 rows i = i0 .. of checkpoint `chunk` (fp16, (B H nck, kCk16) [i][j]) by TMA (ckpt_map): one box
 // of two 128-byte swizzled groups (columns j < 64, j >= 64) of 64 rows x 128 bytes, 8 KB apart (1024-byte aligned):
 // element (r, j) at (j / 64) 8192 + 128 r + ((((j / 8) & 7) ^ (r & 7)) << 4) + 2 (j % 8); completes on bar.
 __device__ __forceinline__ void tma_ckpt(void* dst, const CUtensorMap* map, int i0, int chunk, uint64_t* bar) {
@@ -5573,14 +5600,16 @@ __device__ __forceinline__ void tiles_landed() {
   fence_async_smem();
 }
 
-// Chunk ch's checkpoint (64 KB; 32 KB with CK16) and its q, k, v, dy rows (256 B each) into L2 a chunk ahead of
-// their use, by the 256 consumer threads (th: 0..255), two lines each of both (one of the checkpoint with CK16).
+// Chunk ch's checkpoint (64 KB; 32 KB and its scales with CK16) and its q, k, v, dy rows (256 B each) into L2 a
+// chunk ahead of their use, by the 256 consumer threads (th: 0..255), two lines each of both (one of the checkpoint
+// with CK16, and thread 0 the scales' line).
 template <bool CK16>
 __device__ __forceinline__ void prefetch_chunk(const Params& p, int64_t bh, int64_t b, int64_t h, int ch, int th) {
-  const unsigned char* S = reinterpret_cast<const unsigned char*>(p.ckpt) + ((bh * p.nck + ch) * 16384 + th * 64) *
-                           (CK16 ? 2 : 4);
+  const unsigned char* S = reinterpret_cast<const unsigned char*>(p.ckpt) +
+                           (bh * p.nck + ch) * (CK16 ? 2 * kCk16 : 4 * 16384) + th * (CK16 ? 128 : 256);
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(S));
   if (!CK16) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(S + 128));
+  if (CK16 && th == 0) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(S + 32768));
   const int tile = th >> 6, t = ch * 64 + (th & 63);
   if (t >= p.T) return;
   const bf16* src = static_cast<const bf16*>(tile == 0 ? p.q : tile == 1 ? p.k : tile == 2 ? p.v : p.dy);
@@ -5704,10 +5733,11 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
     // S rows ir, ir + 8 from the checkpoint: R^T's A values (Sv[kb]: k-step kb's), loaded here to land while the
     // tiles do (loaded a k-step at a time inside R^T they cost a round trip each); R^T's k-step kb waits for its
     // own only, c0's part (sum S o G) is formed there
-    // CK16: the values as bf16 pairs, R^T's A fragments as loaded (one product a k-step)
+    // CK16: the values as fp16 pairs (kCk16), each k-step's made S (times its column block's 2^-s, Sv[kb][0]) for
+    // c0 and rounded to bf16 for R^T's A fragments (one product a k-step)
     // CK16: this consumer's 64 rows (16 KB) by one TMA box into a region dead from (6) until its own writes after X:
     // consumer 0's into MP, consumer 1's into MQ (where the chunk before's dy was, read until (6)); read after (1) by
-    // ldmatrix, as R^T's A fragments, the same 32-bit words as the global loads of the rows gave
+    // ldmatrix, the same 32-bit words as the global loads of the rows gave
     float Sv[8][CK16 ? 1 : 8], c0 = 0.f;
     uint32_t Sa[8][CK16 ? 4 : 1];
     const int oS = c ? oMQ : kMPH;
@@ -5716,6 +5746,11 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
         mbar_expect(sbar, 16384);
         tma_ckpt(sm + oS, smap, 64 * c, (int)(bh * nck + ch), sbar);
       }
+      const float4* inv = reinterpret_cast<const float4*>(reinterpret_cast<const __half*>(p.ckpt) +
+                                                          (bh * nck + ch) * kCk16 + 16384);
+      const float4 i0 = __ldg(inv), i1 = __ldg(inv + 1);
+      Sv[0][0] = i0.x, Sv[1][0] = i0.y, Sv[2][0] = i0.z, Sv[3][0] = i0.w;
+      Sv[4][0] = i1.x, Sv[5][0] = i1.y, Sv[6][0] = i1.z, Sv[7][0] = i1.w;
     } else {
       const float* S = p.ckpt + (bh * nck + ch) * 16384;
 #pragma unroll
@@ -5755,11 +5790,23 @@ __device__ void consumer(const Params& p, unsigned char* sm, int c, int64_t bh, 
         }
     };
     if constexpr (CK16) {
-      wg_fence();  // (Sa is loaded in full before the first product)
 #pragma unroll
-      for (int kb = 0; kb < 8; ++kb) {  // c0's part from Sa[kb] before its product reads it (an in-flight wgmma's
-        // A registers are not to be touched before its wait)
-        c0_part(kb, [&](int r) { const float2 v = unpack(Sa[kb][r >> 1]); return (r & 1) ? v.y : v.x; });
+      for (int kb = 0; kb < 8; ++kb) {  // Sa[kb] made bf16 and c0's part from it before its product reads it (an
+        // in-flight wgmma's A registers are not to be touched before its wait)
+        float sv[8];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&Sa[kb][r]));
+          sv[2 * r] = f.x * Sv[kb][0];
+          sv[2 * r + 1] = f.y * Sv[kb][0];
+        }
+        c0_part(kb, [&](int r) { return sv[r]; });
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const __nv_bfloat162 h = __floats2bfloat162_rn(sv[2 * r], sv[2 * r + 1]);
+          Sa[kb][r] = *reinterpret_cast<const uint32_t*>(&h);
+        }
+        wg_fence();  // (Sa[kb] written before its product)
         const uint64_t db = kdesc(sm, oY, 64, kb);
         if (kb == 0) wgmma_rs64_z(R, Sa[kb], db);
         else wgmma_rs64(R, Sa[kb], db, 1);
@@ -6047,10 +6094,10 @@ __global__ void __launch_bounds__(384, 1) chunk_bwd_sm90_kernel(const Params p, 
   else consumer<CK16>(p, sm, wg - 1, bh, nck, &smap);
 }
 
-// The checkpoint pass: S at every chunk start into p.ckpt ((B H, chunks, 128, 128) [dk][dv], fp32, or bf16 with CK16:
-// half the bytes of this pass's stores and of the backward's loads, and R^T one product a k-step; each warp stages its
-// 16 columns transposed by stmatrix and writes whole 32-byte row pieces, as the 4-byte stores of a shuffled bf16 pair
-// cost more than the bytes they saved), from S_0 (or zero). One CTA of 384 threads a (b, h), one barrier a chunk: the k
+// The checkpoint pass: S at every chunk start into p.ckpt ((B H, chunks, 128, 128) [dk][dv], fp32, or with CK16 kCk16
+// rows, fp16 scaled: half the bytes of this pass's stores and of the backward's loads, and R^T one product a k-step;
+// each warp stages its 16 columns transposed by stmatrix and writes whole 32-byte row pieces, as the 4-byte stores of
+// a shuffled 16-bit pair cost more than the bytes they saved), from S_0 (or zero). One CTA of 384 threads a (b, h), one barrier a chunk: the k
 // and v tiles double-buffered (cp.async, zeros past T; chunk ch + 1's issued after chunk ch's barrier, landing during
 // its product); WG0 (threads < 64) the gates and betas a chunk ahead in registers, then beta_s w_s (w_s = prod_{r>s}
 // g_r, fp32) and A_63 into a double-buffered table; consumer c holds S^T rows dv = 64 c .. as one m64n128 accumulator,
@@ -6118,9 +6165,12 @@ __global__ void __launch_bounds__(384, 1) chunk_bwd_sm90_ckpt_kernel(const Param
       // alone, racecheck reports the consumers' reads as races (perf-notes, twelfth session: its model of named
       // barriers wants the writers' own barrier first); one 128-thread barrier a chunk
       wg0_sync();
-    } else if constexpr (CK16) {  // the checkpoint in bf16: this warp's 16 dv columns x 128 dk rows staged
-      // transposed by stmatrix (8 x 8 blocks, fragment rows dv -> memory rows dk; the two dv halves of a dk row
-      // swapped on rows 4..7 of a block: conflict-free), then 32-byte row pieces out as 16-byte stores
+    } else if constexpr (CK16) {  // the checkpoint in fp16 (kCk16: scaled, ck16_scale): this warp's 16 dv columns x
+      // 128 dk rows staged transposed by stmatrix (8 x 8 blocks, fragment rows dv -> memory rows dk; the two dv halves
+      // of a dk row swapped on rows 4..7 of a block: conflict-free), then 32-byte row pieces out as 16-byte stores
+      __half* d = reinterpret_cast<__half*>(p.ckpt) + (bh * nck + ch) * kCk16;
+      const float scale = ck16_scale(S, reinterpret_cast<float*>(d + 16384) + 4 * c + wl, lane);
+      d += 64 * c + 16 * wl;
       unsigned char* st = sm + cStage + (4 * c + wl) * 4096;
       const int j = lane & 7, mi = lane >> 3;  // this lane's address: row j of matrix mi of each x4
 #pragma unroll
@@ -6133,10 +6183,9 @@ __global__ void __launch_bounds__(384, 1) chunk_bwd_sm90_ckpt_kernel(const Param
           v[2 * i + 1] = S[x + 1];
         }
         const int dk = 8 * (2 * n2 + (mi >> 1)) + j, hh = (mi & 1) ^ ((j >> 2) & 1);
-        stsm_x4_trans((uint32_t)__cvta_generic_to_shared(st + dk * 32 + hh * 16), v);
+        stsm_x4_trans<true>((uint32_t)__cvta_generic_to_shared(st + dk * 32 + hh * 16), v, scale);
       }
       __syncwarp();
-      bf16* d = reinterpret_cast<bf16*>(p.ckpt) + (bh * nck + ch) * 16384 + 64 * c + 16 * wl;
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const int k = 32 * i + lane, dk = k >> 1, hh = (k & 1) ^ ((k >> 3) & 1);
@@ -6189,14 +6238,14 @@ __global__ void __launch_bounds__(384, 1) chunk_bwd_sm90_ckpt_kernel(const Param
 
 }  // namespace bwd90
 
-// The TMA map of the bf16 checkpoints ((chunks, 128, 128) [i][j], contiguous) in four dimensions (j % 64, i, j / 64,
+// The TMA map of the 16-bit checkpoints ((chunks, kCk16) rows, S [i][j] first) in four dimensions (j % 64, i, j / 64,
 // chunk), one box {64, 64, 2, 1} a consumer's 64 rows (tma_ckpt), 128-byte swizzled.
 CUresult ckpt_map(CUtensorMap* m, const void* base, int64_t chunks) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = get_encode();
   if (encode == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
-  const cuuint64_t dims[4] = {64, 128, 2, (cuuint64_t)chunks}, strides[3] = {256, 128, 32768};  // (bytes)
+  const cuuint64_t dims[4] = {64, 128, 2, (cuuint64_t)chunks}, strides[3] = {256, 128, 2 * kCk16};  // (bytes)
   const cuuint32_t box[4] = {64, 64, 2, 1}, one[4] = {1, 1, 1, 1};
-  return encode(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(base), dims, strides, box, one,
+  return encode(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, const_cast<void*>(base), dims, strides, box, one,
                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
@@ -6220,7 +6269,7 @@ cudaError_t launch_bwd90(const Plan& pl, const bwd90::Params& p, bool ckpt_kerne
   return err != cudaSuccess ? err : launch_threads(bwd90::chunk_bwd_sm90_kernel<CK16>, dim3((unsigned)pl.blocks), 384,
                                                    pl.smem, s, false, p, smap);
 }
-// The checkpoints (pl.work_floats floats of the workspace; CK16 uses half), then the backward; where the forward
+// The checkpoints (pl.work_floats floats of the workspace; CK16's are 16-bit), then the backward; where the forward
 // wrote them (pr.fwd_ckpt, in pl.ck16's dtype: forward_checkpoints), the backward alone.
 cudaError_t launch_chunk_bwd_sm90(const Plan& pl, const BwdProblem& pr, float* work, cudaStream_t s,
                                   const char** failed) {
@@ -8223,7 +8272,7 @@ std::string describe(const Plan& pl) {
              pl.work_floats * 4, "B");
   else if (pl.kernel == Kernel::chunk_bwd_sm90)
     s += cat("C=64 products=bf16 wgmma (fp32 operands as hi + lo), one block a (b, h), a checkpoint launch first:"
-             " the state at every chunk start in the workspace=", pl.work_floats * 4, "B (", pl.ck16 ? "bf16" : "fp32",
+             " the state at every chunk start in the workspace=", pl.work_floats * 4, "B (", pl.ck16 ? "fp16 scaled" : "fp32",
              ")");
   else if (pl.kernel == Kernel::chunk_bwd_sm90_fp32)
     s += cat("C=64 products=fp16 wgmma (fp32 operands as hi + lo, one power-of-two scale a tile; dv: a step), one block"
@@ -8390,7 +8439,8 @@ bool run_ex(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
     const bool write = y.numel() > 0 && kernel.empty() && config.empty() && !reference &&
                        forward_checkpoints(&pl, q, k, v, gate, beta, y, &ck16);
     ck = write && pl.dtype == DType::f32 ? at::empty({B * H, ceil_div(T, 64), kCk32}, q.options().dtype(at::kFloat))
-       : write ? at::empty({B * H, ceil_div(T, 64), Dk, Dv}, q.options().dtype(ck16 ? at::kBFloat16 : at::kFloat))
+       : write && ck16 ? at::empty({B * H, ceil_div(T, 64), kCk16}, q.options().dtype(at::kHalf))
+       : write ? at::empty({B * H, ceil_div(T, 64), Dk, Dv}, q.options().dtype(at::kFloat))
                : at::empty({0}, q.options().dtype(at::kFloat));
     pr.fwd_ckpt = write ? ck.data_ptr() : nullptr;
     pr.fwd_ck16 = ck16;
@@ -8465,10 +8515,11 @@ bool make_plan_backward(const Shape& s, DType dt, const Layout& lay_dq, const La
       const std::vector<int64_t> one{1};
       return make_plan(s, DType::f32, lay_ck, lim, "chunk_sm90", one, false, dq);
     }
-    // bf16 checkpoints where the gate is bf16: dgate then has a bf16 tolerance, and S's rounding (2^-9) is below
-    // it; float32 gates keep float32 checkpoints (their dgate is held to 1e-5)
+    // 16-bit checkpoints (kCk16: fp16 scaled, 2^-12) where the gate is bf16: dgate then has a bf16 tolerance
+    // (bf16's 2^-9 was not below it: c0 = <G, S> cancels under long memory); float32 gates keep float32
+    // checkpoints (their dgate is held to 1e-5)
     bwd.ck16 = !lay_dq.gate32;
-    bwd.work_floats = bwd.blocks * ceil_div(s.T, 64) * s.Dk * s.Dv / (bwd.ck16 ? 2 : 1);  // the checkpoints
+    bwd.work_floats = bwd.blocks * ceil_div(s.T, 64) * (bwd.ck16 ? kCk16 / 2 : s.Dk * s.Dv);  // the checkpoints
     return true;
   }
   if (fits && kernel != "recurrent_bwd") {
@@ -8615,10 +8666,13 @@ bool run_backward(const at::Tensor& dy, const at::Tensor* dfinal, const at::Tens
   const bool fp32_90 = pbw.kernel == Kernel::chunk_bwd_sm90_fp32;
   const bool use_ckpt = ckpt != nullptr && ckpt->numel() > 0 && (pbw.kernel == Kernel::chunk_bwd_sm90 || fp32_90) &&
                         forward_checkpoints(nullptr, q, k, v, gate, beta, dy, &ck16) && ck16 == pbw.ck16;
-  if (use_ckpt) {  // float32: rows of kCk32 floats a chunk (B H, chunks, kCk32); else (B H, chunks, D_k, D_v)
-    const int64_t want[4] = {q.size(0) * q.size(2), ceil_div(q.size(1), 64), fp32_90 ? kCk32 : q.size(3), v.size(3)};
-    const at::IntArrayRef want_ref(want, fp32_90 ? 3 : 4);
-    const auto st = ck16 ? at::kBFloat16 : at::kFloat;
+  if (use_ckpt) {  // rows of kCk32 floats (float32) or kCk16 halves (ck16) a chunk (B H, chunks, row); else
+    // (B H, chunks, D_k, D_v) floats
+    const bool rows = fp32_90 || ck16;
+    const int64_t want[4] = {q.size(0) * q.size(2), ceil_div(q.size(1), 64),
+                             fp32_90 ? kCk32 : ck16 ? kCk16 : q.size(3), v.size(3)};
+    const at::IntArrayRef want_ref(want, rows ? 3 : 4);
+    const auto st = ck16 ? at::kHalf : at::kFloat;
     GR_REQUIRE("ValueError", ckpt->scalar_type() == st && ckpt->is_contiguous() && ckpt->device() == q.device() &&
                                  ckpt->sizes() == want_ref && reinterpret_cast<uintptr_t>(ckpt->data_ptr()) % 16 == 0,
                "ckpt must be the forward's checkpoints: contiguous, 16-byte aligned ", dtype_str(st), " ",
@@ -9440,7 +9494,7 @@ def _no_double_backward(ctx, *grads):
 
 
 # Eager autograd on Hopper (forward_checkpoints): the forward writes the backward's chunk-start states, held from
-# the forward to the backward (bfloat16: twice q's bytes; beside a float32 gate, four times; float32 q: twice). False: nothing beyond
+# the forward to the backward (bfloat16 q: twice q's bytes; beside a float32 gate, four times; float32 q: twice). False: nothing beyond
 # the inputs is held, and the backward forms them itself (one more launch, during the backward only).
 FORWARD_CHECKPOINTS = True
 
@@ -9451,8 +9505,9 @@ class _EagerGrad(torch.autograd.Function):
     torch.compile traces the registered operators and their formulas (_traced_call) instead; both backwards
     run the same kernels. Saved: the inputs, and where the core's plans allow them (forward_checkpoints in
     HOST_RUN_SRC) the backward's checkpoints written by the forward (the state at every 64-step chunk start,
-    (B H, chunks, 128, 128) in bfloat16, float32 beside a float32 gate; float32 q: (B H, chunks, 128 * 128 + 8),
-    S and 8 maxima of |S|), so that the backward skips its checkpoint launch."""
+    (B H, chunks, 128 * 128 + 16) float16, S scaled a 16-column block and its 8 inverse scales, or (B H, chunks,
+    128, 128) float32 beside a float32 gate; float32 q: (B H, chunks, 128 * 128 + 8), S and 8 maxima of |S|), so
+    that the backward skips its checkpoint launch."""
 
     @staticmethod
     def forward(ctx, q, k, v, gate, beta, initial_state, want_final, reference, kernel, config):
@@ -9543,7 +9598,7 @@ def gated_recurrence(q, k, v, gate, beta, initial_state=None, output_final_state
     Differentiable (autograd) in q, k, v, gate, beta and initial_state, through y and S_T: each gradient in
     its input's dtype; the backward recomputes the states from the inputs (eagerly on Hopper, where the plans
     allow, the forward also saves the state at every 64-step chunk start for it: B*H*ceil(T/64)*D_k*D_v
-    elements, bfloat16 or beside a float32 gate float32; FORWARD_CHECKPOINTS = False turns this off).
+    elements, scaled float16 or beside a float32 gate float32; FORWARD_CHECKPOINTS = False turns this off).
 
     Variable-length (packed) sequences: cu_seqlens, int32 or int64 (N + 1,) on q's device, 0 first,
     non-decreasing, T_total last; q, k, v packed as (1, T_total, H, D), gate and beta as (1, T_total, H);

@@ -5,7 +5,9 @@ What it emulates: the bf16 kernel's backward, a chunk at a time as in solution.p
 (naive.chunked_backward_naive's equations):
 - inputs q, k, v, dy, gate, beta are bf16 values (reference.make_inputs, dtype bfloat16; gate classes as
   tests/test_backward_sm90.py draws them, uniform in float32 then rounded to bf16); S_0 and dS_T float32;
-- the checkpoints S at chunk starts: the float64 forward's state rounded once to bf16 (CK16, chunk 0's = bf16(S_0));
+- the checkpoints S at chunk starts: the float64 forward's state (float32) in the kernel's format (--ckpt, checkpoint():
+  f16, fp16 scaled a 16-column block since the thirty-ninth session; bf16 before, which put dgate past its bar at
+  T = 2048-4096 with gates of 1 and above 1; f32);
 - tables (L, A, Ah, w, Lx) from float64 products of the (bf16) gates, each rounded once to float32; beta w in fp32;
 - every product through mm(): per k16 step and per split term, the exact partial added to a float32 accumulator
   (RN), terms in the kernel's order; an operand of n terms is hi = RN_bf16(x) (n = 1) plus lo = RN_bf16(x - hi)
@@ -33,9 +35,10 @@ err / bar over T's on the same draw.
 Run from the repository root (CPU only; the defaults take about 35 s on 2 cores):
   python3 dev/bwd_ckptg_emulation.py [--T 256,1024,4096] [--BH 2] [--BH-long 1] [--long 4096]
       [--gates sigmoid,zero,negative,above1,near1,mixed-sign,near1w] [--states none,both]
-      [--variants T,A,B'] [--ref loop|chunked] [--seed 0] [--seeds 1] [--go 0.85]
+      [--variants T,A,B'] [--ref loop|chunked] [--seed 0] [--seeds 1] [--go 0.85] [--ckpt f16|bf16|f32]
 --BH: B H (B = 1) of a case; --BH-long: B H for T >= --long. --seeds N: N draws of each case. Gate classes:
-sigmoid (reference.make_inputs), zero 0, negative U(-1, 0), above1 U(1, 1.05), near1 U(1 - 1e-3, 1 + 1e-3) (every
+sigmoid (reference.make_inputs), zero 0, one 1, negative U(-1, 0), above1 U(1, 1.05), above1s U(1, 1.02) (T = 4096
+stays in range), near1 U(1 - 1e-3, 1 + 1e-3) (every
 gate exactly 1.0 once in bf16), mixed-sign U(-1.2, 1.2), near1w U(0.99, 1.0) (bf16: 0.9921875, 0.99609375, 1). A
 case whose float64 gradients pass bf16's range (above1 at T = 4096) is skipped and named. States: none (no S_0, no
 dS_T) or both (S_0 and dS_T ~ N(0, 1), float32). Output: one markdown row per case and variant (err / bar = ratio),
@@ -57,7 +60,7 @@ NAMES = ("dq", "dk", "dv", "dgate", "dbeta")
 # (G products, c0's G, weights, Lx, E) terms; None: float64, nothing rounded
 VARIANTS = {"T": (2, 2, 2, 2, 2), "A": (1, 1, 2, 2, 2), "B'": (1, 1, 1, 1, 2), "B1": (1, 1, 1, 1, 1),
             "Ac0": (1, 2, 2, 2, 2), "X": None}
-GATES = {"sigmoid": None, "zero": 0.0, "negative": (-1.0, 0.0), "above1": (1.0, 1.05),
+GATES = {"sigmoid": None, "zero": 0.0, "one": 1.0, "negative": (-1.0, 0.0), "above1": (1.0, 1.05), "above1s": (1.0, 1.02),
          "near1": (1 - 1e-3, 1 + 1e-3), "mixed-sign": (-1.2, 1.2), "near1w": (0.99, 1.0)}
 
 
@@ -108,6 +111,24 @@ def tables(g64, num):
     return [num.r32(x) for x in (L, A, w, Ah, Lx)]
 
 
+CKPT = "f16"  # the S checkpoints' format (--ckpt)
+
+
+def checkpoint(S, num):
+    """(c0's S, R^T's S) from a float32 checkpoint S as the kernel holds it: f16 (since the thirty-ninth session)
+    fp16 of S 2^s, 2^s a power of two a 16-column block (its largest |S| below 2^14), back in float32 for c0 and
+    rounded to bf16 for R^T; bf16 (before): S rounded to bf16 for both; f32 (a float32 gate's): S, R^T hi / lo."""
+    if num.exact or CKPT == "f32":
+        return S, S
+    if CKPT == "bf16":
+        return num.bf(S), num.bf(S)
+    blocks = S.unflatten(-1, (8, 16))
+    e = (torch.frexp(blocks.abs().amax(dim=(-3, -1), keepdim=True)).exponent + 126).clamp_min(15)
+    scale = torch.exp2((140 - e).float())
+    f = ((blocks * scale).half().float() / scale).flatten(-2)
+    return f, num.bf(f)
+
+
 def emulated_backward(q, k, v, gate, beta, dy, s0, dsT, variant):
     """(dq, dk, dv, dgate, dbeta, dS_0) of the emulated kernel. Inputs (B, T, H, ...) holding bf16 values; s0, dsT
     (B, H, D, D) float32 or None. variant: a key of VARIANTS."""
@@ -124,7 +145,7 @@ def emulated_backward(q, k, v, gate, beta, dy, s0, dsT, variant):
     ckpts, tabs = [], []
     for c in range(T // C):
         sl = slice(c * C, (c + 1) * C)
-        ckpts.append(num.bf(S.float() if not num.exact else S))
+        ckpts.append(S.float() if not num.exact else S)
         tabs.append(tables(g64[:, sl], num))
         L64 = naive.decay_matrix(g64[:, sl])
         kw = k[:, sl].double() * (L64[:, -1, :] * b[:, sl].double())[..., None]
@@ -135,13 +156,13 @@ def emulated_backward(q, k, v, gate, beta, dy, s0, dsT, variant):
     for c in reversed(range(T // C)):
         sl = slice(c * C, (c + 1) * C)
         Q, K, V, dY, bc = q[:, sl], k[:, sl], v[:, sl], dy[:, sl], b[:, sl]
-        Sc = ckpts[c]
+        Sc, ScR = checkpoint(ckpts[c], num)  # c0's S, R^T's S
         L, A, w, Ah, Lx = tabs[c]
         bw = num.r32(bc * w)
         # the products on G: today G hi / lo (2 terms), c0 from hi + lo; ckptG: bf16(G), one term
         Gop = G if gt == 2 else num.bf(G)
         Gc0 = sum(num.split(G, 2)) if ct == 2 else num.bf(G)
-        Rt = num.mm(Sc, dY.transpose(-1, -2))                          # R^T[i][t] = sum_j S[i][j] dY[t][j]
+        Rt = num.mm(ScR, dY.transpose(-1, -2), 2 if CKPT == "f32" else 1)  # R^T[i][t] = sum_j S[i][j] dY[t][j]
         QK = num.mm(Q, K.transpose(-1, -2))                            # [u][s]
         Dd = num.mm(dY, V.transpose(-1, -2))
         MP = QK * L * bc[:, None, :] * low                             # the weights (put_weights' order)
@@ -252,7 +273,7 @@ def summary(results, variants, log):
 
 
 def main():
-    global GO
+    global GO, CKPT
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--T", default="256,1024,4096")
     ap.add_argument("--BH", type=int, default=2)
@@ -265,8 +286,10 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--seeds", type=int, default=1, help="draws of each case (seeds seed .. seed + seeds - 1)")
     ap.add_argument("--go", type=float, default=0.85)
+    ap.add_argument("--ckpt", choices=("f16", "bf16", "f32"), default="f16", help="the S checkpoints' format")
     args = ap.parse_args()
     GO = args.go
+    CKPT = args.ckpt
     variants = args.variants.split(",")
 
     def log(s):

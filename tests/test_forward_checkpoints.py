@@ -1,6 +1,6 @@
 """chunk_bwd_sm90's checkpoints written by the forward: an eager autograd call whose plans are chunk_sm90 (bfloat16,
-D_k = D_v = 128, one segment a (b, h)) and chunk_bwd_sm90 saves the state at every 64-step chunk start (bfloat16,
-or float32 beside a float32 gate, as the backward reads them), and the backward skips its checkpoint kernel. GPU
+D_k = D_v = 128, one segment a (b, h)) and chunk_bwd_sm90 saves the state at every 64-step chunk start (float16
+scaled a 16-column block, or float32 beside a float32 gate, as the backward reads them), and the backward skips its checkpoint kernel. GPU
 (compute capability 9.0): the checkpoints against the float64 loop's states, autograd's gradients (forward
 checkpoints) and the _backward_with hook's (the checkpoint kernel) against float64, the kernels each side launches,
 what autograd saves, a second backward through the same graph, the checkpoint argument's checks, and no checkpoint
@@ -15,11 +15,36 @@ from test_backward_sm90 import BF16, HOPPER, KERNEL, sm90
 
 CKPT_KERNEL = "chunk_bwd_sm90_ckpt_kernel"
 STATE_TOL = 1e-4  # rel-L2 of a float32 checkpoint against float64: fp32 state, fp32 operands as bf16 hi + lo
+CK16 = 128 * 128 + 16  # a 16-bit checkpoint's row: S 2^s (float16 [dk][dv]), then 8 float32 2^-s (a 16-column block)
+FP16 = torch.float16
 
 
 def state_tol(exact, dtype):
-    """A float32 checkpoint: STATE_TOL; a bfloat16 one: twice the float64 state's own bf16 rounding."""
+    """A float32 checkpoint: STATE_TOL; a float16 one: twice the float64 state's own float16 rounding."""
     return STATE_TOL if dtype == torch.float32 else 2 * rounding_floor(exact, dtype) + 1e-6
+
+
+def ck_shape(BH, T, dtype):
+    return (BH, -(-T // 64), CK16) if dtype == FP16 else (BH, -(-T // 64), 128, 128)
+
+
+def decoded(ck):
+    """The states (B H, chunks, 128, 128) a checkpoint tensor holds, float32 (a float16 one times its 2^-s)."""
+    if ck.dtype != FP16:
+        return ck
+    S = ck[..., :128 * 128].float().unflatten(-1, (128, 128))
+    inv = ck[..., 128 * 128:].contiguous().view(torch.float32)  # (B H, chunks, 8)
+    return S * inv.repeat_interleave(16, -1)[..., None, :]
+
+
+def scaled_f16(S):
+    """S (..., 128, 128) as the kernels round it: a 16-column block times 2^(140 - e) (e: the biased exponent of its
+    largest finite |S|, at least 15) to float16, and back."""
+    blocks = S.float().unflatten(-1, (8, 16))
+    a = blocks.abs().where(blocks.abs().isfinite(), torch.zeros((), device=S.device))
+    e = (torch.frexp(a.amax(dim=(-3, -1), keepdim=True)).exponent + 126).clamp_min(15)
+    scale = torch.exp2((140 - e).float())
+    return ((blocks * scale).half().float() / scale).flatten(-2)
 
 
 def qualifying_shape(T=200):
@@ -81,29 +106,29 @@ def saved_by_autograd(sol, xs, s0, grad=True):
 @pytest.mark.parametrize("initial", [True, False], ids=["s0", "zero"])
 @pytest.mark.parametrize("T", [200, 63], ids=["T200", "T63"])
 def test_checkpoints_are_the_chunk_start_states(sol, T, initial, gate):
-    """S before steps 0, 64, 128, 192 in the checkpoint kernel's layout ([dk][dv]; bfloat16 rounded to nearest, or
-    float32 beside a float32 gate, as the backward's plan reads them); chunk 0 is S_0 (or zero) as rounded to that
-    dtype; y as without checkpoints. T = 63: one partial chunk, its checkpoint S_0 alone."""
+    """S before steps 0, 64, 128, 192 in the checkpoint kernel's layout ([dk][dv]; float16 scaled a 16-column block,
+    or float32 beside a float32 gate, as the backward's plan reads them); chunk 0 is S_0 (or zero) as rounded to that
+    format; y as without checkpoints. T = 63: one partial chunk, its checkpoint S_0 alone."""
     shape = qualifying_shape(T)
     assert_qualifies(sol, shape)
     xs, s0, _, _ = problem(shape, BF16, seed=21, initial=initial)
     if gate == "fp32":
         xs[3] = xs[3].float()
-    dtype = torch.float32 if gate == "fp32" else BF16
+    dtype = torch.float32 if gate == "fp32" else FP16
     poison_allocator()
     y, ck = forward_ex(sol, xs, s0)
     B, T, H = shape[:3]
-    assert ck.dtype == dtype and ck.shape == (B * H, -(-T // 64), 128, 128) and ck.is_contiguous()
-    want = chunk_states(xs, s0)
-    assert torch.equal(ck[:, 0], want[:, 0].float().to(dtype))
+    assert ck.dtype == dtype and ck.shape == ck_shape(B * H, T, dtype) and ck.is_contiguous()
+    want, got = chunk_states(xs, s0), decoded(ck)
+    assert torch.equal(got[:, 0], want[:, 0].float() if dtype == torch.float32 else scaled_f16(want[:, 0]))
     for c in range(1, ck.shape[1]):
-        err = rel_l2(ck[:, c].double(), want[:, c])
+        err = rel_l2(got[:, c].double(), want[:, c])
         assert err <= state_tol(want[:, c], dtype), f"chunk {c}: rel-L2 {err:.3e}"
     assert torch.equal(y, forward_ex(sol, xs, s0, want_ckpt=False)[0])
 
 
 # case: (shape, kernel, config, float32 gates and betas, the checkpoints' dtype or None)
-CASES = {"planned": (qualifying_shape, "", (), False, BF16),
+CASES = {"planned": (qualifying_shape, "", (), False, FP16),
          "float32-gates": (qualifying_shape, "", (), True, torch.float32),
          # B H = half the SMs: two forward segments, the backward still chunk_bwd_sm90
          "segments": (lambda: (2, 200, torch.cuda.get_device_properties(0).multi_processor_count // 4, 128, 128),
@@ -116,7 +141,7 @@ CASES = {"planned": (qualifying_shape, "", (), False, BF16),
 @sm90
 @pytest.mark.parametrize("case", list(CASES))
 def test_which_plans_write_them(sol, case):
-    """Written by a planned forward with one segment whose backward is chunk_bwd_sm90 (bfloat16; float32 beside
+    """Written by a planned forward with one segment whose backward is chunk_bwd_sm90 (float16 rows; float32 beside
     float32 gates); not with segments (a later segment's start state is unknown while it runs), few heads
     (chunk_bwd's segments), a chosen kernel or configuration, or D_k = 64: an empty tensor in their place."""
     make, kernel, config, gates32, dtype = CASES[case]
@@ -131,7 +156,7 @@ def test_which_plans_write_them(sol, case):
     out = forward_ex(sol, xs, s0, kernel=kernel, config=config)
     assert len(out) == 2 and out[1].dtype == (dtype or torch.float32)
     B, T, H = shape[:3]
-    assert out[1].shape == ((B * H, -(-T // 64), 128, 128) if dtype else (0,)), tuple(out[1].shape)
+    assert out[1].shape == (ck_shape(B * H, T, dtype) if dtype else (0,)), tuple(out[1].shape)
 
 
 @sm90
@@ -178,15 +203,15 @@ def test_gradients_match_float64(sol, case):
 
 @sm90
 def test_autograd_saves_them_and_the_backward_skips_its_checkpoint_kernel(sol):
-    """autograd saves the (B H, chunks, 128, 128) bfloat16 checkpoints beside the inputs; its backward launches
+    """autograd saves the (B H, chunks, 128 * 128 + 16) float16 checkpoints beside the inputs; its backward launches
     chunk_bwd_sm90 alone, the _backward_with hook the checkpoint kernel first."""
     shape = qualifying_shape()
     assert_qualifies(sol, shape)
     xs, s0, w, _ = problem(shape, BF16, seed=25)
     saved, y, leaves = saved_by_autograd(sol, xs, s0)
     B, T, H = shape[:3]
-    ckpts = [t for t in saved if t.shape == (B * H, -(-T // 64), 128, 128)]
-    assert len(ckpts) == 1 and ckpts[0].dtype == BF16, [tuple(t.shape) for t in saved]
+    ckpts = [t for t in saved if t.shape == ck_shape(B * H, T, FP16)]
+    assert len(ckpts) == 1 and ckpts[0].dtype == FP16, [tuple(t.shape) for t in saved]
     names = kernels_of(lambda: torch.autograd.grad(y, leaves, w))
     assert any(KERNEL + "_kernel" in n for n in names), names
     assert not any(CKPT_KERNEL in n for n in names), names
@@ -214,7 +239,8 @@ def test_wrong_checkpoints_are_refused(sol):
     xs, s0, w, _ = problem(shape, BF16, seed=27)
     _, ck = forward_ex(sol, xs, s0)
     misaligned = torch.empty(ck.numel() + 1, dtype=ck.dtype, device=ck.device)[1:].view(ck.shape)
-    for bad in (ck[:, :2].contiguous(), ck.float(), ck.transpose(2, 3), misaligned):
+    strided = ck.transpose(0, 1).contiguous().transpose(0, 1)
+    for bad in (ck[:, :2].contiguous(), ck.float(), ck.bfloat16(), ck.unsqueeze(2), strided, misaligned):
         with pytest.raises(ValueError, match=r"\bckpt\b"):
             sol._call(sol._core.backward, w, None, *xs, s0, "", 0, bad)
     got = sol._call(sol._core.backward, w, None, *xs, s0, "", 0, ck)
@@ -250,7 +276,7 @@ def test_turned_off(sol, monkeypatch):
     xs, s0, w, _ = problem(shape, BF16, seed=29)
     saved, y, leaves = saved_by_autograd(sol, xs, s0)
     B, T, H = shape[:3]
-    assert not any(t.shape == (B * H, -(-T // 64), 128, 128) for t in saved), [tuple(t.shape) for t in saved]
+    assert not any(t.shape == ck_shape(B * H, T, FP16) for t in saved), [tuple(t.shape) for t in saved]
     names = kernels_of(lambda: torch.autograd.grad(y, leaves, w))
     assert any(CKPT_KERNEL in n for n in names), names
 
