@@ -2796,10 +2796,19 @@ __device__ __forceinline__ void write_tables64(float* tb, float g0, float g1, fl
     }
   }
 }
+// Byte offset of element (r, c) of such a tile of E-byte elements (E = 2: bf16, 4: fp32): 128 / E columns a group of
+// 64 rows x 128 bytes (8 KB), the 16-byte piece (c / (16 / E)) % 8 of row r stored at piece (c / (16 / E) ^ r) % 8
+// (CU_TENSOR_MAP_SWIZZLE_128B on a 1024-byte aligned group).
+template <int E>
+__device__ __forceinline__ uint32_t sw_off(int r, int c) {
+  static_assert(E == 2 || E == 4, "bf16 or fp32");
+  constexpr int LP = E == 2 ? 3 : 2;  // log2 of the elements a piece
+  return (uint32_t)((c >> (LP + 3)) * 8192 + r * 128 + ((((c >> LP) ^ r) & 7) << 4) + (c & ((1 << LP) - 1)) * E);
+}
 // The TMA map of a (B, T, H, D) bf16 or fp32 tensor moved 64 steps at a time, in five dimensions (d % e, t,
 // d / e, h, b), one box {e, 64, box_groups, 1, 1} a tile: [d / e][t][d % e] in shared memory. e = 128 bytes of
 // elements (64 bf16, 32 fp32), each 64 x 128-byte group swizzled (CU_TENSOR_MAP_SWIZZLE_128B: the 16-byte piece j
-// of row t at piece j ^ (t % 8); sw_off, swf_off), 8 KB apart: a quarter of the load requests of 16-byte boxes
+// of row t at piece j ^ (t % 8); sw_off), 8 KB apart: a quarter of the load requests of 16-byte boxes
 // (dev/tma_swizzle_probe.py measures both). Loads
 // zero-fill rows past T, stores skip them. A broadcast h or b (stride 0) is one entry, read
 // at coordinate 0 (mask 0).
@@ -2831,17 +2840,17 @@ CHUNK_SM90_TF32_SRC = r"""
 // + lo hi; hi rounded by round_tf32, since the tensor core truncates raw fp32; lo = x - hi passed raw), so
 // y carries fp32-level error. TF32 operands in shared memory must be K-major, so the layout differs from
 // the bfloat16 one (Sm90Tf32Layout). The TMA tiles (q, k, v, y) land as 128-byte swizzled groups of 32 columns
-// (element (r, c) of a 64-row tile at swf_off(r, c); descriptors sw_desc, K-major, SBO 1 KB, a k-step of 8 tf32
+// (element (r, c) of a 64-row tile at sw_off<4>(r, c); descriptors sw_desc, K-major, SBO 1 KB, a k-step of 8 tf32
 // +32 bytes along the row, sw_kstep); what threads write (K^T, P') is in "no-swizzle" core matrices of 8 rows x
 // 16 bytes, SBO 128:
-//   QS hi / lo   q [t][dk] (swf_off) by TMA into hi, rounded in place, lo at the same offsets; k lands in lo first
+//   QS hi / lo   q [t][dk] (sw_off<4>) by TMA into hi, rounded in place, lo at the same offsets; k lands in lo first
 //   K^T hi / lo  element (n, s) at (s / 4) 2064 + 16 n + 4 (s % 4): k transposed and split by the aux
 //                warpgroup, n the sigma row of dk (dk = 8 (n / 8) + sigma(n % 8), sigma = 0 4 1 5 2 6 3 7), so
 //                that the state's accumulator column p holds dk 8 (p / 8) + sigma(p % 8) and the state is its
 //                own A operand of O1 (picked {c[4kb], c[4kb+2], c[4kb+1], c[4kb+3]}); rows padded to 2064
 //                bytes so that the transposing stores hit 32 banks
 //   PP hi / lo   P' (t, s) at (s / 4) 1040 + 16 t + 4 (s % 4); the blocks above the diagonal zeroed once
-//   VR           v [s][dv] (swf_off) by TMA, then y staged over it (a consumer warpgroup's half, 64 columns at
+//   VR           v [s][dv] (sw_off<4>) by TMA, then y staged over it (a consumer warpgroup's half, 64 columns at
 //                16 KB cw: its store box, each element at the offset of the v element it replaces)
 // Per chunk c, on 384-thread named barriers (one side arrives, the other syncs):
 //   aux        [c > 0: Q_DONE(c - 1)] q (outputs only) and k by TMA; chunk c's gate tables (double scans,
@@ -2870,12 +2879,6 @@ __device__ __forceinline__ void split_tf32_1(float x, uint32_t& hi, uint32_t& lo
   lo = __float_as_uint(x - __uint_as_float(hi));
 }
 __device__ __forceinline__ float lds_f(const unsigned char* p) { return *reinterpret_cast<const float*>(p); }
-// Byte offset of fp32 element (r, c) of a TMA tile (q, k, v; y from its half's base): 32 columns a group of 64
-// rows x 128 bytes (8 KB), the 16-byte piece (c / 4) % 8 of row r stored at piece ((c / 4) ^ r) % 8
-// (CU_TENSOR_MAP_SWIZZLE_128B on a 1024-byte aligned group).
-__device__ __forceinline__ uint32_t swf_off(int r, int c) {
-  return (uint32_t)((c >> 5) * 8192 + r * 128 + ((((c >> 2) ^ r) & 7) << 4) + (c & 3) * 4);
-}
 __device__ __forceinline__ void sts_f(unsigned char* p, float v) { *reinterpret_cast<float*>(p) = v; }
 __device__ __forceinline__ void sts_u(unsigned char* p, uint32_t v) { *reinterpret_cast<uint32_t*>(p) = v; }
 
@@ -2966,11 +2969,11 @@ __device__ __forceinline__ void tf32_aux(unsigned char* sm, const Sm90Maps& maps
     if (c > 0) bar_wait<384>(kBarKTDone);
     {
       const int s = tid & 63, half = tid >> 6;
-      // k [s][dk] (swf_off): dk 64 half + 4 j at ko's piece ^ j % 8, + 8 KB (j / 8), ko = swf_off(s, 64 half);
+      // k [s][dk] (sw_off<4>): dk 64 half + 4 j at ko's piece ^ j % 8, + 8 KB (j / 8), ko = sw_off<4>(s, 64 half);
       // ko formed from an opaque tid each chunk (a base held through the double table scans spills at 88 registers)
       uint32_t ko = tid;
       asm volatile("mov.b32 %0, %0;\n" : "+r"(ko));
-      ko = TL::kQL + swf_off(ko & 63, 64 * (ko >> 6));
+      ko = TL::kQL + sw_off<4>(ko & 63, 64 * (ko >> 6));
 #pragma unroll 4
       for (int j = 0; j < 16; ++j) {  // dk = 64 half + 4 j + e, its sigma row n
         const float4 v = *reinterpret_cast<const float4*>(sm + ((ko ^ (16 * (j & 7))) + 8192 * (j >> 3)));
@@ -3066,6 +3069,9 @@ __device__ __forceinline__ void tf32_consumer(unsigned char* sm, const Sm90Maps&
   const int dv0 = 64 * cw + 16 * wl + g;
   uint64_t* bars = reinterpret_cast<uint64_t*>(sm + TL::kBars);
   unsigned char* ys = sm + TL::kVR + 16384 * cw;  // this warpgroup's dv half of VR: y's staging
+  // Y[i]'s byte offset in ys: (t, dvl) = (8 (i >> 2) + 2 qd + (i & 1), 16 wl + g) at sw_off<4>, i.e. the piece of
+  // (2 qd, 16 wl + g) ^ (i & 3), rows 8 (i >> 2) + (i & 1) further
+  auto y_off = [&](int i) { return (sw_off<4>(2 * qd, 16 * wl + g) ^ (16 * (i & 3))) + 128 * (8 * (i >> 2) + (i & 1)); };
   // S[i] = S^T[dv0 + 8 ((i >> 1) & 1)][physical column 8 (i >> 2) + 2 qd + (i & 1)], which holds
   // dk = 8 (i >> 2) + qd + 4 (i & 1) (K^T's sigma rows). Start: S_0 (output phase, segment 0), the scanned
   // state of the previous segment (output phase), or zero (state phase).
@@ -3132,13 +3138,12 @@ __device__ __forceinline__ void tf32_consumer(unsigned char* sm, const Sm90Maps&
 #pragma unroll
       for (int kb = 4 * half; kb < 4 * half + 4; ++kb)
 #pragma unroll
-        for (int r = 0; r < 4; ++r)  // swf_off(s, dv): the piece of (qd, dv0) with bits 1, 2 flipped by r & 1, r >> 1
-          vf[kb][r] = lds_f(sm + (((TL::kVR + swf_off(qd, dv0)) ^ (32 * r)) + 128 * (8 * kb + 4 * (r >> 1))));
+        for (int r = 0; r < 4; ++r)  // sw_off<4>(s, dv): the piece of (qd, dv0) with bits 1, 2 flipped by r & 1, r >> 1
+          vf[kb][r] = lds_f(sm + (((TL::kVR + sw_off<4>(qd, dv0)) ^ (32 * r)) + 128 * (8 * kb + 4 * (r >> 1))));
       if (outputs) {
         __syncwarp();  // the warp's reads of these steps before its stores over them
 #pragma unroll
-        for (int i = 16 * half; i < 16 * half + 16; ++i)  // swf_off(t, dvl): (2 qd, 16 wl + g)'s piece ^ (i & 3)
-          sts_f(ys + ((swf_off(2 * qd, 16 * wl + g) ^ (16 * (i & 3))) + 128 * (8 * (i >> 2) + (i & 1))), Y[i]);
+        for (int i = 16 * half; i < 16 * half + 16; ++i) sts_f(ys + y_off(i), Y[i]);
       }
     }
     // The warp's 16 dv rows x 64 steps (exactly the rows of Z it owns) hold a NaN or inf: its Z is
@@ -3207,8 +3212,8 @@ __device__ __forceinline__ void tf32_consumer(unsigned char* sm, const Sm90Maps&
       // y = staged Y + Z in place (each thread its own entries), one TMA store a warpgroup; VR is
       // released once the store has read it.
 #pragma unroll
-      for (int i = 0; i < 32; ++i) {  // (Y's staging offsets)
-        unsigned char* a = ys + ((swf_off(2 * qd, 16 * wl + g) ^ (16 * (i & 3))) + 128 * (8 * (i >> 2) + (i & 1)));
+      for (int i = 0; i < 32; ++i) {
+        unsigned char* a = ys + y_off(i);
         sts_f(a, lds_f(a) + Z[i]);
       }
       fence_async_smem();
@@ -3271,7 +3276,7 @@ CHUNK_SM90_SRC = r"""
 // segment), warp-specialised, synchronised by named barriers (FULL: a chunk's operands ready; DONE: its
 // buffers free) and never by the whole block:
 //   aux warpgroup       one thread issues the TMA loads of q, k, v (a 5-d map whose box lands as 128-byte
-//                       swizzled groups of 64 columns: element (r, c) of a 64-row tile at sw_off(r, c)) into
+//                       swizzled groups of 64 columns: element (r, c) of a 64-row tile at sw_off<2>(r, c)) into
 //                       three stages on mbarriers, two chunks ahead;
 //                       the four warps form chunk c's gate tables (fp32, no quotient) and
 //                       P = Q K^T (SS), masked, decayed and beta-scaled, as P' bf16 hi + lo, a chunk
@@ -3299,12 +3304,6 @@ using bf16 = __nv_bfloat16;
 
 // Byte offset of element (r, c) of a 64-row tile in the core-matrix layout (P'): column group c / 8 is 1 KB.
 __device__ __forceinline__ uint32_t cm_off(int r, int c) { return (uint32_t)((c >> 3) * 1024 + r * 16 + (c & 7) * 2); }
-// Byte offset of element (r, c) of a TMA tile (q, k, v, y): 64 columns a group of 64 rows x 128 bytes (8 KB), the
-// 16-byte piece (c / 8) % 8 of row r stored at piece ((c / 8) ^ r) % 8 (CU_TENSOR_MAP_SWIZZLE_128B on a
-// 1024-byte aligned group).
-__device__ __forceinline__ uint32_t sw_off(int r, int c) {
-  return (uint32_t)((c >> 6) * 8192 + r * 128 + ((((c >> 3) ^ r) & 7) << 4) + (c & 7) * 2);
-}
 // Whether a thread's V^T fragments hold a NaN or inf (exponent bits all ones in a half).
 __device__ __forceinline__ bool frags_bad(const uint32_t (&f)[4][4]) {
   uint32_t bad = 0;
@@ -3593,7 +3592,7 @@ __device__ __forceinline__ void chunk_sm90_bf16(const ChunkParams& p, const Sm90
 #pragma unroll
       for (int kb = 0; kb < 4; ++kb) {
         const int m = lane >> 3, s = 16 * kb + 8 * (m >> 1) + (lane & 7), dv = dvw + 8 * (m & 1);
-        ldm4_at<true>(vf[kb], va + sw_off(s, dv));
+        ldm4_at<true>(vf[kb], va + sw_off<2>(s, dv));
       }
     }
     bool bad = false;
@@ -3637,8 +3636,8 @@ __device__ __forceinline__ void chunk_sm90_bf16(const ChunkParams& p, const Sm90
         // s outside, so that v's two swizzled addresses are formed once an s (each Y[i] still sums in s order)
 #pragma unroll 1
         for (int s = 0; s < 64; ++s) {
-          const float v0 = __bfloat162float(*reinterpret_cast<const bf16*>(Vt + sw_off(s, dvw + g)));
-          const float v1 = __bfloat162float(*reinterpret_cast<const bf16*>(Vt + sw_off(s, dvw + g + 8)));
+          const float v0 = __bfloat162float(*reinterpret_cast<const bf16*>(Vt + sw_off<2>(s, dvw + g)));
+          const float v1 = __bfloat162float(*reinterpret_cast<const bf16*>(Vt + sw_off<2>(s, dvw + g + 8)));
 #pragma unroll
           for (int i = 0; i < 32; ++i) {
             const int t = 8 * (i >> 2) + 2 * qd + (i & 1);
@@ -3665,7 +3664,7 @@ __device__ __forceinline__ void chunk_sm90_bf16(const ChunkParams& p, const Sm90
           v[2 * m + 1] = Y[i + 1];
         }
         const int mi = lane >> 3, n = 2 * k + (mi >> 1), hh = mi & 1;
-        stsm_x4_trans((uint32_t)__cvta_generic_to_shared(ys) + sw_off(8 * n + (lane & 7), 16 * wl + 8 * hh), v);
+        stsm_x4_trans((uint32_t)__cvta_generic_to_shared(ys) + sw_off<2>(8 * n + (lane & 7), 16 * wl + 8 * hh), v);
       }
       fence_async_smem();
       wg_barrier(wg);
@@ -3674,7 +3673,7 @@ __device__ __forceinline__ void chunk_sm90_bf16(const ChunkParams& p, const Sm90
         // sequence's), 16 bytes a store from the staged swizzled rows
         for (int e = tid & 127; e < (se - t0) * 8; e += 128)
           *reinterpret_cast<uint4*>(cb.y + (int64_t)(t0 + (e >> 3)) * p.sy.t + 64 * cw + 8 * (e & 7)) =
-              *reinterpret_cast<const uint4*>(ys + sw_off(e >> 3, 8 * (e & 7)));
+              *reinterpret_cast<const uint4*>(ys + sw_off<2>(e >> 3, 8 * (e & 7)));
       } else if ((tid & 127) == 0) {
         tma_store(&maps.y, ys, tb0 + t0, cw, cb.h, bc);
       }
