@@ -1,6 +1,7 @@
 """Where chunk_sm90's chunk time goes (the forward; dev/bwd90_trace.py is the backward's): a copy of solution.py with
 clock stamps between the phases of each chunk of the bfloat16 block (chunk_sm90_bf16; its dense D_k = 128
-instantiation only, the others compile without stamps), on lane 0 of every warp of a few CTAs (TRACE_CTAS), each stamp
+instantiation only, the others compile without stamps; --dtype float32: the TF32 block instead, CHUNK_SM90_TF32_SRC's
+tf32_aux and tf32_consumer, the lists CONS_F32 and AUX_F32: ptxas then spills 24 bytes where HEAD spills 4), on lane 0 of every warp of a few CTAs (TRACE_CTAS), each stamp
 written to a global array (chunk, stamp) (register arrays spilled in bwd90_trace's first version), summed over the chunks
 by a small kernel launched after each chunk_sm90 launch and printed there (device printf: a printf in chunk_sm90's own
 kernel, an extern call, makes ptxas serialize every wgmma of it, 48 waits instead of HEAD's 10), then the cycles a phase
@@ -12,7 +13,8 @@ the copy without stamps (this solution.py, "head": cycles to us) and for the sta
 Two forwards a shape: "plain" (no grad) and "ckpt" (q, k, v, gate, beta requiring grad: the autograd forward, which
 writes chunk_bwd_sm90's checkpoints where forward_checkpoints allows: the put_ckpt phase).
 
-    python3 dev/fwd90_trace.py [--shapes S4-bf16,S2-bf16] [--extra LABEL=PATH ...] [--trials 10] [--no-time-trace]
+    python3 dev/fwd90_trace.py [--dtype bfloat16|float32] [--shapes S4-bf16,S2-bf16] [--extra LABEL=PATH ...]
+        [--trials 10] [--no-time-trace]
     python3 dev/fwd90_trace.py --build-only [--copy PATH]   (no GPU: the copy, its build and HEAD's, their resources)
     python3 dev/fwd90_trace.py --copy-only [--copy PATH]    (the copy alone: every marker checked)
 (--extra: other solution.py copies timed beside it, e.g. variants written to scratch/; writes $OUT/fwd90_trace.json;
@@ -52,7 +54,7 @@ CONS = [  # consumer warpgroups (in the order they run)
      "put_ckpt"),
     ("BEFORE#pragma unroll\n      for (int i = 0; i < 32; ++i) Y[i] *= tb[kG + 8 * (i >> 2) + 2 * qd + (i & 1)];",
      "O1 done (wait)"),
-    ("        ldm4_at<true>(vf[kb], va + sw_off(s, dv));\n      }\n    }", "Y *= G + V^T fragments (issue)"),
+    ("        ldm4_at<true>(vf[kb], va + sw_off<2>(s, dv));\n      }\n    }", "Y *= G + V^T fragments (issue)"),
     ("        wgmma_rs64(Y, vz[kb], desc_at(dpl, 2048 * kb), 1);\n      }\n      wg_commit();\n    }",
      "NaN check + Z = P' V issued"),
     ("                       uh[kb][r], ul[kb][r]);\n        }\n    }", "U's A split (V^T w hi + lo)"),
@@ -82,6 +84,52 @@ AUX = [  # the aux warpgroup (in the order they run)
      "P' stored"),
     ("BEFORE      bar_arrive(kBarFull + (c & 1));", "threadfence + warpgroup barrier", "sync"),
     ("      bar_arrive(kBarFull + 2 + (c & 1));", "FULL arrivals"),
+]
+# The float32 block (CHUNK_SM90_TF32_SRC: tf32_aux and tf32_consumer, --dtype float32), the same kinds of marker.
+# The stamps inside U's products (U, S and vf live) are left out as in the bfloat16 list: U is one phase with the
+# S update.
+CONS_F32 = [
+    ("BEFORE    const float* tb = reinterpret_cast<const float*>(sm + TL::kTB + (c & 1) * TL::kTabSlot);", "top"),
+    ("    bar_wait<384>(kBarFullQK);", "FULL_QK wait", "sync"),
+    ("sw_desc(sm + TL::kQL + sw_kstep(kb), 16), kb == 0);\n      }\n    }",
+     "O1 issued (k-steps 4-15 wait for 0-11: four groups in flight)"),
+    ("      if (lane == 0) __stcs(d + 16384 + 4 * cw + wl, m);\n    }", "fwd_ckpt (S and max |S|, autograd only)"),
+    ("Y[i] *= tb[kG + 8 * (i >> 2) + 2 * qd + (i & 1)];  // Y = O1 diag(G)\n    }", "O1 done (wait) + Y *= G"),
+    ("    bar_arrive<384>(kBarQDone);", "Q_DONE arrive"),
+    ("    mbar_wait(bars + 1, c & 1);", "v landed (mbarrier)"),
+    ("sts_f(ys + y_off(i), Y[i]);\n      }\n    }", "V^T fragments + Y staged"),
+    ("      bad = __any_sync(0xffffffffu, e != 0);\n    }", "NaN check"),
+    ("      for (int i = 0; i < 64; ++i) S[i] = fmaf(gamma, S[i], U[i]);\n    } else {\n"
+     "      bar_arrive<384>(kBarKTDone);\n    }", "U = (V^T w) K issued, done, KT_DONE + S update"),
+    ("    bar_wait<384>(kBarFullP);", "FULL_P wait", "sync"),
+    ("      wg_wait<0>();\n      acc_fence(Z);", "Z = V^T P'^T issued, done"),
+    ("          Z[i] = acc;\n        }\n      }", "NaN path"),
+    ("BEFORE      fence_async_smem();\n      wg_barrier(1 + cw);", "y = Y + Z in place"),
+    ("      wg_barrier(1 + cw);", "warpgroup barrier", "sync"),
+    ("        bulk_wait_read<0>();\n      }\n    }", "y TMA store + its read (thread 0)"),
+    ("    bar_arrive<384>(kBarVRDone);", "VR_DONE arrive"),
+]
+AUX_F32 = [
+    ("BEFORE    // 1. q and k of chunk c (QS free", "top"),
+    ("    if (c > 0) bar_wait<384>(kBarQDone);", "Q_DONE wait (c > 0)", "sync"),
+    ("      tma_tile(sm + TL::kQL, &maps.k, t0, hk, bk, bars);\n    }", "q, k TMA issued (thread 0)"),
+    ("      write_tables64<double>(tb, g0, g1, b0, b1, wl, lane);\n    }", "gate tables (double scans)"),
+    ("    mbar_wait(bars, c & 1);", "q, k landed (mbarrier)"),
+    ("    if (c > 0) bar_wait<384>(kBarKTDone);", "KT_DONE wait (c > 0)", "sync"),
+    ("BEFORE    wg_barrier(0);  // every raw k read", "K^T hi / lo stored"),
+    ("    wg_barrier(0);  // every raw k read (and every table written) before QS lo is overwritten",
+     "warpgroup barrier", "sync"),
+    ("BEFORE    fence_async_smem();  // the generic stores before the wgmmas (async proxy) read QS and K^T",
+     "q split in place"),
+    ("    wg_barrier(0);       // (racecheck credits a store only when a barrier its thread waits on follows it)",
+     "fence + warpgroup barrier", "sync"),
+    ("    bar_arrive<384>(kBarFullQK);", "FULL_QK arrive"),
+    ("    if (c > 0) bar_wait<384>(kBarVRDone);", "VR_DONE wait (c > 0)", "sync"),
+    ("sg.b & maps.bm[2], bars + 1);\n    }", "v TMA issued (thread 0)"),
+    ("      wg_wait<0>();\n      acc_fence(P);", "P^T = K Q^T issued, done"),
+    ("      __threadfence_block();  // (racecheck, as chunk_sm90's bfloat16 P' stores)\n    }", "P' stored"),
+    ("BEFORE    bar_arrive<384>(kBarFullP);", "warpgroup barrier", "sync"),
+    ("    bar_arrive<384>(kBarFullP);", "FULL_P arrive"),
 ]
 TRACE_CTAS = (0, 1, 127, 131, 300)  # (S2-bf16 has 128 CTAs, S4-bf16 512 on 132 SMs: 300 is in the third wave)
 TR_MAXC = 256  # chunks a launch with stamps (T up to 16384)
@@ -156,6 +204,17 @@ DECL_SRC = """  // fwd90_trace: lane 0 of each warp of the traced CTAs (the dens
     __syncwarp();
   }
 """
+# the float32 roles' declarations (WARP: the role's warp in the block) and their end (a Tf32Seg sg in scope)
+DECL_F32_SRC = """  // fwd90_trace: lane 0 of each warp of the traced CTAs; its rows zeroed first
+  const int tr_cta = tr_cta_index(blockIdx.x);
+  const int tr_at = tr_cta >= 0 && lane == 0 ? (tr_cta * 12 + (%(warp)s)) * (TR_MAXC * TR_NS) : -1;
+  if (tr_cta >= 0) {
+    for (int e = lane; e < min(sg.nch, TR_MAXC) * TR_NS; e += 32) g_tr[(tr_cta * 12 + (%(warp)s)) * (TR_MAXC * TR_NS) + e] = 0;
+    __syncwarp();
+  }"""
+TRACE_END_F32_SRC = r"""#define TRACE_END_F32(n) do { if (tr_at >= 0) { int* h = g_tr_hdr + tr_at / (TR_MAXC * TR_NS) * 8; \
+  h[1] = (int)blockIdx.x; h[2] = p.mode; h[3] = sg.seg; h[4] = sg.nch; h[5] = (n); h[0] = 1; } } while (0)
+"""
 LAUNCH_OLD = "  return launch_threads(kernel, dim3((unsigned)blocks), kSm90Threads, pl.smem, s, pdl, p, maps);\n}"
 LAUNCH_NEW = """  err = launch_threads(kernel, dim3((unsigned)blocks), kSm90Threads, pl.smem, s, pdl, p, maps);
   if (err == cudaSuccess && !f32 && pl.DK == 128 && !vl) {  // fwd90_trace: the stamps' sums
@@ -190,12 +249,7 @@ def insert(out, m, stamp, what):
 
 def traced_source(src):
     """CHUNK_SM90_SRC with the stamps."""
-    out = src
-    for role, marks in (("cons", CONS), ("aux", AUX)):
-        assert len(marks) <= TR_NS
-        for i, mark in enumerate(marks):
-            macro = "TRACE_SYNC" if len(mark) > 2 and mark[2] == "sync" else "TRACE"
-            out = insert(out, mark[0], f"    {macro}({i});", f"{role} {i} ({mark[1]})")
+    out = stamp_roles(src, CONS, AUX)
     dev = device_source(TRACE_CTAS, TR_PRINT_MAX) + TRACE_SRC % {}
     out = insert(out, "using bf16 = __nv_bfloat16;\n", dev, "device helpers")
     out = insert(out, "BEFORE  if (wg == 0) {\n    // The aux warpgroup", DECL_SRC.rstrip("\n"), "declarations")
@@ -208,12 +262,48 @@ def traced_source(src):
     return insert(out, "BEFORE// ===================================== chunk_sm90: bfloat16", "#include <cstdio>", "include")
 
 
-def write_copy(path):
-    """solution.py with the stamps in CHUNK_SM90_SRC."""
+def stamp_roles(out, cons, aux):
+    """out with the TRACE / TRACE_SYNC stamps of both roles' markers."""
+    for role, marks in (("cons", cons), ("aux", aux)):
+        assert len(marks) <= TR_NS
+        for i, mark in enumerate(marks):
+            macro = "TRACE_SYNC" if len(mark) > 2 and mark[2] == "sync" else "TRACE"
+            out = insert(out, mark[0], f"    {macro}({i});", f"{role} {i} ({mark[1]})")
+    return out
+
+
+def traced_source_f32(src):
+    """CHUNK_SM90_TF32_SRC with the stamps (the float32 block: D_k = D_v = 128, dense, its only instantiation)."""
+    out = stamp_roles(src, CONS_F32, AUX_F32)
+    dev = device_source(TRACE_CTAS, TR_PRINT_MAX) + TRACE_SRC % {} + TRACE_END_F32_SRC
+    out = insert(out, "using TL = Sm90Tf32Layout;\n", dev, "device helpers")
+    out = insert(out, "  const int hq = sg.h & maps.hm[0], bq = sg.b & maps.bm[0], hk = sg.h & maps.hm[1], bk = sg.b & maps.bm[1];",
+                 DECL_F32_SRC % {"warp": "wl"}, "aux declarations")
+    out = insert(out, "  const int dv0 = 64 * cw + 16 * wl + g;", DECL_F32_SRC % {"warp": "4 + 4 * cw + wl"},
+                 "consumer declarations")
+    out = insert(out, "BEFORE  if (!outputs && tid == 0) p.seg_decays[", f"  TRACE_END_F32({len(AUX_F32)});", "aux end")
+    out = insert(out, "  if (tid == 0) bulk_wait_all();  // y written before the block ends",
+                 f"  TRACE_END_F32({len(CONS_F32)});", "consumer end")
+    return insert(out, "BEFORE// ===================================== chunk_sm90 on float32", "#include <cstdio>", "include")
+
+
+def write_copy(path, dtype="bfloat16"):
+    """solution.py with the stamps in CHUNK_SM90_SRC (bfloat16) or CHUNK_SM90_TF32_SRC (float32, and the launch's
+    print kernel in CHUNK_SM90_SRC)."""
     text = open("solution.py").read()
-    start, end = sm90_span(text)
-    src = traced_source(text[start:end])
-    assert "#include <cstdio>" in src
+    if dtype == "float32":
+        start = text.index('CHUNK_SM90_TF32_SRC = r"""')
+        end = text.index('\n"""', start + 25)
+        text = text[:start] + traced_source_f32(text[start:end]) + text[end:]
+        start, end = sm90_span(text)
+        src = text[start:end]
+        if src.count(LAUNCH_OLD) != 1:
+            raise SystemExit("fwd90_trace: marker launch: no single match (update LAUNCH_OLD)")
+        src = src.replace(LAUNCH_OLD, LAUNCH_NEW.replace("!f32 && pl.DK", "f32 && pl.DK"))
+    else:
+        start, end = sm90_span(text)
+        src = traced_source(text[start:end])
+        assert "#include <cstdio>" in src
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     open(path, "w").write(text[:start] + src + text[end:])
     return len(CONS), len(AUX)
@@ -279,8 +369,8 @@ def res_usage(so, kernel="chunk_sm90_kernel", instantiation=fwd_instantiation):
     return res
 
 
-def build_only(copy):
-    n_cons, n_aux = write_copy(copy)
+def build_only(copy, dtype="bfloat16"):
+    n_cons, n_aux = write_copy(copy, dtype)
     print(f"copy {copy}: {n_cons} consumer and {n_aux} aux stamps, every marker found")
     sos = build_copies(["solution.py", copy])
     for label, path in (("head", "solution.py"), ("trace", copy)):
@@ -413,7 +503,9 @@ def summarize(name, label, rows, nch, us_chunk):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shapes", default="S4-bf16,S2-bf16")
+    ap.add_argument("--shapes", default=None, help="bench.py's shape names (default S4-bf16,S2-bf16; float32: S4,S2)")
+    ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                    help="the block to stamp: bfloat16 (CHUNK_SM90_SRC) or float32 (CHUNK_SM90_TF32_SRC)")
     ap.add_argument("--extra", action="append", default=[], help="LABEL=PATH of another solution.py, timed beside")
     ap.add_argument("--trials", type=int, default=10)
     ap.add_argument("--copy", default=DEFAULT_COPY, help="where the stamped copy is written")
@@ -422,21 +514,26 @@ def main():
     ap.add_argument("--copy-only", action="store_true", help="write the copy only (every marker checked)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    global CONS, AUX
+    if args.dtype == "float32":  # (parse and summarize read the lists)
+        CONS, AUX = CONS_F32, AUX_F32
+    args.shapes = args.shapes or ("S4,S2" if args.dtype == "float32" else "S4-bf16,S2-bf16")
     if args.child:
         return child(args)
     if args.copy_only:
-        n_cons, n_aux = write_copy(args.copy)
+        n_cons, n_aux = write_copy(args.copy, args.dtype)
         return say(f"copy {args.copy}: {n_cons} consumer and {n_aux} aux stamps, every marker found")
     if args.build_only:
-        return build_only(args.copy)
-    write_copy(args.copy)
+        return build_only(args.copy, args.dtype)
+    write_copy(args.copy, args.dtype)
+    inst = ("f32" if args.dtype == "float32" else "bf16") + "<128,false>"
     from tools.common import load_copies, save
     sos = build_copies(["solution.py", args.copy] + [e.split("=", 1)[1] for e in args.extra])
     res = {"ptxas": {}}
     for p, so in sos.items():
         try:
             res["ptxas"][p] = res_usage(so)
-            say(f"{p} bf16<128,false>: (REG, STACK, LOCAL, STL+LDL, wgmma waits) {res['ptxas'][p].get('bf16<128,false>')}")
+            say(f"{p} {inst}: (REG, STACK, LOCAL, STL+LDL, wgmma waits) {res['ptxas'][p].get(inst)}")
         except (SystemExit, OSError, KeyError, AttributeError) as e:  # (no cuobjdump: not the run's point)
             say(f"{p}: no resource usage ({e})")
     import torch

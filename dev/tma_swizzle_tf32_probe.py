@@ -64,7 +64,7 @@ __device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo, uint32_t s
   return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16) |
          ((uint64_t)((sbo >> 4) & 0x3FFF) << 32) | ((uint64_t)layout << 62);
 }
-// Byte offset of fp32 element (r, c) of a tile: sw128 (solution.py's swf_off) or the no-swizzle core matrices.
+// Byte offset of fp32 element (r, c) of a tile: sw128 (solution.py's sw_off<4>) or the no-swizzle core matrices.
 __device__ __forceinline__ uint32_t tile_off(bool sw, int r, int c) {
   return sw ? (uint32_t)((c >> 5) * 8192 + r * 128 + ((((c >> 2) ^ r) & 7) << 4) + (c & 3) * 4)
             : (uint32_t)((c >> 2) * 1024 + r * 16 + (c & 3) * 4);
