@@ -2599,7 +2599,7 @@ __device__ __forceinline__ void stsm_x4_trans(uint32_t a, const float (&v)[8], f
 // A 16-bit checkpoint's column block (one warp's 16 dv columns, 128 dk rows; kCk16): fp16 of S 2^s, 2^s the power of
 // two that puts the block's largest finite |S| below 2^14, with 2^-s stored beside the blocks. fp16's 11 bits where
 // bf16 has 8: dgate's term c0 = <G, S> cancels under long memory (gates near and above 1), where S rounded to bf16
-// took dgate past its bar; the scale keeps fp16's range on S's. inf and NaN stay themselves. v: this lane's n values;
+// took dgate past its bar; the scale keeps fp16's range on S's. inf and NaN stay themselves. v: this lane's N values;
 // returns 2^s, lane 0 writing 2^-s to *inv.
 template <int N>
 __device__ __forceinline__ float ck16_scale(const float (&v)[N], float* inv, int lane) {
