@@ -338,8 +338,12 @@ enum : int { kCk16 = 128 * 128 + 16 };
 struct Sm90Tf32Layout {
   static constexpr int kQH = 0, kQL = 32768, kKTH = 65536, kKTL = kKTH + 33024, kPPH = kKTL + 33024;
   static constexpr int kPPL = kPPH + 16640, kVR = kPPL + 16640, kTB = kVR + 32768;
-  static constexpr int kTabSlot = (kSm90Tab * 4 + 127) / 128 * 128, kBars = kTB + 2 * kTabSlot, kBytes = kBars + 16;
-  static_assert(kQH % 1024 == 0 && kQL % 1024 == 0 && kVR % 1024 == 0, "swizzle atoms");
+  // The state phase (no q, no P') double-buffers k in QL and QH, and v in VR and kVR2 (inside the P' bytes).
+  static constexpr int kVR2 = kVR - 32768;
+  // mbarriers: the output phase's q and k (0) and v (1); the state phase's k buffers (0, 1) and v buffers (2, 3)
+  static constexpr int kTabSlot = (kSm90Tab * 4 + 127) / 128 * 128, kBars = kTB + 2 * kTabSlot, kBytes = kBars + 32;
+  static_assert(kQH % 1024 == 0 && kQL % 1024 == 0 && kVR % 1024 == 0 && kVR2 % 1024 == 0 && kVR2 >= kPPH,
+                "swizzle atoms; kVR2 in P''s bytes");
 };
 inline size_t chunk_sm90_smem(int DK, DType dt) {
   return dt == DType::f32 ? Sm90Tf32Layout::kBytes : DK == 64 ? Sm90Layout<64>::kBytes : Sm90Layout<128>::kBytes;
@@ -2668,6 +2672,19 @@ static PFN_cuTensorMapEncodeTiled_v12000 get_encode() {
   }
   return encode;
 }
+// A TMA map from the driver's cuTensorMapEncodeTiled. The driver call needs a current context, which a thread that
+// has made no runtime call yet lacks (autograd runs a backward on a thread of its own: CUDA_ERROR_INVALID_CONTEXT):
+// then cudaSetDevice on the current device makes its primary context current, and the call is made again.
+template <typename... A>
+static CUresult encode_tiled(CUtensorMap* m, A... a) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = get_encode();
+  if (encode == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  CUresult r = encode(m, a...);
+  int dev = 0;
+  if (r == CUDA_ERROR_INVALID_CONTEXT && cudaGetDevice(&dev) == cudaSuccess && cudaSetDevice(dev) == cudaSuccess)
+    r = encode(m, a...);
+  return r;
+}
 """
 SM90_SRC = r"""
 // ===================================== sm90: what both chunk_sm90 instantiations share =========
@@ -2814,8 +2831,6 @@ __device__ __forceinline__ uint32_t sw_off(int r, int c) {
 // at coordinate 0 (mask 0).
 CUresult tile_map(CUtensorMap* m, int& hmask, int& bmask, const void* base, DType dt, int D, int H, int T, int64_t B,
                   const Strides4& st, int box_groups) {
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = get_encode();
-  if (encode == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   hmask = st.h == 0 ? 0 : -1;
   bmask = st.b == 0 ? 0 : -1;
   const int es = dt == DType::f32 ? 4 : 2, ew = 128, e = ew / es;
@@ -2824,7 +2839,7 @@ CUresult tile_map(CUtensorMap* m, int& hmask, int& bmask, const void* base, DTyp
   const cuuint64_t strides[4] = {(cuuint64_t)(st.t * es), (cuuint64_t)ew, st.h == 0 ? 16 : (cuuint64_t)(st.h * es),
                                  st.b == 0 ? 16 : (cuuint64_t)(st.b * es)};  // bytes, dimensions 1 .. 4
   const cuuint32_t box[5] = {(cuuint32_t)e, 64, (cuuint32_t)box_groups, 1, 1}, one[5] = {1, 1, 1, 1, 1};
-  return encode(m, dt == DType::f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, const_cast<void*>(base), dims, strides, box, one,
+  return encode_tiled(m, dt == DType::f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, const_cast<void*>(base), dims, strides, box, one,
                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                 CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -2894,26 +2909,36 @@ __device__ __forceinline__ void rs3_split(float (&d)[N], const float (&x)[4], ui
   wg_commit();
 }
 
-// P' from the P^T accumulators of aux warp BS (s = 16 BS + g + 8 ((i >> 1) & 1), t = 8 (i >> 2) + 2 qd +
-// (i & 1): key block BS, row block i >> 3): masked (selected, so a NaN in q . k cannot reach a masked
-// zero), decayed, beta-scaled, split, stored [t][s]. Row blocks before BS stay zero.
-template <int BS>
+// P' from the P^T accumulators of aux warp W. P^T's rows are permuted so that every warp stores the same share
+// of the causal triangle: the warp's rows g hold key block 8 W + g, its rows g + 8 key block 8 (7 - W) + g (s =
+// 8 sb + g with sb = W or 7 - W by (i >> 1) & 1; t = 8 (i >> 2) + 2 qd + (i & 1)): 18 of its 32 values each, not
+// 32 / 24 / 16 / 8 (the 16-row blocks of the unpermuted tile kept warp 0's stores on the aux's critical path).
+// Masked (selected, so a NaN in q . k cannot reach a masked zero), decayed, beta-scaled, split, stored [t][s];
+// the 8 x 8 blocks above the diagonal (t < s throughout) are never written and stay zero.
+template <int W>
 __device__ __forceinline__ void store_pprime_tf32(const float (&P)[32], unsigned char* sm, const float* tb, int g,
                                                   int qd) {
 #pragma unroll
   for (int i = 0; i < 32; ++i) {
-    const int bt = i >> 3;
-    if (bt < BS) continue;
-    const int s = 16 * BS + g + 8 * ((i >> 1) & 1), t = 8 * (i >> 2) + 2 * qd + (i & 1);
+    const int sb = ((i >> 1) & 1) ? 7 - W : W, tb8 = i >> 2;
+    if (tb8 < sb) continue;
+    const int s = 8 * sb + g, t = 8 * tb8 + 2 * qd + (i & 1);
     float x;
-    if (bt == BS) x = s <= t ? P[i] * tb[kLtab + t * 16 + (s & 15)] : 0.f;
-    else x = P[i] * tb[kRowf + t * 4 + BS] * tb[kSoutb + s];
+    if ((sb >> 1) == (tb8 >> 1)) x = s <= t ? P[i] * tb[kLtab + t * 16 + (s & 15)] : 0.f;
+    else x = P[i] * tb[kRowf + t * 4 + (sb >> 1)] * tb[kSoutb + s];
     uint32_t hi, lo;
     split_tf32_1(x, hi, lo);
     const uint32_t off = (s >> 2) * 1040 + 16 * t + 4 * (s & 3);
     sts_u(sm + TL::kPPH + off, hi);
     sts_u(sm + TL::kPPL + off, lo);
   }
+}
+
+// V^T fragments of k-step kb (4 scalar LDS): f[r] = V^T[dv0 + 8 (r & 1)][s = 8 kb + qd + 4 (r >> 1)], v at vr +
+// sw_off<4>(s, dv): the piece of (qd, dv0) with bits 1, 2 flipped by r & 1, r >> 1.
+__device__ __forceinline__ void tf32_vf_step(float (&f)[4], const unsigned char* sm, int vr, int qd, int dv0, int kb) {
+#pragma unroll
+  for (int r = 0; r < 4; ++r) f[r] = lds_f(sm + (((vr + sw_off<4>(qd, dv0)) ^ (32 * r)) + 128 * (8 * kb + 4 * (r >> 1))));
 }
 
 // The block's segment: steps [sb, se) of sequence (b, h), nch chunks of 64.
@@ -2933,39 +2958,71 @@ struct Tf32Seg {
 
 // The aux warpgroup (tid 0 .. 127). OUTPUTS: the output phase (p.mode 0), compiled in: the consumers'
 // registers do not fit both phases' paths through one loop (ptxas spills the state).
+// Loads ahead of their chunk, so that their latency is not on the aux's chain (it was: the q / k landing and the gate
+// loads, about a quarter of a chunk): the output phase issues q, k of chunk c + 1 as soon as P^T and O1 of chunk c
+// have read QS (Q_DONE), and the gates of c + 1 before P''s stores; the state phase, which reads no q and writes no P',
+// double-buffers k (QL, QH) and v (VR and the P' bytes, kVR2) and loads them two chunks ahead.
 template <bool OUTPUTS>
 __device__ __forceinline__ void tf32_aux(unsigned char* sm, const Sm90Maps& maps, const ChunkParams& p, int tid) {
   const Tf32Seg sg(p);  // (recomputed from the parameters in each role: values kept across the split spill)
   constexpr bool outputs = OUTPUTS;
   const int wl = tid >> 5, lane = tid & 31, g = lane >> 2, qd = lane & 3;
   const int hq = sg.h & maps.hm[0], bq = sg.b & maps.bm[0], hk = sg.h & maps.hm[1], bk = sg.b & maps.bm[1];
-  uint64_t* bars = reinterpret_cast<uint64_t*>(sm + TL::kBars);  // 0: q and k landed, 1: v landed
-  for (int e = tid; e < 2 * 16640 / 16; e += 128)  // P' hi and lo: the blocks above the diagonal stay zero
-    *reinterpret_cast<uint4*>(sm + TL::kPPH + 16 * e) = make_uint4(0, 0, 0, 0);
-  wg_barrier(0);  // before any P' store of another thread to the same bytes
+  uint64_t* bars = reinterpret_cast<uint64_t*>(sm + TL::kBars);  // TL::kBars' mbarriers
+  if (outputs) {
+    for (int e = tid; e < 2 * 16640 / 16; e += 128)  // P' hi and lo: the blocks above the diagonal stay zero
+      *reinterpret_cast<uint4*>(sm + TL::kPPH + 16 * e) = make_uint4(0, 0, 0, 0);
+    wg_barrier(0);  // before any P' store of another thread to the same bytes
+  }
   float seg_decay = 1.f;  // the state phase: the segment's product of gates (its chunks' gammas)
+  // q and k of chunk c (the output phase; QS free: both consumers' O1 of c - 1 done, our own P^T of c - 1 waited)
+  auto load_qk = [&](int c) {
+    if (tid == 0) {
+      mbar_expect(bars, 2 * 32768);
+      tma_tile(sm + TL::kQH, &maps.q, sg.sb + 64 * c, hq, bq, bars);
+      tma_tile(sm + TL::kQL, &maps.k, sg.sb + 64 * c, hk, bk, bars);
+    }
+  };
+  // the state phase's k, and v, of chunk c into buffer c & 1 (thread 0)
+  auto load_k2 = [&](int c) {
+    mbar_expect(bars + (c & 1), 32768);
+    tma_tile(sm + ((c & 1) ? TL::kQH : TL::kQL), &maps.k, sg.sb + 64 * c, hk, bk, bars + (c & 1));
+  };
+  auto load_v2 = [&](int c) {
+    mbar_expect(bars + 2 + (c & 1), 32768);
+    tma_tile(sm + ((c & 1) ? TL::kVR2 : TL::kVR), &maps.v, sg.sb + 64 * c, sg.h & maps.hm[2], sg.b & maps.bm[2],
+             bars + 2 + (c & 1));
+  };
+  // the gates and betas of chunk c (steps past the segment: gate 1, beta 0); offsets from the parameters
+  float g0, g1, b0, b1;
+  auto load_gates = [&](int c) {
+    const int s = sg.sb + 64 * c + 2 * lane;
+    const float* gp = static_cast<const float*>(p.gate) + (sg.b * p.sg.b + sg.h * p.sg.h);
+    const float* bp = static_cast<const float*>(p.beta) + (sg.b * p.sb.b + sg.h * p.sb.h);
+    g0 = 1.f, g1 = 1.f, b0 = 0.f, b1 = 0.f;
+    if (s < sg.se) { g0 = gp[s * p.sg.t]; b0 = bp[s * p.sb.t]; }
+    if (s + 1 < sg.se) { g1 = gp[(s + 1) * p.sg.t]; b1 = bp[(s + 1) * p.sb.t]; }
+  };
+  if (outputs) load_qk(0);
+  else if (tid == 0) {
+    for (int c = 0; c < min(sg.nch, 2); ++c) {
+      load_k2(c);
+      load_v2(c);
+    }
+  }
+  load_gates(0);
   for (int c = 0; c < sg.nch; ++c) {
     const int t0 = sg.sb + 64 * c;
-    // 1. q and k of chunk c (QS free: both consumers' O1 of c - 1 done, our own P^T of c - 1 waited)
-    if (c > 0) bar_wait<384>(kBarQDone);
-    if (tid == 0) {
-      mbar_expect(bars, outputs ? 2 * 32768 : 32768);
-      if (outputs) tma_tile(sm + TL::kQH, &maps.q, t0, hq, bq, bars);
-      tma_tile(sm + TL::kQL, &maps.k, t0, hk, bk, bars);
-    }
-    // 2. the gate tables of chunk c (steps past the segment: gate 1, beta 0); offsets from the parameters
+    // 1. the gate tables of chunk c (its slot: chunk c - 2's, which U of c - 2 read before KT_DONE)
     float* tb = reinterpret_cast<float*>(sm + TL::kTB + (c & 1) * TL::kTabSlot);
-    {
-      const int s = t0 + 2 * lane;
-      const float* gp = static_cast<const float*>(p.gate) + (sg.b * p.sg.b + sg.h * p.sg.h);
-      const float* bp = static_cast<const float*>(p.beta) + (sg.b * p.sb.b + sg.h * p.sb.h);
-      float g0 = 1.f, g1 = 1.f, b0 = 0.f, b1 = 0.f;
-      if (s < sg.se) { g0 = gp[s * p.sg.t]; b0 = bp[s * p.sb.t]; }
-      if (s + 1 < sg.se) { g1 = gp[(s + 1) * p.sg.t]; b1 = bp[(s + 1) * p.sb.t]; }
-      write_tables64<double>(tb, g0, g1, b0, b1, wl, lane);
-    }
+    write_tables64<double>(tb, g0, g1, b0, b1, wl, lane);
+    if (!outputs && c + 1 < sg.nch) load_gates(c + 1);  // (the state phase's chain: the tables and K^T)
+    // 2. k (and q) of chunk c landed: the state phase's k in buffer c & 1
+    const int kraw = outputs || (c & 1) == 0 ? TL::kQL : TL::kQH;
+    if (outputs) mbar_wait(bars, c & 1);
+    else mbar_wait(bars + (c & 1), (c >> 1) & 1);
+    if (!outputs && c > 0) bar_wait<384>(kBarQDone);  // (the arrival of chunk c - 1: one a chunk)
     // 3. K^T hi / lo from raw k (after U of c - 1 read K^T), then q split in place
-    mbar_wait(bars, c & 1);
     if (c > 0) bar_wait<384>(kBarKTDone);
     {
       const int s = tid & 63, half = tid >> 6;
@@ -2973,7 +3030,7 @@ __device__ __forceinline__ void tf32_aux(unsigned char* sm, const Sm90Maps& maps
       // ko formed from an opaque tid each chunk (a base held through the double table scans spills at 88 registers)
       uint32_t ko = tid;
       asm volatile("mov.b32 %0, %0;\n" : "+r"(ko));
-      ko = TL::kQL + sw_off<4>(ko & 63, 64 * (ko >> 6));
+      ko = kraw + sw_off<4>(ko & 63, 64 * (ko >> 6));
 #pragma unroll 4
       for (int j = 0; j < 16; ++j) {  // dk = 64 half + 4 j + e, its sigma row n
         const float4 v = *reinterpret_cast<const float4*>(sm + ((ko ^ (16 * (j & 7))) + 8192 * (j >> 3)));
@@ -2990,6 +3047,7 @@ __device__ __forceinline__ void tf32_aux(unsigned char* sm, const Sm90Maps& maps
       }
     }
     wg_barrier(0);  // every raw k read (and every table written) before QS lo is overwritten
+    if (!outputs && tid == 0 && c + 2 < sg.nch) load_k2(c + 2);  // (its buffer's raw k is read)
     if (!outputs && tid == 0) seg_decay *= tb[kGamma];
     if (outputs) {
 #pragma unroll 4
@@ -3009,15 +3067,21 @@ __device__ __forceinline__ void tf32_aux(unsigned char* sm, const Sm90Maps& maps
     fence_async_smem();  // the generic stores before the wgmmas (async proxy) read QS and K^T
     wg_barrier(0);       // (racecheck credits a store only when a barrier its thread waits on follows it)
     bar_arrive<384>(kBarFullQK);
-    // 4. v of chunk c (after chunk c - 1 is finished: its y store has read VR, its Z has read PP)
-    if (c > 0) bar_wait<384>(kBarVRDone);
+    // 4. v of chunk c (the output phase), after chunk c - 1 is finished: its y store has read VR, its Z has read PP.
+    // The state phase's consumers have read chunk c's v (VR_DONE, before they wait for FULL_QK); the buffer is
+    // chunk c + 2's.
+    if (c > 0 || !outputs) bar_wait<384>(kBarVRDone);
     if (tid == 0) {
-      mbar_expect(bars + 1, 32768);
-      tma_tile(sm + TL::kVR, &maps.v, t0, sg.h & maps.hm[2], sg.b & maps.bm[2], bars + 1);
+      if (outputs) {
+        mbar_expect(bars + 1, 32768);
+        tma_tile(sm + TL::kVR, &maps.v, t0, sg.h & maps.hm[2], sg.b & maps.bm[2], bars + 1);
+      } else if (c + 2 < sg.nch) {
+        load_v2(c + 2);
+      }
     }
-    // 5. P^T = K Q^T (s 64 x t 64 x dk 128): A = K rows from K^T (a0 (s = g, dk = qd), a1 (g + 8, qd), a2 (g,
-    // qd + 4), a3 (g + 8, qd + 4); dk = 8 kb + qd + 4 j is sigma row 8 kb + 2 qd + j), B = QS; two k-steps in
-    // flight.
+    // 5. P^T = K Q^T (s 64 x t 64 x dk 128): A = K rows from K^T in store_pprime_tf32's row order (a0 (row g,
+    // dk = qd), a1 (row g + 8, qd), a2 (g, qd + 4), a3 (g + 8, qd + 4); rows g: s = 8 wl + g, rows g + 8: s = 56 -
+    // 8 wl + g; dk = 8 kb + qd + 4 j is sigma row 8 kb + 2 qd + j), B = QS; two k-steps in flight.
     if (outputs) {
       float P[32];
 #pragma unroll
@@ -3026,7 +3090,7 @@ __device__ __forceinline__ void tf32_aux(unsigned char* sm, const Sm90Maps& maps
         uint32_t ah[4], al[4];
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-          const int s = 16 * wl + g + 8 * (r & 1), n = 8 * kb + 2 * qd + (r >> 1);
+          const int s = ((r & 1) ? 56 - 8 * wl : 8 * wl) + g, n = 8 * kb + 2 * qd + (r >> 1);
           const uint32_t off = (s >> 2) * 2064 + 16 * n + 4 * (s & 3);
           ah[r] = *reinterpret_cast<const uint32_t*>(sm + TL::kKTH + off);
           al[r] = *reinterpret_cast<const uint32_t*>(sm + TL::kKTL + off);
@@ -3038,7 +3102,14 @@ __device__ __forceinline__ void tf32_aux(unsigned char* sm, const Sm90Maps& maps
       }
       wg_wait<0>();
       acc_fence(P);
-      switch (wl) {  // the warp's key block, compiled in
+      // chunk c + 1's gates, then its q and k (QS read: our P^T and the consumers' O1 of chunk c), behind P''s
+      // stores (the gates first: behind the 64 KB of q and k their loads took as long as those)
+      if (c + 1 < sg.nch) {
+        load_gates(c + 1);
+        bar_wait<384>(kBarQDone);
+        load_qk(c + 1);
+      }
+      switch (wl) {  // the warp's key blocks, compiled in
         case 0: store_pprime_tf32<0>(P, sm, tb, g, qd); break;
         case 1: store_pprime_tf32<1>(P, sm, tb, g, qd); break;
         case 2: store_pprime_tf32<2>(P, sm, tb, g, qd); break;
@@ -3051,10 +3122,10 @@ __device__ __forceinline__ void tf32_aux(unsigned char* sm, const Sm90Maps& maps
     bar_arrive<384>(kBarFullP);
   }
   if (!outputs && tid == 0) p.seg_decays[((int64_t)sg.b * p.H + sg.h) * (p.nseg - 1) + sg.seg] = seg_decay;
-  // the last chunk's arrivals (every arrival met by its sync)
+  // the last chunk's arrivals (every arrival met by its sync; the state phase's VR_DONE: in the loop)
   bar_wait<384>(kBarQDone);
   bar_wait<384>(kBarKTDone);
-  bar_wait<384>(kBarVRDone);
+  if (outputs) bar_wait<384>(kBarVRDone);
 }
 
 // Consumer warpgroup cw (tid 0 .. 127 within it): dv rows 64 cw .. 64 cw + 63 of S^T.
@@ -3093,6 +3164,15 @@ __device__ __forceinline__ void tf32_consumer(unsigned char* sm, const Sm90Maps&
   for (int c = 0; c < sg.nch; ++c) {
     const int t0 = sg.sb + 64 * c;
     const float* tb = reinterpret_cast<const float*>(sm + TL::kTB + (c & 1) * TL::kTabSlot);
+    // V^T fragments (32 scalar LDS): vf[kb][r] = V^T[dv0 + 8 (r & 1)][s = 8 kb + qd + 4 (r >> 1)]
+    float vf[8][4];
+    auto load_vf = [&](int kb) { tf32_vf_step(vf[kb], sm, outputs || (c & 1) == 0 ? TL::kVR : TL::kVR2, qd, dv0, kb); };
+    if (!outputs) {  // the state phase: v first (buffer c & 1), released at once (chunk c + 2's)
+      mbar_wait(bars + 2 + (c & 1), (c >> 1) & 1);
+#pragma unroll
+      for (int kb = 0; kb < 8; ++kb) load_vf(kb);
+      bar_arrive<384>(kBarVRDone);
+    }
     bar_wait<384>(kBarFullQK);
     // O1 = S^T Q^T (dv 64 x t 64 x dk 128): A = S picked (natural dk order for k-step kb), split; B = QS
     // hi / lo; four k-steps in flight.
@@ -3105,8 +3185,8 @@ __device__ __forceinline__ void tf32_consumer(unsigned char* sm, const Sm90Maps&
         rs3_split(Y, x, sw_desc(sm + TL::kQH + sw_kstep(kb), 16), sw_desc(sm + TL::kQL + sw_kstep(kb), 16), kb == 0);
       }
     }
-    if (p.fwd_ckpt != nullptr) {
-      // the float32 backward's checkpoint of chunk c (one segment: c counts the sequence's chunks): S at the
+    if (outputs && p.fwd_ckpt != nullptr) {
+      // the float32 backward's checkpoint of chunk c (one segment, so the output phase: c counts the sequence's chunks): S at the
       // chunk's start, [dk][dv], behind O1's products; then each warp's max |S| over its finite values (the backward's
       // tile scale)
       float* d = static_cast<float*>(p.fwd_ckpt) + ((int64_t)(sg.b * p.H + sg.h) * sg.nch + c) * kCk32;
@@ -3127,20 +3207,15 @@ __device__ __forceinline__ void tf32_consumer(unsigned char* sm, const Sm90Maps&
       for (int i = 0; i < 32; ++i) Y[i] *= tb[kG + 8 * (i >> 2) + 2 * qd + (i & 1)];  // Y = O1 diag(G)
     }
     bar_arrive<384>(kBarQDone);
-    // V^T fragments (32 scalar LDS): vf[kb][r] = V^T[dv0 + 8 (r & 1)][s = 8 kb + qd + 4 (r >> 1)]. With
-    // outputs, Y is staged over this warp's own 16 dv rows of VR as they are read (not live through U;
-    // y (t, dv) at v (s = t, dv)'s offset, y's store box): steps 0 .. 31 first, then 32 .. 63, so that Y, S and all
-    // of vf are never live at once.
-    mbar_wait(bars + 1, c & 1);
-    float vf[8][4];
+    // The output phase's V^T fragments, with Y staged over this warp's own 16 dv rows of VR as they are read
+    // (not live through U; y (t, dv) at v (s = t, dv)'s offset, y's store box): steps 0 .. 31 first, then 32 .. 63,
+    // so that Y, S and all of vf are never live at once.
+    if (outputs) {
+      mbar_wait(bars + 1, c & 1);
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
+      for (int half = 0; half < 2; ++half) {
 #pragma unroll
-      for (int kb = 4 * half; kb < 4 * half + 4; ++kb)
-#pragma unroll
-        for (int r = 0; r < 4; ++r)  // sw_off<4>(s, dv): the piece of (qd, dv0) with bits 1, 2 flipped by r & 1, r >> 1
-          vf[kb][r] = lds_f(sm + (((TL::kVR + sw_off<4>(qd, dv0)) ^ (32 * r)) + 128 * (8 * kb + 4 * (r >> 1))));
-      if (outputs) {
+        for (int kb = 4 * half; kb < 4 * half + 4; ++kb) load_vf(kb);
         __syncwarp();  // the warp's reads of these steps before its stores over them
 #pragma unroll
         for (int i = 16 * half; i < 16 * half + 16; ++i) sts_f(ys + y_off(i), Y[i]);
@@ -3222,8 +3297,8 @@ __device__ __forceinline__ void tf32_consumer(unsigned char* sm, const Sm90Maps&
         tma_store(&maps.y, ys, t0, 2 * cw, sg.h, sg.b);
         bulk_wait_read<0>();
       }
+      bar_arrive<384>(kBarVRDone);
     }
-    bar_arrive<384>(kBarVRDone);
   }
   if (tid == 0) bulk_wait_all();  // y written before the block ends
   // The final state, or (state phase) the segment's own state contribution and gate product.
@@ -3249,10 +3324,8 @@ __device__ __forceinline__ void chunk_sm90_tf32(const ChunkParams& p, const Sm90
   extern __shared__ __align__(1024) unsigned char sm[];
   const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
   uint64_t* bars = reinterpret_cast<uint64_t*>(sm + TL::kBars);
-  if (tid == 0) {
-    mbar_init(bars);
-    mbar_init(bars + 1);
-  }
+  if (tid == 0)
+    for (int i = 0; i < 4; ++i) mbar_init(bars + i);
   __syncthreads();
   if (wg == 0) {
     maxnreg_dec<kTf32AuxRegs>();
@@ -6240,11 +6313,9 @@ __global__ void __launch_bounds__(384, 1) chunk_bwd_sm90_ckpt_kernel(const Param
 // The TMA map of the 16-bit checkpoints ((chunks, kCk16) rows, S [i][j] first) in four dimensions (j % 64, i, j / 64,
 // chunk), one box {64, 64, 2, 1} a consumer's 64 rows (tma_ckpt), 128-byte swizzled.
 CUresult ckpt_map(CUtensorMap* m, const void* base, int64_t chunks) {
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = get_encode();
-  if (encode == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   const cuuint64_t dims[4] = {64, 128, 2, (cuuint64_t)chunks}, strides[3] = {256, 128, 2 * kCk16};  // (bytes)
   const cuuint32_t box[4] = {64, 64, 2, 1}, one[4] = {1, 1, 1, 1};
-  return encode(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, const_cast<void*>(base), dims, strides, box, one,
+  return encode_tiled(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, const_cast<void*>(base), dims, strides, box, one,
                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
@@ -6261,12 +6332,14 @@ cudaError_t launch_bwd90(const Plan& pl, const bwd90::Params& p, bool ckpt_kerne
                            false, p);
     if (err != cudaSuccess) return err;
   }
-  *failed = "chunk_bwd_sm90";
+  *failed = "chunk_bwd_sm90: its checkpoints' TMA map";
   alignas(64) CUtensorMap smap = {};  // (the float32 checkpoints' kernel takes none: its rows load as before)
   if (CK16 && ckpt_map(&smap, p.ckpt, (int64_t)pl.blocks * p.nck) != CUDA_SUCCESS) return cudaErrorInvalidValue;
+  *failed = "chunk_bwd_sm90: its shared memory attribute";
   err = allow_smem(bwd90::chunk_bwd_sm90_kernel<CK16>, done_bwd);
-  return err != cudaSuccess ? err : launch_threads(bwd90::chunk_bwd_sm90_kernel<CK16>, dim3((unsigned)pl.blocks), 384,
-                                                   pl.smem, s, false, p, smap);
+  if (err != cudaSuccess) return err;
+  *failed = "chunk_bwd_sm90";
+  return launch_threads(bwd90::chunk_bwd_sm90_kernel<CK16>, dim3((unsigned)pl.blocks), 384, pl.smem, s, false, p, smap);
 }
 // The checkpoints (pl.work_floats floats of the workspace; CK16's are 16-bit), then the backward; where the forward
 // wrote them (pr.fwd_ckpt, in pl.ck16's dtype: forward_checkpoints), the backward alone.
