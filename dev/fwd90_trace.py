@@ -110,8 +110,14 @@ CONS_F32 = [
     ("        bulk_wait_read<0>();\n      }", "y TMA store + its read (thread 0)"),
     ("BEFORE    }\n  }\n  if (tid == 0) bulk_wait_all();", "VR_DONE arrive"),
 ]
+# The float32 aux's tables wait for its gate loads at their first use: a use of all four first, so that the stamp after
+# it splits the loads' latency from the scans (traced_source_f32 inserts it).
+GATES_USED = "    asm volatile(\"\" ::\"f\"(tr_gu));  // (fwd90_trace: the gates used)"
+GATES_USE_SRC = ("    float tr_gu;\n    asm volatile(\"add.f32 %0, %1, %2;\\n add.f32 %0, %0, %3;\\n add.f32 %0, %0, %4;\\n\""
+                 " : \"=f\"(tr_gu) : \"f\"(g0), \"f\"(g1), \"f\"(b0), \"f\"(b1));\n" + GATES_USED)
 AUX_F32 = [
     ("BEFORE    // 1. the gate tables of chunk c", "top"),
+    (GATES_USED, "the gates' loads landed (a use of all four)"),
     ("    write_tables64<double>(tb, g0, g1, b0, b1, wl, lane);", "gate tables (double scans)"),
     ("    if (!outputs && c + 1 < sg.nch) load_gates(c + 1);", "state phase: the next gates' loads"),
     ("    else mbar_wait(bars + (c & 1), (c >> 1) & 1);", "q, k landed (mbarrier)"),
@@ -278,6 +284,8 @@ def stamp_roles(out, cons, aux):
 
 def traced_source_f32(src):
     """CHUNK_SM90_TF32_SRC with the stamps (the float32 block: D_k = D_v = 128, dense, its only instantiation)."""
+    src = insert(src, "    float* tb = reinterpret_cast<float*>(sm + TL::kTB + (c & 1) * TL::kTabSlot);", GATES_USE_SRC,
+                 "the gates' use")
     out = stamp_roles(src, CONS_F32, AUX_F32)
     dev = device_source(TRACE_CTAS, TR_PRINT_MAX) + TRACE_SRC % {} + TRACE_END_F32_SRC
     out = insert(out, "using TL = Sm90Tf32Layout;\n", dev, "device helpers")
