@@ -2864,20 +2864,22 @@ CHUNK_SM90_TF32_SRC = r"""
 //                that the state's accumulator column p holds dk 8 (p / 8) + sigma(p % 8) and the state is its
 //                own A operand of O1 (picked {c[4kb], c[4kb+2], c[4kb+1], c[4kb+3]}); rows padded to 2064
 //                bytes so that the transposing stores hit 32 banks
-//   PP hi / lo   P' (t, s) at (s / 4) 1040 + 16 t + 4 (s % 4); the blocks above the diagonal zeroed once
+//   PP hi / lo   P' (t, s) at (s / 4) 1040 + 16 t + 4 (s % 4); the 8 x 8 blocks above the diagonal zeroed once
 //   VR           v [s][dv] (sw_off<4>) by TMA, then y staged over it (a consumer warpgroup's half, 64 columns at
 //                16 KB cw: its store box, each element at the offset of the v element it replaces)
-// Per chunk c, on 384-thread named barriers (one side arrives, the other syncs):
-//   aux        [c > 0: Q_DONE(c - 1)] q (outputs only) and k by TMA; chunk c's gate tables (double scans,
-//              each value rounded once); [KT_DONE(c - 1)] k -> K^T hi / lo; q split in place; FULL_QK(c);
-//              [VR_DONE(c - 1)] v by TMA; P^T = K Q^T, masked, decayed, beta-scaled, split -> PP; FULL_P(c)
+// Per chunk c of the output phase (mode 0), on 384-thread named barriers (one side arrives, the other syncs):
+//   aux        chunk c's gate tables (double scans, each value rounded once, from gates loaded during chunk
+//              c - 1); q, k landed; [KT_DONE(c - 1)] k -> K^T hi / lo; q split in place; FULL_QK(c); [VR_DONE(c -
+//              1)] v by TMA; P^T = K Q^T; the gates of c + 1, [Q_DONE(c)] q and k of c + 1 by TMA; P^T masked,
+//              decayed, beta-scaled, split -> PP (each warp 18 of the triangle's values); FULL_P(c)
 //   consumers  [FULL_QK] O1 = S^T Q^T; Q_DONE; Y = O1 diag(G) staged over the warp's own rows of VR once its
 //              V^T fragments are in registers; U = (V^T diag w) K (one N = 128 product); KT_DONE; S^T =
 //              fmaf(gamma, S^T, U) (U fresh: accumulating the state by scale-d cost 3e-5); [FULL_P] Z = V^T
 //              P'^T; y = Y + Z in place, one TMA store a warpgroup, its read waited; VR_DONE
-// The state phase (mode 1) skips q, P', O1, Z and y; the barriers are the same. A warp whose V^T
-// fragments hold a NaN or inf recomputes its Z over s <= t in FMAs from global v (a masked zero of P'
-// never meets it); the state needs nothing (U has no masked zeros).
+// The state phase (mode 1) skips q, P', O1, Z and y. Its k (QL, QH) and v (VR, kVR2) are double-buffered and
+// loaded two chunks ahead; its consumers take v's fragments and arrive at VR_DONE before they wait for FULL_QK.
+// A warp whose V^T fragments hold a NaN or inf recomputes its Z over s <= t in FMAs from global v (a masked zero
+// of P' never meets it); the state needs nothing (U has no masked zeros).
 namespace gr {
 namespace {
 
