@@ -2960,10 +2960,10 @@ struct Tf32Seg {
 
 // The aux warpgroup (tid 0 .. 127). OUTPUTS: the output phase (p.mode 0), compiled in: the consumers'
 // registers do not fit both phases' paths through one loop (ptxas spills the state).
-// Loads ahead of their chunk, so that their latency is not on the aux's chain (it was: the q / k landing and the gate
-// loads, about a quarter of a chunk): the output phase issues q, k of chunk c + 1 as soon as P^T and O1 of chunk c
-// have read QS (Q_DONE), and the gates of c + 1 before P''s stores; the state phase, which reads no q and writes no P',
-// double-buffers k (QL, QH) and v (VR and the P' bytes, kVR2) and loads them two chunks ahead.
+// Loads ahead of their chunk, so that their latency stays off the aux's chain (the q / k landing had been hidden only
+// behind the gate tables): the output phase issues the gates, q and k of chunk c + 1 as soon as P^T and O1 of chunk c
+// have read QS (Q_DONE), before P''s stores; the state phase, which reads no q and writes no P', double-buffers k (QL,
+// QH) and v (VR and the P' bytes, kVR2) and loads them two chunks ahead, its gates one.
 template <bool OUTPUTS>
 __device__ __forceinline__ void tf32_aux(unsigned char* sm, const Sm90Maps& maps, const ChunkParams& p, int tid) {
   const Tf32Seg sg(p);  // (recomputed from the parameters in each role: values kept across the split spill)
@@ -3018,7 +3018,7 @@ __device__ __forceinline__ void tf32_aux(unsigned char* sm, const Sm90Maps& maps
     // 1. the gate tables of chunk c (its slot: chunk c - 2's, which U of c - 2 read before KT_DONE)
     float* tb = reinterpret_cast<float*>(sm + TL::kTB + (c & 1) * TL::kTabSlot);
     write_tables64<double>(tb, g0, g1, b0, b1, wl, lane);
-    if (!outputs && c + 1 < sg.nch) load_gates(c + 1);  // (the state phase's chain: the tables and K^T)
+    if (!outputs && c + 1 < sg.nch) load_gates(c + 1);  // (the state phase: a chunk ahead)
     // 2. k (and q) of chunk c landed: the state phase's k in buffer c & 1
     const int kraw = outputs || (c & 1) == 0 ? TL::kQL : TL::kQH;
     if (outputs) mbar_wait(bars, c & 1);
@@ -3105,7 +3105,7 @@ __device__ __forceinline__ void tf32_aux(unsigned char* sm, const Sm90Maps& maps
       wg_wait<0>();
       acc_fence(P);
       // chunk c + 1's gates, then its q and k (QS read: our P^T and the consumers' O1 of chunk c), behind P''s
-      // stores (the gates first: behind the 64 KB of q and k their loads took as long as those)
+      // stores (the gates first, so that their small loads do not queue behind q and k's 64 KB)
       if (c + 1 < sg.nch) {
         load_gates(c + 1);
         bar_wait<384>(kBarQDone);
@@ -3188,9 +3188,9 @@ __device__ __forceinline__ void tf32_consumer(unsigned char* sm, const Sm90Maps&
       }
     }
     if (outputs && p.fwd_ckpt != nullptr) {
-      // the float32 backward's checkpoint of chunk c (one segment, so the output phase: c counts the sequence's chunks): S at the
-      // chunk's start, [dk][dv], behind O1's products; then each warp's max |S| over its finite values (the backward's
-      // tile scale)
+      // the float32 backward's checkpoint of chunk c (one segment, so the output phase: c counts the sequence's
+      // chunks): S at the chunk's start, [dk][dv], behind O1's products; then each warp's max |S| over its finite
+      // values (the backward's tile scale)
       float* d = static_cast<float*>(p.fwd_ckpt) + ((int64_t)(sg.b * p.H + sg.h) * sg.nch + c) * kCk32;
       float m = 0.f;
 #pragma unroll
