@@ -3015,7 +3015,8 @@ __device__ __forceinline__ void tf32_aux(unsigned char* sm, const Sm90Maps& maps
   load_gates(0);
   for (int c = 0; c < sg.nch; ++c) {
     const int t0 = sg.sb + 64 * c;
-    // 1. the gate tables of chunk c (its slot: chunk c - 2's, which U of c - 2 read before KT_DONE)
+    // 1. the gate tables of chunk c (its slot: chunk c - 2's, whose last reader, the consumers' gamma, precedes
+    // their VR_DONE of c - 2, which the aux has waited for)
     float* tb = reinterpret_cast<float*>(sm + TL::kTB + (c & 1) * TL::kTabSlot);
     write_tables64<double>(tb, g0, g1, b0, b1, wl, lane);
     if (!outputs && c + 1 < sg.nch) load_gates(c + 1);  // (the state phase: a chunk ahead)
