@@ -2753,16 +2753,22 @@ __device__ __forceinline__ void bar_wait(int id) { asm volatile("bar.sync %0, %1
 // 16 bs + 15]. No quotient anywhere (gates 0, < 0, > 1 exact). Acc: the scans' type, each value rounded
 // once to fp32 at the end. float for bfloat16 inputs (a value carries at most a few dozen fp32 roundings,
 // 1e-6 relative, far below y's bf16 rounding, and fp32's latency and rate keep the tables off the aux
-// warpgroup's critical path); double for float32 inputs (fp32 scans cost 2.1e-5 at T = 2100 with constant
-// gates: their roundings add up coherently along the sequence, perf-notes' ninth session).
+// warpgroup's critical path); for float32 inputs double in G, W and GAMMA (fp32 scans there cost 2.1e-5 at
+// T = 2100 with constant gates: their roundings add up coherently along the sequence, perf-notes' ninth
+// session) and float in the in-block tables (AccB below).
 enum : int { kG = 0, kW = 64, kSoutb = 128, kRowf = 192, kGamma = 448, kLtab = 464 };
 static_assert(kLtab + 64 * 16 == kSm90Tab, "PRELUDE's kSm90Tab is these tables' size");
 
 // Aux warp `part` (0 .. 3) writes its share of the tables; every lane holds steps 2l, 2l+1 (g0, g1, b0,
 // b1). Warp 0: G, W, GAMMA (scans over the 64 steps); warp 1: SOUTB, ROWF (scans within 16-step blocks);
 // warps 2 and 3: LTABB of blocks 0-1 and 2-3, a column a lane.
-template <typename Acc>
+// AccB: the in-block scans' type (warps 1-3: SOUTB, ROWF, LTABB). Their roundings feed one chunk's P' and do not
+// compound along the sequence (dev/tf32_tables_emulation.py: float there leaves y's error as it is).
+template <typename Acc, typename AccB = Acc>
 __device__ __forceinline__ void write_tables64(float* tb, float g0, float g1, float b0f, float b1f, int part, int lane) {
+  if constexpr (!std::is_same<Acc, AccB>::value) {
+    if (part > 0) return write_tables64<AccB>(tb, g0, g1, b0f, b1f, part, lane);
+  }
   const unsigned full = 0xffffffffu;
   const int s = 2 * lane, bt = lane >> 3;
   const Acc a0 = g0, a1 = g1, b0 = b0f, b1 = b1f;
@@ -3018,7 +3024,8 @@ __device__ __forceinline__ void tf32_aux(unsigned char* sm, const Sm90Maps& maps
     // 1. the gate tables of chunk c (its slot: chunk c - 2's, whose last reader, the consumers' gamma, precedes
     // their VR_DONE of c - 2, which the aux has waited for)
     float* tb = reinterpret_cast<float*>(sm + TL::kTB + (c & 1) * TL::kTabSlot);
-    write_tables64<double>(tb, g0, g1, b0, b1, wl, lane);
+    // (the state phase reads only warp 0's W and GAMMA)
+    if (outputs || wl == 0) write_tables64<double, float>(tb, g0, g1, b0, b1, wl, lane);
     if (!outputs && c + 1 < sg.nch) load_gates(c + 1);  // (the state phase: a chunk ahead)
     // 2. k (and q) of chunk c landed: the state phase's k in buffer c & 1
     const int kraw = outputs || (c & 1) == 0 ? TL::kQL : TL::kQH;
