@@ -2753,22 +2753,38 @@ __device__ __forceinline__ void bar_wait(int id) { asm volatile("bar.sync %0, %1
 // 16 bs + 15]. No quotient anywhere (gates 0, < 0, > 1 exact). Acc: the scans' type, each value rounded
 // once to fp32 at the end. float for bfloat16 inputs (a value carries at most a few dozen fp32 roundings,
 // 1e-6 relative, far below y's bf16 rounding, and fp32's latency and rate keep the tables off the aux
-// warpgroup's critical path); for float32 inputs double in G, W and GAMMA (fp32 scans there cost 2.1e-5 at
-// T = 2100 with constant gates: their roundings add up coherently along the sequence, perf-notes' ninth
-// session) and float in the in-block tables (AccB below).
+// warpgroup's critical path). For float32 inputs GAMMA is the exact product rounded once (kExactGamma):
+// it carries the state from chunk to chunk, so a float scan's roundings add up along the sequence (2.1e-5 at
+// T = 2100 with constant gates, perf-notes' ninth session); the other tables' roundings do not compound
+// (dev/tf32_tables_emulation.py, forty-first session). Double scans cost the aux's chain about 2.7k cycles a chunk.
 enum : int { kG = 0, kW = 64, kSoutb = 128, kRowf = 192, kGamma = 448, kLtab = 464 };
 static_assert(kLtab + 64 * 16 == kSm90Tab, "PRELUDE's kSm90Tab is these tables' size");
 
 // Aux warp `part` (0 .. 3) writes its share of the tables; every lane holds steps 2l, 2l+1 (g0, g1, b0,
 // b1). Warp 0: G, W, GAMMA (scans over the 64 steps); warp 1: SOUTB, ROWF (scans within 16-step blocks);
 // warps 2 and 3: LTABB of blocks 0-1 and 2-3, a column a lane.
-// AccB: the in-block scans' type (warps 1-3: SOUTB, ROWF, LTABB). Their roundings feed one chunk's P' and do not
-// compound along the sequence (dev/tf32_tables_emulation.py: float there leaves y's error as it is).
-template <typename Acc, typename AccB = Acc>
-__device__ __forceinline__ void write_tables64(float* tb, float g0, float g1, float b0f, float b1f, int part, int lane) {
-  if constexpr (!std::is_same<Acc, AccB>::value) {
-    if (part > 0) return write_tables64<AccB>(tb, g0, g1, b0f, b1f, part, lane);
+// The product of the warp's 64 gates (every lane: a0 a1) in float-float (hi + lo, about 2^-44 relative),
+// rounded once at the end. A product that is not finite stays hi alone (its error term would be NaN).
+__device__ __forceinline__ float warp_product_exact(float a0, float a1) {
+  const unsigned full = 0xffffffffu;
+  float h = a0 * a1, l = fmaf(a0, a1, -h);
+  if (!(fabsf(h) < INFINITY)) l = 0.f;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float oh = __shfl_xor_sync(full, h, o), ol = __shfl_xor_sync(full, l, o);
+    const float pr = h * oh;
+    float e = fmaf(h, oh, -pr);
+    e = fmaf(h, ol, fmaf(l, oh, e));
+    if (!(fabsf(pr) < INFINITY)) e = 0.f;
+    h = pr + e;
+    l = e - (h - pr);  // (fast two-sum: |pr| >= |e|)
+    if (!(fabsf(h) < INFINITY)) l = 0.f;
   }
+  return h;
+}
+
+template <typename Acc, bool kExactGamma = false>
+__device__ __forceinline__ void write_tables64(float* tb, float g0, float g1, float b0f, float b1f, int part, int lane) {
   const unsigned full = 0xffffffffu;
   const int s = 2 * lane, bt = lane >> 3;
   const Acc a0 = g0, a1 = g1, b0 = b0f, b1 = b1f;
@@ -2785,8 +2801,13 @@ __device__ __forceinline__ void write_tables64(float* tb, float g0, float g1, fl
       tb[kG + s + 1] = (float)pre;
       tb[kW + s] = (float)(b0 * (a1 * suf_ex));
       tb[kW + s + 1] = (float)(b1 * suf_ex);
-      const Acc all = __shfl_sync(full, pre, 31);
-      if (lane == 0) tb[kGamma] = (float)all;
+      if constexpr (kExactGamma) {
+        const float all = warp_product_exact(g0, g1);
+        if (lane == 0) tb[kGamma] = all;
+      } else {
+        const Acc all = __shfl_sync(full, pre, 31);
+        if (lane == 0) tb[kGamma] = (float)all;
+      }
     } else {
       Acc bpre_ex = __shfl_up_sync(full, bpre, 1), bsuf_ex = __shfl_down_sync(full, bsuf, 1);
       if ((lane & 7) == 0) bpre_ex = Acc(1);
@@ -3025,7 +3046,7 @@ __device__ __forceinline__ void tf32_aux(unsigned char* sm, const Sm90Maps& maps
     // their VR_DONE of c - 2, which the aux has waited for)
     float* tb = reinterpret_cast<float*>(sm + TL::kTB + (c & 1) * TL::kTabSlot);
     // (the state phase reads only warp 0's W and GAMMA)
-    if (outputs || wl == 0) write_tables64<double, float>(tb, g0, g1, b0, b1, wl, lane);
+    if (outputs || wl == 0) write_tables64<float, true>(tb, g0, g1, b0, b1, wl, lane);
     if (!outputs && c + 1 < sg.nch) load_gates(c + 1);  // (the state phase: a chunk ahead)
     // 2. k (and q) of chunk c landed: the state phase's k in buffer c & 1
     const int kraw = outputs || (c & 1) == 0 ? TL::kQL : TL::kQH;

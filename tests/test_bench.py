@@ -7,7 +7,7 @@ import sys
 import bench
 from conftest import ROOT
 
-STORED = os.path.join(ROOT, "docs", "bench-2026-12-04-s39.json")
+STORED = os.path.join(ROOT, "docs", "bench-2026-12-04-s41-merged.json")  # bench.py --from-json of the runs it names
 
 
 def shapes_only():
