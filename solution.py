@@ -2750,19 +2750,15 @@ __device__ __forceinline__ void bar_wait(int id) { asm volatile("bar.sync %0, %1
 // prod g[0..63]; for the masked product D[t][s] beta_s (D[t][s] = prod g[s+1..t]) in 16-step blocks:
 // LTABB[t][s % 16] = D[t][s] beta_s inside a block, else ROWF[t][bs] SOUTB[s] with ROWF[t][bs] = prod
 // g[16 bs + 16 .. t] (the whole blocks between and t's own prefix) and SOUTB[s] = beta_s prod g[s+1 ..
-// 16 bs + 15]. No quotient anywhere (gates 0, < 0, > 1 exact). Acc: the scans' type, each value rounded
-// once to fp32 at the end. float for bfloat16 inputs (a value carries at most a few dozen fp32 roundings,
-// 1e-6 relative, far below y's bf16 rounding, and fp32's latency and rate keep the tables off the aux
-// warpgroup's critical path). For float32 inputs GAMMA is the exact product rounded once (kExactGamma):
-// it carries the state from chunk to chunk, so a float scan's roundings add up along the sequence (2.1e-5 at
-// T = 2100 with constant gates, perf-notes' ninth session); the other tables' roundings do not compound
-// (dev/tf32_tables_emulation.py, forty-first session). Double scans cost the aux's chain about 2.7k cycles a chunk.
+// 16 bs + 15]. No quotient anywhere (gates 0, < 0, > 1 exact). The scans run in float (a value carries at
+// most a few dozen fp32 roundings, 1e-6 relative; double scans cost the float32 block's aux about 2.7k cycles
+// a chunk). For float32 inputs GAMMA is the exact product rounded once (kExactGamma): it carries the state
+// from chunk to chunk, so a scan's roundings would add up along the sequence (2.1e-5 at T = 2100 with
+// constant gates, perf-notes' ninth session); the other tables' roundings do not compound
+// (dev/tf32_tables_emulation.py and perf-notes, forty-first session).
 enum : int { kG = 0, kW = 64, kSoutb = 128, kRowf = 192, kGamma = 448, kLtab = 464 };
 static_assert(kLtab + 64 * 16 == kSm90Tab, "PRELUDE's kSm90Tab is these tables' size");
 
-// Aux warp `part` (0 .. 3) writes its share of the tables; every lane holds steps 2l, 2l+1 (g0, g1, b0,
-// b1). Warp 0: G, W, GAMMA (scans over the 64 steps); warp 1: SOUTB, ROWF (scans within 16-step blocks);
-// warps 2 and 3: LTABB of blocks 0-1 and 2-3, a column a lane.
 // The product of the warp's 64 gates (every lane: a0 a1) in float-float (hi + lo, about 2^-44 relative),
 // rounded once at the end. A product that is not finite stays hi alone (its error term would be NaN).
 __device__ __forceinline__ float warp_product_exact(float a0, float a1) {
@@ -2783,63 +2779,66 @@ __device__ __forceinline__ float warp_product_exact(float a0, float a1) {
   return h;
 }
 
-template <typename Acc, bool kExactGamma = false>
-__device__ __forceinline__ void write_tables64(float* tb, float g0, float g1, float b0f, float b1f, int part, int lane) {
+// Aux warp `part` (0 .. 3) writes its share of the tables; every lane holds steps 2l, 2l+1 (g0, g1, b0,
+// b1). Warp 0: G, W, GAMMA (scans over the 64 steps); warp 1: SOUTB, ROWF (scans within 16-step blocks);
+// warps 2 and 3: LTABB of blocks 0-1 and 2-3, a column a lane.
+template <bool kExactGamma = false>
+__device__ __forceinline__ void write_tables64(float* tb, float a0, float a1, float b0, float b1, int part, int lane) {
   const unsigned full = 0xffffffffu;
   const int s = 2 * lane, bt = lane >> 3;
-  const Acc a0 = g0, a1 = g1, b0 = b0f, b1 = b1f;
   if (part < 2) {
-    const Acc pr = a0 * a1;
-    Acc pre = pr, suf = pr, bpre = pr, bsuf = pr;  // over step pairs: 8 lanes are a 16-step block
+    const float pr = a0 * a1;
+    float pre = pr, suf = pr, bpre = pr, bsuf = pr;  // over step pairs: 8 lanes are a 16-step block
     if (part == 0) warp_scans<1>(pre, suf, bpre, bsuf, lane);  // the scans a warp's tables need only
-    else warp_scans<8, Acc, false>(pre, suf, bpre, bsuf, lane);
+    else warp_scans<8, float, false>(pre, suf, bpre, bsuf, lane);
     if (part == 0) {
-      Acc pre_ex = __shfl_up_sync(full, pre, 1), suf_ex = __shfl_down_sync(full, suf, 1);
-      if (lane == 0) pre_ex = Acc(1);
-      if (lane == 31) suf_ex = Acc(1);
-      tb[kG + s] = (float)(pre_ex * a0);
-      tb[kG + s + 1] = (float)pre;
-      tb[kW + s] = (float)(b0 * (a1 * suf_ex));
-      tb[kW + s + 1] = (float)(b1 * suf_ex);
+      float pre_ex = __shfl_up_sync(full, pre, 1), suf_ex = __shfl_down_sync(full, suf, 1);
+      if (lane == 0) pre_ex = 1.f;
+      if (lane == 31) suf_ex = 1.f;
+      tb[kG + s] = pre_ex * a0;
+      tb[kG + s + 1] = pre;
+      tb[kW + s] = b0 * (a1 * suf_ex);
+      tb[kW + s + 1] = b1 * suf_ex;
       if constexpr (kExactGamma) {
-        const float all = warp_product_exact(g0, g1);
+        const float all = warp_product_exact(a0, a1);
         if (lane == 0) tb[kGamma] = all;
       } else {
-        const Acc all = __shfl_sync(full, pre, 31);
-        if (lane == 0) tb[kGamma] = (float)all;
+        const float all = __shfl_sync(full, pre, 31);
+        if (lane == 0) tb[kGamma] = all;
       }
     } else {
-      Acc bpre_ex = __shfl_up_sync(full, bpre, 1), bsuf_ex = __shfl_down_sync(full, bsuf, 1);
-      if ((lane & 7) == 0) bpre_ex = Acc(1);
-      if ((lane & 7) == 7) bsuf_ex = Acc(1);
-      tb[kSoutb + s] = (float)(b0 * (a1 * bsuf_ex));
-      tb[kSoutb + s + 1] = (float)(b1 * bsuf_ex);
+      float bpre_ex = __shfl_up_sync(full, bpre, 1), bsuf_ex = __shfl_down_sync(full, bsuf, 1);
+      if ((lane & 7) == 0) bpre_ex = 1.f;
+      if ((lane & 7) == 7) bsuf_ex = 1.f;
+      tb[kSoutb + s] = b0 * (a1 * bsuf_ex);
+      tb[kSoutb + s + 1] = b1 * bsuf_ex;
       // Block products B_j (the in-block prefix at a block's last lane); ROWF[t][bs] for bs < bt.
-      const Acc B1 = __shfl_sync(full, bpre, 15), B2 = __shfl_sync(full, bpre, 23);
-      const Acc pin0 = bpre_ex * a0, pin1 = bpre;
+      const float B1 = __shfl_sync(full, bpre, 15), B2 = __shfl_sync(full, bpre, 23);
+      const float pin0 = bpre_ex * a0, pin1 = bpre;
 #pragma unroll
       for (int bs = 0; bs < 4; ++bs) {
-        Acc m = Acc(1);  // the whole blocks strictly between bs and bt
+        float m = 1.f;  // the whole blocks strictly between bs and bt
         if (bt == bs + 2) m = bs == 0 ? B1 : B2;
         if (bt == 3 && bs == 0) m = B1 * B2;
-        tb[kRowf + s * 4 + bs] = (float)(pin0 * m);
-        tb[kRowf + (s + 1) * 4 + bs] = (float)(pin1 * m);
+        tb[kRowf + s * 4 + bs] = pin0 * m;
+        tb[kRowf + (s + 1) * 4 + bs] = pin1 * m;
       }
     }
   } else {
     // LTABB of block lb, column sl: running products down the block's rows.
     const int lb = 2 * (part - 2) + (lane >> 4), sl = lane & 15, src = 8 * lb + (sl >> 1);
-    const Acc e0 = __shfl_sync(full, b0, src), e1 = __shfl_sync(full, b1, src);
-    const Acc bs = (sl & 1) ? e1 : e0;
-    Acc run = Acc(1);
-#pragma unroll(sizeof(Acc) == 4 ? 16 : 4)  // (double, fully unrolled: its shuffles spill at the aux's 88 registers)
+    const float e0 = __shfl_sync(full, b0, src), e1 = __shfl_sync(full, b1, src);
+    const float bs = (sl & 1) ? e1 : e0;
+    float run = 1.f;
+#pragma unroll
     for (int r = 0; r < 16; ++r) {
-      const Acc gt = __shfl_sync(full, (r & 1) ? a1 : a0, 8 * lb + (r >> 1));
+      const float gt = __shfl_sync(full, (r & 1) ? a1 : a0, 8 * lb + (r >> 1));
       if (r > sl) run *= gt;
-      tb[kLtab + (16 * lb + r) * 16 + sl] = r >= sl ? (float)(run * bs) : 0.f;
+      tb[kLtab + (16 * lb + r) * 16 + sl] = r >= sl ? run * bs : 0.f;
     }
   }
 }
+
 // Byte offset of element (r, c) of such a tile of E-byte elements (E = 2: bf16, 4: fp32): 128 / E columns a group of
 // 64 rows x 128 bytes (8 KB), the 16-byte piece (c / (16 / E)) % 8 of row r stored at piece (c / (16 / E) ^ r) % 8
 // (CU_TENSOR_MAP_SWIZZLE_128B on a 1024-byte aligned group).
@@ -2895,7 +2894,7 @@ CHUNK_SM90_TF32_SRC = r"""
 //   VR           v [s][dv] (sw_off<4>) by TMA, then y staged over it (a consumer warpgroup's half, 64 columns at
 //                16 KB cw: its store box, each element at the offset of the v element it replaces)
 // Per chunk c of the output phase (mode 0), on 384-thread named barriers (one side arrives, the other syncs):
-//   aux        chunk c's gate tables (double scans, each value rounded once, from gates loaded during chunk
+//   aux        chunk c's gate tables (float scans, GAMMA exact; each value rounded once; from gates loaded during chunk
 //              c - 1); q, k landed; [KT_DONE(c - 1)] k -> K^T hi / lo; q split in place; FULL_QK(c); [VR_DONE(c -
 //              1)] v by TMA; P^T = K Q^T; the gates of c + 1, [Q_DONE(c)] q and k of c + 1 by TMA; P^T masked,
 //              decayed, beta-scaled, split -> PP (each warp 18 of the triangle's values); FULL_P(c)
@@ -3046,7 +3045,7 @@ __device__ __forceinline__ void tf32_aux(unsigned char* sm, const Sm90Maps& maps
     // their VR_DONE of c - 2, which the aux has waited for)
     float* tb = reinterpret_cast<float*>(sm + TL::kTB + (c & 1) * TL::kTabSlot);
     // (the state phase reads only warp 0's W and GAMMA)
-    if (outputs || wl == 0) write_tables64<float, true>(tb, g0, g1, b0, b1, wl, lane);
+    if (outputs || wl == 0) write_tables64<true>(tb, g0, g1, b0, b1, wl, lane);
     if (!outputs && c + 1 < sg.nch) load_gates(c + 1);  // (the state phase: a chunk ahead)
     // 2. k (and q) of chunk c landed: the state phase's k in buffer c & 1
     const int kraw = outputs || (c & 1) == 0 ? TL::kQL : TL::kQH;
@@ -3058,7 +3057,7 @@ __device__ __forceinline__ void tf32_aux(unsigned char* sm, const Sm90Maps& maps
     {
       const int s = tid & 63, half = tid >> 6;
       // k [s][dk] (sw_off<4>): dk 64 half + 4 j at ko's piece ^ j % 8, + 8 KB (j / 8), ko = sw_off<4>(s, 64 half);
-      // ko formed from an opaque tid each chunk (a base held through the double table scans spills at 88 registers)
+      // ko formed from an opaque tid each chunk (a base held through the table scans spilled at 88 registers)
       uint32_t ko = tid;
       asm volatile("mov.b32 %0, %0;\n" : "+r"(ko));
       ko = kraw + sw_off<4>(ko & 63, 64 * (ko >> 6));
@@ -3560,7 +3559,7 @@ __device__ __forceinline__ void chunk_sm90_bf16(const ChunkParams& p, const Sm90
       }
       {  // while P runs
         const int tc = min(64, se - (sb + 64 * c)), s = 2 * lane;
-        write_tables64<float>(tb, s < tc ? cb.gate.widen(ng0) : 1.f, s + 1 < tc ? cb.gate.widen(ng1) : 1.f,
+        write_tables64(tb, s < tc ? cb.gate.widen(ng0) : 1.f, s + 1 < tc ? cb.gate.widen(ng1) : 1.f,
                               s < tc ? cb.beta.widen(nb0) : 0.f, s + 1 < tc ? cb.beta.widen(nb1) : 0.f, wl, lane);
       }
       if (c + 1 < nch) load_gates(c + 1);

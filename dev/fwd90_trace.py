@@ -118,7 +118,7 @@ GATES_USE_SRC = ("    float tr_gu;\n    asm volatile(\"add.f32 %0, %1, %2;\\n ad
 AUX_F32 = [
     ("BEFORE    // 1. the gate tables of chunk c", "top"),
     (GATES_USED, "the gates' loads landed (a use of all four)"),
-    ("    if (outputs || wl == 0) write_tables64<float, true>(tb, g0, g1, b0, b1, wl, lane);", "gate tables (float; GAMMA exact)"),
+    ("    if (outputs || wl == 0) write_tables64<true>(tb, g0, g1, b0, b1, wl, lane);", "gate tables (float; GAMMA exact)"),
     ("    if (!outputs && c + 1 < sg.nch) load_gates(c + 1);", "state phase: the next gates' loads"),
     ("    else mbar_wait(bars + (c & 1), (c >> 1) & 1);", "q, k landed (mbarrier)"),
     ("    if (!outputs && c > 0) bar_wait<384>(kBarQDone);", "state phase: Q_DONE wait", "sync"),

@@ -8,8 +8,10 @@ four compounds. Everything else here runs in float64 (the products' own 3xTF32 e
 printed error is the tables' alone:
   double   every scan in double, each value rounded once to float32 (today's float32 block);
   mixed    G, W, GAMMA as today; SOUTB, ROWF, LTABB in float32 in write_tables64's order;
-  float    every scan in float32 (the bfloat16 block's choice).
-Relative L2 of y against the float64 recurrence. The bar is 1e-5; today's block measures about 5e-7 in all.
+  float    every scan in float32 (the bfloat16 block's choice);
+  gwf      every scan in float32 but GAMMA the exact product rounded once (the float32 block since the forty-first
+           session: write_tables64<true>, warp_product_exact).
+Relative L2 of y against the float64 recurrence. The bar is 1e-5; the block measures about 1e-6 in all (3xTF32).
 
     python3 dev/tf32_tables_emulation.py [--T 2048] [--D 16]
 """
@@ -33,7 +35,7 @@ def scans(x, seg, dt):
     return pre, suf
 
 
-def tables(g, b, dt_full, dt_block):
+def tables(g, b, dt_full, dt_block, gamma_double=False):
     """write_tables64's tables of one chunk (g, b: 64 steps), the full scans in dt_full, the block scans in
     dt_block, every value rounded to float32 at the end. Returns G, W, GAMMA, SOUTB, ROWF [t][bs], LTAB [t][s % 16]."""
     f32 = np.float32
@@ -49,6 +51,8 @@ def tables(g, b, dt_full, dt_block):
     G[0::2], G[1::2] = (pre_ex * A0).astype(f32), pre.astype(f32)
     W[0::2], W[1::2] = (B0 * (A1 * suf_ex)).astype(f32), (B1 * suf_ex).astype(f32)
     gamma = f32(pre[31])
+    if gamma_double:
+        gamma = f32(np.prod((a0.astype(np.float64) * a1.astype(np.float64))))
     # warp 1: SOUTB, ROWF
     A0, A1, B0, B1 = (x.astype(dt_block) for x in (a0, a1, b0, b1))
     bpre, bsuf = scans(A0 * A1, 8, dt_block)
@@ -87,7 +91,8 @@ def chunked(q, k, v, g, b, mode):
     """y of one (b, h) by the block's chunk algorithm in float64 with its tables as `mode` rounds them."""
     T, Dk = q.shape
     Dv = v.shape[1]
-    dts = {"double": (np.float64, np.float64), "mixed": (np.float64, np.float32), "float": (np.float32, np.float32)}
+    dts = {"double": (np.float64, np.float64), "mixed": (np.float64, np.float32), "float": (np.float32, np.float32),
+           "gwf": (np.float32, np.float32)}
     dt_full, dt_block = dts[mode]
     S = np.zeros((Dk, Dv))
     y = np.zeros((T, Dv))
@@ -96,7 +101,7 @@ def chunked(q, k, v, g, b, mode):
         gc = np.ones(64, np.float32)
         bc = np.zeros(64, np.float32)
         gc[:n], bc[:n] = g[t0:t0 + n], b[t0:t0 + n]
-        G, W, gamma, soutb, rowf, ltab = (np.asarray(x, np.float64) for x in tables(gc, bc, dt_full, dt_block))
+        G, W, gamma, soutb, rowf, ltab = (np.asarray(x, np.float64) for x in tables(gc, bc, dt_full, dt_block, mode == "gwf"))
         qc = np.zeros((64, Dk)); kc = np.zeros((64, Dk)); vc = np.zeros((64, Dv))
         qc[:n], kc[:n], vc[:n] = q[t0:t0 + n], k[t0:t0 + n], v[t0:t0 + n]
         P = qc @ kc.T  # [t][s]
@@ -138,14 +143,14 @@ def main():
         "gates U(-1, 1)": rng.uniform(-1, 1, T),
     }
     print(f"T = {T}, D = {D}; relative L2 of y against the float64 recurrence (the tables' error alone)")
-    print(f"{'case':34s} {'double':>10s} {'mixed':>10s} {'float':>10s}")
+    print(f"{'case':34s} {'double':>10s} {'mixed':>10s} {'float':>10s} {'gwf':>10s}")
     for name, g in cases.items():
         g = g.astype(np.float32)
         q, k, v = (rng.standard_normal((T, D)).astype(np.float32) for _ in range(3))
         b = sig(rng.standard_normal(T)).astype(np.float32)
         ref = exact(*(x.astype(np.float64) for x in (q, k, v, g, b)))
         errs = [np.linalg.norm(chunked(q, k, v, g, b, m) - ref) / np.linalg.norm(ref)
-                for m in ("double", "mixed", "float")]
+                for m in ("double", "mixed", "float", "gwf")]
         print(f"{name:34s} " + " ".join(f"{e:10.2e}" for e in errs))
 
 
