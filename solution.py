@@ -3560,7 +3560,7 @@ __device__ __forceinline__ void chunk_sm90_bf16(const ChunkParams& p, const Sm90
       {  // while P runs
         const int tc = min(64, se - (sb + 64 * c)), s = 2 * lane;
         write_tables64(tb, s < tc ? cb.gate.widen(ng0) : 1.f, s + 1 < tc ? cb.gate.widen(ng1) : 1.f,
-                              s < tc ? cb.beta.widen(nb0) : 0.f, s + 1 < tc ? cb.beta.widen(nb1) : 0.f, wl, lane);
+                       s < tc ? cb.beta.widen(nb0) : 0.f, s + 1 < tc ? cb.beta.widen(nb1) : 0.f, wl, lane);
       }
       if (c + 1 < nch) load_gates(c + 1);
       wg_barrier(0);  // the tables written
