@@ -2751,8 +2751,8 @@ __device__ __forceinline__ void bar_wait(int id) { asm volatile("bar.sync %0, %1
 // LTABB[t][s % 16] = D[t][s] beta_s inside a block, else ROWF[t][bs] SOUTB[s] with ROWF[t][bs] = prod
 // g[16 bs + 16 .. t] (the whole blocks between and t's own prefix) and SOUTB[s] = beta_s prod g[s+1 ..
 // 16 bs + 15]. No quotient anywhere (gates 0, < 0, > 1 exact). The scans run in float (a value carries at
-// most a few dozen fp32 roundings, 1e-6 relative; double scans cost the float32 block's aux about 2.7k cycles
-// a chunk). For float32 inputs GAMMA is the exact product rounded once (kExactGamma): it carries the state
+// most a few dozen fp32 roundings, 1e-6 relative; double scans were the longest phase of the float32 block's
+// aux). For float32 inputs GAMMA is the exact product rounded once (kExactGamma): it carries the state
 // from chunk to chunk, so a scan's roundings would add up along the sequence (2.1e-5 at T = 2100 with
 // constant gates, perf-notes' ninth session); the other tables' roundings do not compound
 // (dev/tf32_tables_emulation.py and perf-notes, forty-first session).
@@ -2894,8 +2894,8 @@ CHUNK_SM90_TF32_SRC = r"""
 //   VR           v [s][dv] (sw_off<4>) by TMA, then y staged over it (a consumer warpgroup's half, 64 columns at
 //                16 KB cw: its store box, each element at the offset of the v element it replaces)
 // Per chunk c of the output phase (mode 0), on 384-thread named barriers (one side arrives, the other syncs):
-//   aux        chunk c's gate tables (float scans, GAMMA exact; each value rounded once; from gates loaded during chunk
-//              c - 1); q, k landed; [KT_DONE(c - 1)] k -> K^T hi / lo; q split in place; FULL_QK(c); [VR_DONE(c -
+//   aux        chunk c's gate tables (float scans, GAMMA exact, from gates loaded during chunk c - 1); q, k
+//              landed; [KT_DONE(c - 1)] k -> K^T hi / lo; q split in place; FULL_QK(c); [VR_DONE(c -
 //              1)] v by TMA; P^T = K Q^T; the gates of c + 1, [Q_DONE(c)] q and k of c + 1 by TMA; P^T masked,
 //              decayed, beta-scaled, split -> PP (each warp 18 of the triangle's values); FULL_P(c)
 //   consumers  [FULL_QK] O1 = S^T Q^T; Q_DONE; Y = O1 diag(G) staged over the warp's own rows of VR once its
