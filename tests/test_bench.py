@@ -7,12 +7,19 @@ import sys
 import bench
 from conftest import ROOT
 
-STORED = os.path.join(ROOT, "docs", "bench-2026-12-04-s41-merged.json")  # bench.py --from-json of the runs it names
+# The runs BENCHMARKS.md's generated section was made of (bench.py --from-json, in this order).
+STORED_RUNS = [os.path.join(ROOT, "docs", f) for f in
+               ("bench-2026-12-04-s41.json", "bench-sweep-2026-12-04-s41.json", "bench-train-2026-12-04-s39.json")]
+
+
+def stored():
+    """The stored runs merged as bench.py --from-json merges them."""
+    return bench.merge_results([json.load(open(f)) for f in STORED_RUNS])
 
 
 def shapes_only():
     """The stored run's shapes table alone (without the other tables BENCHMARKS.md's generated section holds)."""
-    result = json.load(open(STORED))
+    result = stored()
     for key in ("decode", "decode_floor", "command_decode", "rates_decode", "train", "commands"):
         result.pop(key, None)
     return result
@@ -37,15 +44,15 @@ def test_generated_section_is_replaced_and_the_rest_kept(tmp_path):
 def test_stored_run_is_the_table_in_benchmarks_md():
     """BENCHMARKS.md's generated section is what bench.py makes of the stored JSON (no hand edits)."""
     text = open(os.path.join(ROOT, "BENCHMARKS.md")).read()
-    assert bench.markdown(json.load(open(STORED))["rows"]) in text
+    assert bench.markdown(stored()["rows"]) in text
 
 
 def test_runs_split_over_processes_merge_in_order(tmp_path, monkeypatch):
     """--from-json A,B: the shapes rows, then the training rows, of runs stored apart; every command named."""
-    stored = json.load(open(STORED))
-    a = {k: v for k, v in stored.items() if k not in ("train", "commands")}
-    b = {**a, "command": "bench.py --shapes '' --train", "rows": [], "train": stored["train"][:1]}
-    c = {**a, "command": "bench.py --shapes '' --train --train-shapes S2", "rows": [], "train": stored["train"][1:]}
+    runs = stored()
+    a = {k: v for k, v in runs.items() if k not in ("train", "commands")}
+    b = {**a, "command": "bench.py --shapes '' --train", "rows": [], "train": runs["train"][:1]}
+    c = {**a, "command": "bench.py --shapes '' --train --train-shapes S2", "rows": [], "train": runs["train"][1:]}
     files = []
     for name, res in (("a", a), ("b", b), ("c", c)):
         files.append(tmp_path / f"{name}.json")
@@ -56,7 +63,7 @@ def test_runs_split_over_processes_merge_in_order(tmp_path, monkeypatch):
                                       str(tmp_path / "out"), "--benchmarks", str(path)])
     bench.main()
     md = (tmp_path / "out" / "bench.md").read_text()
-    assert md == bench.markdown(a["rows"]) + "\n\n" + bench.train_markdown(stored["train"]) + "\n"
+    assert md == bench.markdown(a["rows"]) + "\n\n" + bench.train_markdown(runs["train"]) + "\n"
     section = path.read_text().split(bench.BEGIN_MARK)[1].split(bench.END_MARK)[0]
     assert all(f"`python3 {r['command']}`" in section for r in (a, b, c)) and "(one process each)" in section
 
@@ -64,7 +71,7 @@ def test_runs_split_over_processes_merge_in_order(tmp_path, monkeypatch):
 def test_file_without_the_section_is_left_alone(tmp_path):
     path = tmp_path / "other.md"
     path.write_text("# nothing generated here\n")
-    assert not bench.update_benchmarks(str(path), json.load(open(STORED)))
+    assert not bench.update_benchmarks(str(path), stored())
     assert path.read_text() == "# nothing generated here\n"
 
 
