@@ -3284,15 +3284,20 @@ __device__ __forceinline__ void tf32_consumer(unsigned char* sm, const Sm90Maps&
     } else {
       bar_arrive<384>(kBarKTDone);
     }
+    // y = Y + Z: Z's accumulators start from the staged Y (each thread its own entries), read before FULL_P
+    float Z[32];
+    if (outputs) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) Z[i] = lds_f(ys + y_off(i));
+    }
     bar_wait<384>(kBarFullP);
     if (outputs) {
-      // Z = V^T P'^T (dv 64 x t 64 x s 64): A = vf split, B = PP hi / lo (LBO 1040, k-step 2080), from zero.
-      float Z[32];
+      // Z = Y + V^T P'^T (dv 64 x t 64 x s 64): A = vf split, B = PP hi / lo (LBO 1040, k-step 2080).
 #pragma unroll
       for (int kb = 0; kb < 8; ++kb) {
         if (kb >= 4) wg_wait<3>();
         rs3_split(Z, vf[kb], sm_desc(sm + TL::kPPH + 2080 * kb, 1040, 128),
-                  sm_desc(sm + TL::kPPL + 2080 * kb, 1040, 128), kb == 0);
+                  sm_desc(sm + TL::kPPL + 2080 * kb, 1040, 128), false);
       }
       wg_wait<0>();
       acc_fence(Z);
@@ -3311,16 +3316,13 @@ __device__ __forceinline__ void tf32_consumer(unsigned char* sm, const Sm90Maps&
             const uint32_t off = (s >> 2) * 1040 + 16 * t + 4 * (s & 3);
             acc = fmaf(lds_f(sm + TL::kPPH + off) + lds_f(sm + TL::kPPL + off), vg[s * p.sv.t + dv], acc);
           }
-          Z[i] = acc;
+          Z[i] = lds_f(ys + y_off(i)) + acc;
         }
       }
-      // y = staged Y + Z in place (each thread its own entries), one TMA store a warpgroup; VR is
-      // released once the store has read it.
+      // y over the staged Y (each thread its own entries), one TMA store a warpgroup; VR is released once the
+      // store has read it.
 #pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        unsigned char* a = ys + y_off(i);
-        sts_f(a, lds_f(a) + Z[i]);
-      }
+      for (int i = 0; i < 32; ++i) sts_f(ys + y_off(i), Z[i]);
       fence_async_smem();
       wg_barrier(1 + cw);
       if (tid == 0) {
