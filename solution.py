@@ -3512,13 +3512,17 @@ __device__ __forceinline__ void chunk_sm90_bf16(const ChunkParams& p, const Sm90
       }
     };
     // the next chunk's gates and betas (every aux warp), as loaded bits: converted when used, a chunk later
-    uint32_t ng0, ng1, nb0, nb1;
+    uint32_t ng0 = 0u, ng1 = 0u, nb0 = 0u, nb1 = 0u;
     auto load_gates = [&](int c) {
+      // Steps past T load the last step again (gate 1, beta 0 are set at use): no branch a pair, so ptxas issues
+      // all four loads before any waits on them (a branch a pair put two round trips in the varlen build)
       const int t0 = sb + 64 * c, tc = min(64, se - t0), s = 2 * lane;
-      ng0 = s < tc ? cb.gate.bits((int64_t)(t0 + s) * p.sg.t) : 0u;  // (past T: gate 1, beta 0, set at use)
-      nb0 = s < tc ? cb.beta.bits((int64_t)(t0 + s) * p.sb.t) : 0u;
-      ng1 = s + 1 < tc ? cb.gate.bits((int64_t)(t0 + s + 1) * p.sg.t) : 0u;
-      nb1 = s + 1 < tc ? cb.beta.bits((int64_t)(t0 + s + 1) * p.sb.t) : 0u;
+      if (tc <= 0) return;  // (an empty sequence: nothing to load)
+      const int64_t i0 = t0 + min(s, tc - 1), i1 = t0 + min(s + 1, tc - 1);
+      ng0 = cb.gate.bits(i0 * p.sg.t);
+      nb0 = cb.beta.bits(i0 * p.sb.t);
+      ng1 = cb.gate.bits(i1 * p.sg.t);
+      nb1 = cb.beta.bits(i1 * p.sb.t);
     };
     stage(0);
     stage(1);
